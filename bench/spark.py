@@ -1,0 +1,271 @@
+"""The Spark benchmark: batch read of a topic through ``format("pgstreams")`` beside Spark's own JDBC source
+on the same rows with the same number of partitions, streaming throughput, and the raw COPY-out rate.
+
+    python -m bench.spark [--dsn DSN] [--events 2000000] [--partitions 4] [--rounds 3] [--markdown]
+
+* a topic of ``--events`` events (100-byte values, short keys, an event type; one in ten with headers) in
+  ``--partitions`` partitions is published with ``publish_many`` and VACUUM ANALYZEd;
+* raw PostgreSQL: ``COPY (SELECT <the same columns>) TO STDOUT (FORMAT binary)`` of the same rows, one
+  connection per partition, discarded by ``psql`` (the server's export limit; psycopg when psql is absent);
+* batch: ``spark.read.format("pgstreams")`` and ``spark.read.format("jdbc")`` (PostgreSQL JDBC driver from
+  the Debian package ``libpostgresql-jdbc-java``, installed by ``bench/ensure_jdbc.sh``) over the same
+  rows, the JDBC read split on ``position`` into as many partitions as the pgstreams read has; each
+  materialises every column (``write.format("noop")``); alternated, best of ``--rounds``;
+* streaming: ``spark.readStream.format("pgstreams")`` with ``trigger(availableNow=True)`` and
+  ``maxEventsPerTrigger`` into the ``noop`` sink, from the query's start to its end.
+
+Spark runs ``local[*]`` on this machine. The benchmark creates its own database on the server (``--dsn``,
+else ``$PGSTREAMS_DSN``, else the embedded server; this machine only) and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+from rich.console import Console
+
+import pgstreams
+
+from ._common import (
+    Measurement,
+    checkpoint,
+    key,
+    machine,
+    markdown,
+    print_results,
+    scratch_database,
+    server_dsn,
+)
+
+HERE = Path(__file__).resolve().parent
+TOPIC = "bench"
+COLUMNS = ("partition, position, key, value, headers, event_type, event_id, correlation_id, causation_id, "
+           "created_at")
+
+
+def ensure_jdbc() -> str:
+    """The PostgreSQL JDBC jar (installed by ``bench/ensure_jdbc.sh`` when missing)."""
+    out = subprocess.run(["bash", str(HERE / "ensure_jdbc.sh")], capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise SystemExit(f"bench/ensure_jdbc.sh failed: {out.stderr.strip()}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def publish(dsn: str, events: int, partitions: int, console: Console) -> tuple[int, int, int]:
+    """Create and fill the topic; return its id and lowest / highest position."""
+    t0 = time.perf_counter()
+    with pgstreams.connect(dsn) as client:
+        client.create_topic(TOPIC, partitions)
+        batch = 20_000
+        for start in range(0, events, batch):
+            client.publish_many(TOPIC, [
+                {"value": (b'{"user":%d,"ad":%d,"price":%d.%02d,"kind":"impression","seq":%d}'
+                           % (i % 5000, i % 300, i % 97, i % 100, i)).ljust(100, b" "),
+                 "key": key(i), "event_type": "impression",
+                 "headers": {"source": "bench"} if i % 10 == 0 else None}
+                for i in range(start, min(events, start + batch))])
+        tid = client._topic(TOPIC).id
+        with client.connection() as conn:
+            row = conn.execute(sql.SQL("SELECT min(position), max(position) FROM {}").format(
+                sql.Identifier("pgstreams", f"topic_{tid}"))).fetchone()
+            assert row is not None
+            lo, hi = row
+            conn.execute("VACUUM ANALYZE")
+    console.print(f"published {events:,} events in {time.perf_counter() - t0:.1f} s")
+    return int(tid), int(lo), int(hi)
+
+
+def wait_visible(dsn: str, timeout: float = 300.0) -> None:
+    """Wait until every committed transaction is below the visibility fence."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        mark = int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])  # type: ignore[index]
+        deadline = time.monotonic() + timeout
+        while int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                  .fetchone()[0]) <= mark:  # type: ignore[index]
+            if time.monotonic() > deadline:
+                raise SystemExit("the visibility fence did not pass the benchmark's events "
+                                 "(a long transaction?)")
+            time.sleep(0.05)
+
+
+def raw_copy_out(dsn: str, tid: int, lo: int, hi: int, connections: int) -> tuple[float, str]:
+    """Rows per second of a binary COPY-out of the topic's rows over ``connections`` connections."""
+    table = sql.Identifier("pgstreams", f"topic_{tid}")
+    step = (hi - lo + connections) // connections
+    ranges = [(lo + i * step, lo + (i + 1) * step) for i in range(connections)]
+    psql = shutil.which("psql")
+    info = conninfo_to_dict(dsn)
+    rows = 0
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        rows = int(conn.execute(sql.SQL("SELECT count(*) FROM {}").format(table)).fetchone()[0])  # type: ignore[index]
+        copy = sql.SQL("COPY (SELECT {} FROM {} WHERE position >= {} AND position < {}) "
+                       "TO STDOUT (FORMAT binary)")
+        stmts = [copy.format(sql.SQL(COLUMNS), table, sql.Literal(a), sql.Literal(b)).as_string(conn)
+                 for a, b in ranges]
+
+    def one(stmt: str) -> None:
+        if psql:
+            env = {**os.environ, "PGPASSWORD": str(info.get("password") or "")}
+            subprocess.run([psql, "-X", "-q", "-d", dsn, "-c", stmt], env=env, stdout=subprocess.DEVNULL,
+                           check=True)
+        else:
+            with psycopg.connect(dsn, autocommit=True) as c, c.cursor().copy(stmt) as cp:
+                for _ in cp:
+                    pass
+
+    threads = [threading.Thread(target=one, args=(stmt,)) for stmt in stmts]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return rows / (time.perf_counter() - t0), "psql" if psql else "psycopg"
+
+
+def spark_session(jar: str) -> Any:
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[*]").appName("pgstreams-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
+             .config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.memory", "2g")
+             .config("spark.jars", jar).config("spark.driver.extraClassPath", jar)
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
+    info = conninfo_to_dict(dsn)
+    host = info.get("host") or "localhost"
+    if str(host).startswith("/"):
+        host = "localhost"
+    url = f"jdbc:postgresql://{host}:{info.get('port') or 5432}/{info['dbname']}"
+    props = {"user": str(info.get("user") or os.environ.get("USER", "postgres"))}
+    if info.get("password"):
+        props["password"] = str(info["password"])
+    return url, props
+
+
+def timed(df: Any) -> float:
+    t0 = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print its table."""
+    ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", help="server to use (default $PGSTREAMS_DSN, else the embedded server); "
+                                  "a scratch database is created on it")
+    ap.add_argument("--events", type=int, default=2_000_000, help="events in the topic (default 2,000,000)")
+    ap.add_argument("--partitions", type=int, default=4, help="partitions of the topic (default 4)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each batch read, best kept (default 3)")
+    ap.add_argument("--trigger", type=int, default=500_000, help="maxEventsPerTrigger of the streaming read")
+    ap.add_argument("--min-partitions", type=int, default=None,
+                    help="option minPartitions of the pgstreams read (default: the source's default)")
+    ap.add_argument("--arrow-batch-size", type=int, default=None,
+                    help="option arrowBatchSize of the pgstreams read (default: the source's default)")
+    ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
+    args = ap.parse_args(argv)
+    console = Console()
+    target = server_dsn(args.dsn)
+    jar = ensure_jdbc()
+    started = time.perf_counter()
+    info = machine(target)
+    with scratch_database(target, "pgstreams_bench_spark") as dsn:
+        tid, lo, hi = publish(dsn, args.events, args.partitions, console)
+        wait_visible(dsn)
+        checkpoint(dsn)
+        spark = spark_session(jar)
+        try:
+            import pgstreams.spark
+
+            pgstreams.spark.register(spark)
+            pg = spark.read.format("pgstreams").option("dsn", dsn).option("topic", TOPIC)
+            if args.min_partitions:
+                pg = pg.option("minPartitions", str(args.min_partitions))
+            if args.arrow_batch_size:
+                pg = pg.option("arrowBatchSize", str(args.arrow_batch_size))
+            pg = pg.load()
+            n_parts = pg.rdd.getNumPartitions()
+            url, props = jdbc_url(dsn)
+            query = (f"(SELECT {COLUMNS.replace('headers', 'headers::text AS headers')} "
+                     f'FROM pgstreams."topic_{tid}") t')
+            jdbc = (spark.read.format("jdbc").option("url", url).option("driver", "org.postgresql.Driver")
+                    .option("dbtable", query).option("partitionColumn", "position")
+                    .option("lowerBound", str(lo)).option("upperBound", str(hi + 1))
+                    .option("numPartitions", str(n_parts)).option("fetchsize", "10000"))
+            for k, v in props.items():
+                jdbc = jdbc.option(k, v)
+            jdbc = jdbc.load()
+            counts = (pg.count(), jdbc.count())
+            if counts != (args.events, args.events):
+                raise SystemExit(f"row counts differ: pgstreams {counts[0]}, jdbc {counts[1]}, "
+                                 f"expected {args.events}")
+            timed(pg), timed(jdbc)  # warm up: Python workers, JIT, caches
+            best = {"pgstreams": float("inf"), "jdbc": float("inf")}
+            copy_rate, copy_tool = 0.0, ""
+            for r in range(args.rounds):
+                order = (("pgstreams", pg), ("jdbc", jdbc))
+                for name, df in order if r % 2 == 0 else order[::-1]:
+                    seconds = timed(df)
+                    best[name] = min(best[name], seconds)
+                    console.print(f"round {r + 1}: {name} {seconds:.2f} s "
+                                  f"({args.events / seconds:,.0f} events/s)")
+                rate, copy_tool = raw_copy_out(dsn, tid, lo, hi, n_parts)
+                copy_rate = max(copy_rate, rate)
+            stream_rate, batches = stream(spark, dsn, args.trigger, args.events)
+        finally:
+            spark.stop()
+    pg_rate, jdbc_rate = args.events / best["pgstreams"], args.events / best["jdbc"]
+    ratio = pg_rate / jdbc_rate
+    rows = [
+        Measurement(f"batch read, {args.events:,} events, {n_parts} partitions", pg_rate, "events/s",
+                    jdbc_rate, f"Spark JDBC source, {n_parts} partitions", "ratio >= 1.0", ratio >= 1.0),
+        Measurement("batch read vs raw COPY-out", pg_rate, "events/s", copy_rate,
+                    f"COPY binary TO STDOUT, {n_parts} connections ({copy_tool})"),
+        Measurement(f"streaming read, availableNow, {batches} micro-batches", stream_rate, "events/s",
+                    copy_rate, "COPY binary TO STDOUT", ">= 50,000 events/s", stream_rate >= 50_000),
+    ]
+    print_results("pgstreams Spark benchmark", rows, console)
+    console.print(f"machine: {info['cpu']}, {info['cores']} cores, {info['ram']} RAM; PostgreSQL "
+                  f"{info['postgresql']}; Python {info['python']}; load before the run {info['load']}; "
+                  f"took {time.perf_counter() - started:.0f} s")
+    if args.markdown:
+        console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
+    return 0 if all(m.ok is not False for m in rows) else 1
+
+
+def stream(spark: Any, dsn: str, per_trigger: int, events: int) -> tuple[float, int]:
+    """Events per second of an availableNow streaming read of the whole topic into the noop sink."""
+    with tempfile.TemporaryDirectory(prefix="pgstreams-bench-ck-") as ck:
+        df = (spark.readStream.format("pgstreams").option("dsn", dsn).option("topic", TOPIC)
+              .option("maxEventsPerTrigger", str(per_trigger)).load())
+        t0 = time.perf_counter()
+        q = df.writeStream.format("noop").option("checkpointLocation", ck).trigger(availableNow=True).start()
+        q.awaitTermination()
+        seconds = time.perf_counter() - t0
+        progress = [p for p in q.recentProgress if p.get("numInputRows")]
+        got = sum(int(p["numInputRows"]) for p in progress)
+        if got != events:
+            raise SystemExit(f"the streaming read saw {got} events, expected {events}")
+    return events / seconds, len(progress)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

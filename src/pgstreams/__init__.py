@@ -1,0 +1,122 @@
+"""pgstreams: Kafka-like durable event streaming on PostgreSQL alone.
+
+Start with :func:`connect`; see the README for a tour.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._names import MAX_PARTITIONS, MAX_TOPIC_NAME
+from .client import DEFAULT_SEGMENT_SIZE, Client, connect
+from .consumer import Consumer, ConsumerTransaction
+from .errors import (
+    ConfigurationError,
+    GroupNotFound,
+    InvalidArgument,
+    InvalidName,
+    MigrationError,
+    PgStreamsError,
+    TopicConflict,
+    TopicNotFound,
+)
+from .models import (
+    CommitOutcome,
+    Event,
+    GroupInfo,
+    GroupPartitionStatus,
+    Message,
+    PartitionInfo,
+    PublishResult,
+    TopicDescription,
+    TopicInfo,
+)
+from .partitioner import partition_for_key
+
+if TYPE_CHECKING:
+    from ._services import ServiceFailed
+    from .groups import (
+        DEFAULT_HEARTBEAT_INTERVAL,
+        DEFAULT_SESSION_TIMEOUT,
+        GroupConfig,
+        MemberInfo,
+        PartitionStatus,
+        configure_group,
+        get_group_config,
+        group_members,
+        group_status,
+    )
+    from .worker import BatchConfig, EventFailed, RetryPolicy, Worker
+
+# The workers' modules are imported on first use of one of their names (pgstreams.Worker, ...), so that
+# the command line and plain producers and consumers start without them.
+_LAZY = {
+    "ServiceFailed": "._services",
+    **dict.fromkeys(("DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_SESSION_TIMEOUT", "GroupConfig", "MemberInfo",
+                     "PartitionStatus", "configure_group", "get_group_config", "group_members",
+                     "group_status"), ".groups"),
+    **dict.fromkeys(("BatchConfig", "EventFailed", "RetryPolicy", "Worker"), ".worker"),
+}
+
+if not TYPE_CHECKING:  # hidden from type checkers, which see the imports above and nothing else
+
+    def __getattr__(name: str) -> Any:
+        """Import the module of a lazily loaded public name (see ``_LAZY``) and return the name."""
+        module = _LAZY.get(name)
+        if module is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module, __name__), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        """Public and lazily loaded names."""
+        return sorted(set(globals()) | set(_LAZY))
+
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_SEGMENT_SIZE",
+    "DEFAULT_SESSION_TIMEOUT",
+    "MAX_PARTITIONS",
+    "MAX_TOPIC_NAME",
+    "BatchConfig",
+    "Client",
+    "CommitOutcome",
+    "ConfigurationError",
+    "Consumer",
+    "ConsumerTransaction",
+    "Event",
+    "EventFailed",
+    "GroupConfig",
+    "GroupInfo",
+    "GroupNotFound",
+    "GroupPartitionStatus",
+    "InvalidArgument",
+    "InvalidName",
+    "MemberInfo",
+    "Message",
+    "MigrationError",
+    "PartitionInfo",
+    "PartitionStatus",
+    "PgStreamsError",
+    "PublishResult",
+    "RetryPolicy",
+    "ServiceFailed",
+    "TopicConflict",
+    "TopicDescription",
+    "TopicInfo",
+    "TopicNotFound",
+    "Worker",
+    "__version__",
+    "configure_group",
+    "connect",
+    "get_group_config",
+    "group_members",
+    "group_status",
+    "partition_for_key",
+]

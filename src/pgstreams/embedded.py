@@ -1,0 +1,61 @@
+"""The embedded PostgreSQL server used when no DSN is configured.
+
+The server comes from the ``pgserver`` wheel (PostgreSQL binaries bundled in a Python package). Its data
+lives under ``$PGSTREAMS_HOME/pgdata`` (default: the user's data directory, e.g.
+``~/.local/share/pgstreams/pgdata``), persists between runs, and the next :func:`embedded_dsn` reuses it.
+The server is shared by every process of the user that uses it and stops when the last one exits.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigurationError
+
+_lock = threading.Lock()
+_servers: dict[Path, Any] = {}
+
+
+def home() -> Path:
+    """The pgstreams data directory: ``$PGSTREAMS_HOME``, else the user's data directory."""
+    env = os.environ.get("PGSTREAMS_HOME")
+    if env:
+        return Path(env).expanduser().resolve()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "share"
+    return (base / "pgstreams").resolve()
+
+
+def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
+    """Start (or reuse) the embedded server and return a DSN for ``database`` on it.
+
+    ``pgdata`` defaults to ``home() / "pgdata"``. Raises :class:`ConfigurationError` when the
+    ``pgserver`` package is missing or the server cannot start.
+    """
+    path = (pgdata or home() / "pgdata").resolve()
+    with _lock:
+        srv = _servers.get(path)
+        if srv is None:
+            if not os.environ.get("XDG_RUNTIME_DIR"):
+                # pgserver asks platformdirs for a runtime dir (already on import), which warns when unset
+                runtime = home() / "run"
+                runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
+                os.environ["XDG_RUNTIME_DIR"] = str(runtime)
+            try:
+                import pgserver
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise ConfigurationError(
+                    "no DSN given (--dsn / PGSTREAMS_DSN) and the embedded server is not installed: "
+                    "pip install pgserver"
+                ) from exc
+            path.mkdir(parents=True, exist_ok=True)
+            try:
+                srv = pgserver.get_server(path, cleanup_mode="stop")
+            except Exception as exc:
+                raise ConfigurationError(f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
+            _servers[path] = srv
+    uri: str = srv.get_uri(database)
+    return uri

@@ -1,0 +1,39 @@
+"""Exceptions raised by pgstreams.
+
+Every error derives from :class:`PgStreamsError`; errors about bad input also derive from the built-in
+exception a Python user would expect (``ValueError``, ``LookupError``), so callers may catch either.
+"""
+
+from __future__ import annotations
+
+
+class PgStreamsError(Exception):
+    """Base class of every pgstreams error."""
+
+
+class InvalidName(PgStreamsError, ValueError):
+    """A topic, group or schema name is not valid (raised before any SQL is sent)."""
+
+
+class InvalidArgument(PgStreamsError, ValueError):
+    """An argument has a bad value or type (raised before anything is changed)."""
+
+
+class TopicNotFound(PgStreamsError, LookupError):
+    """The named topic does not exist."""
+
+
+class GroupNotFound(PgStreamsError, LookupError):
+    """The named group has no checkpoints."""
+
+
+class TopicConflict(PgStreamsError, ValueError):
+    """``create_topic`` was called for an existing topic with a different definition."""
+
+
+class ConfigurationError(PgStreamsError):
+    """pgstreams cannot reach or prepare its database (bad DSN, embedded server failure, ...)."""
+
+
+class MigrationError(PgStreamsError):
+    """The database schema is missing, older or newer than this version of pgstreams expects."""

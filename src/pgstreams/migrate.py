@@ -1,0 +1,119 @@
+"""Versioned schema migrations.
+
+Migrations are the numbered ``.sql`` files under ``pgstreams/sql/migrations`` (``0001_initial.sql``, ...),
+rendered for the target schema. Each is applied in its own transaction and recorded in
+``<schema>.migrations``; concurrent migrators are serialised by a transaction-level advisory lock, so
+any number of processes may call :func:`migrate` at start-up.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+
+import psycopg
+from psycopg import sql
+
+from ._names import check_schema
+
+_FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file: its ``version`` number, ``name`` and SQL text (not yet rendered)."""
+
+    version: int
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    """Whether a migration is applied in a schema, and when (``applied_at`` is ``None`` if pending)."""
+
+    version: int
+    name: str
+    applied_at: datetime | None
+
+
+def available() -> list[Migration]:
+    """All migrations shipped with this version of pgstreams, in version order."""
+    out = []
+    folder = resources.files("pgstreams") / "sql" / "migrations"
+    for entry in folder.iterdir():
+        m = _FILE_RE.fullmatch(entry.name)
+        if m:
+            out.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
+    return sorted(out, key=lambda x: x.version)
+
+
+def render(text: str, schema: str) -> str:
+    """Render a migration's SQL for ``schema`` (validated, then quoted as an identifier)."""
+    check_schema(schema)
+    return text.format(schema='"' + schema + '"', schema_raw=schema)
+
+
+def _lock(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext('pgstreams.migrate'), hashtext(%s))", (schema,))
+
+
+def _ensure_table(conn: psycopg.Connection, schema: str) -> None:
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
+    conn.execute(
+        sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {}.migrations ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT now())"
+        ).format(sql.Identifier(schema))
+    )
+
+
+def applied_versions(conn: psycopg.Connection, schema: str) -> dict[int, datetime]:
+    """Versions applied in ``schema`` with their time; empty if the schema has none."""
+    check_schema(schema)
+    exists = conn.execute(
+        "SELECT to_regclass(format('%%I.migrations', %s::text)) IS NOT NULL", (schema,)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return {}
+    rows = conn.execute(
+        sql.SQL("SELECT version, applied_at FROM {}.migrations").format(sql.Identifier(schema))
+    ).fetchall()
+    return {int(v): t for v, t in rows}
+
+
+def status(conn: psycopg.Connection, schema: str = "pgstreams") -> list[MigrationStatus]:
+    """Every shipped migration with the time it was applied in ``schema`` (``None`` if pending)."""
+    done = applied_versions(conn, schema)
+    return [MigrationStatus(m.version, m.name, done.get(m.version)) for m in available()]
+
+
+def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
+    """Apply every pending migration to ``schema``; return the versions applied (empty if up to date).
+
+    ``conn`` must not be inside a transaction; each migration commits on its own.
+    """
+    check_schema(schema)
+    applied: list[int] = []
+    for mig in available():
+        with conn.transaction():
+            _lock(conn, schema)
+            _ensure_table(conn, schema)
+            row = conn.execute(
+                sql.SQL("SELECT 1 FROM {}.migrations WHERE version = %s").format(sql.Identifier(schema)),
+                (mig.version,),
+            ).fetchone()
+            if row:
+                continue
+            conn.execute(render(mig.text, schema).encode())
+            conn.execute(
+                sql.SQL("INSERT INTO {}.migrations (version, name) VALUES (%s, %s)").format(
+                    sql.Identifier(schema)
+                ),
+                (mig.version, mig.name),
+            )
+            applied.append(mig.version)
+    return applied

@@ -1,0 +1,404 @@
+"""Arrow conversions of the Spark data source, vectorised (no Python loop over rows except for headers).
+
+Reading: a chunk query (``chunk_pages`` / ``chunk_ordered`` in ``queries.sql``) returns each column as one
+byte string built by PostgreSQL; :func:`decode_chunk` wraps those bytes into Arrow arrays.
+
+Writing: :func:`encode_copy` turns an Arrow record batch into the text format of ``COPY ... FROM STDIN``
+with Arrow compute functions and numpy.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..errors import InvalidArgument
+
+#: Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
+PG_EPOCH_US = 946_684_800_000_000
+#: Variable-length columns of a chunk, in the order of their lengths and data.
+_VAR_COLUMNS = ("value", "key", "event_type", "event_id", "correlation_id", "causation_id", "headers")
+HEADERS_TYPE = pa.map_(pa.string(), pa.string())
+
+
+def _offsets(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """Arrow offsets, validity bitmap (``None`` if no nulls) and null count from lengths (-1 = NULL)."""
+    n = len(lengths)
+    valid = lengths >= 0
+    nulls = int(n - np.count_nonzero(valid))
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(np.where(valid, lengths, 0), out=offsets[1:])
+    bitmap = np.packbits(valid, bitorder="little") if nulls else None
+    return offsets, bitmap, nulls
+
+
+def _var_array(typ: pa.DataType, lengths: np.ndarray, data: bytes | None) -> pa.Array:
+    n = len(lengths)
+    offsets, bitmap, nulls = _offsets(lengths)
+    if nulls == n:
+        return pa.nulls(n, typ)
+    return pa.Array.from_buffers(typ, n, [None if bitmap is None else pa.py_buffer(bitmap),
+                                          pa.py_buffer(offsets), pa.py_buffer(data or b"")],
+                                 null_count=nulls)
+
+
+def constant_string(value: str, n: int) -> pa.Array:
+    """A string array of ``n`` copies of ``value`` (built from buffers)."""
+    raw = value.encode("utf-8")
+    offsets = np.arange(0, (n + 1) * len(raw), len(raw) or 1, dtype=np.int32)[: n + 1]
+    if not raw:
+        offsets = np.zeros(n + 1, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
+
+
+def _headers(lengths: np.ndarray, data: bytes | None, typ: pa.DataType) -> pa.Array:
+    """The headers column from the JSON texts of the rows that have headers (one ``json.loads`` call)."""
+    n = len(lengths)
+    valid = lengths >= 0
+    count = int(np.count_nonzero(valid))
+    if count == 0 or not data:
+        return pa.nulls(n, typ)
+    sizes = lengths[valid].astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    # the objects are back to back: put commas between them and brackets around, then parse once
+    joined = np.insert(np.frombuffer(data, dtype=np.uint8), starts[1:], ord(","))
+    objects = json.loads(b"[" + joined.tobytes() + b"]")
+    compact = pa.array(objects, type=typ)
+    if count == n:
+        return compact
+    index = np.cumsum(valid, dtype=np.int64) - 1
+    return compact.take(pa.array(index, mask=~valid))
+
+
+def decode_chunk(row: Sequence[Any], topic: str, partition: int, schema: pa.Schema,
+                 columns: tuple[str, ...]) -> tuple[pa.RecordBatch | None, tuple[int, int] | None, set[str]]:
+    """The record batch of one chunk row (queried with the lengths of the optional ``columns``), the
+    cursor of its last event for ordered chunks, and the optional columns that hold data in this chunk
+    but were not queried with lengths (then the chunk must be queried again with them; no batch).
+
+    Returns ``(None, None, set())`` for an empty chunk.
+    """
+    if not row[0]:
+        return None, None, set()
+    data = dict(zip(_VAR_COLUMNS, row[3:10], strict=True))
+    missing = {c for c in _VAR_COLUMNS[1:] if c not in columns and data[c] is not None}
+    if missing:
+        return None, None, missing
+    positions = np.frombuffer(row[0], dtype=">i8").astype(np.int64)
+    n = len(positions)
+    created = np.frombuffer(row[1], dtype=">i8").astype(np.int64) + PG_EPOCH_US
+    width = 1 + len(columns)
+    lengths = np.frombuffer(row[2], dtype=">i4").astype(np.int32).reshape(n, width)
+    length_of = {"value": lengths[:, 0], **{c: lengths[:, 1 + i] for i, c in enumerate(columns)}}
+    absent = np.full(n, -1, dtype=np.int32)
+
+    def strings(name: str) -> pa.Array:
+        return _var_array(pa.string(), length_of.get(name, absent), data[name])
+
+    arrays: dict[str, pa.Array] = {
+        "topic": constant_string(topic, n),
+        "partition": pa.array(np.full(n, partition, dtype=np.int32)),
+        "position": pa.array(positions),
+        "value": _var_array(pa.binary(), lengths[:, 0], data["value"]),
+        "key": strings("key"),
+        "event_type": strings("event_type"),
+        "event_id": strings("event_id"),
+        "correlation_id": strings("correlation_id"),
+        "causation_id": strings("causation_id"),
+        "headers": _headers(length_of.get("headers", absent), data["headers"], schema.field("headers").type),
+        "created_at": pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(created)]),
+    }
+    batch = pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
+    last = None
+    if row[10]:
+        last = (int(np.frombuffer(row[10][-8:], dtype=">i8")[0]), int(positions[-1]))
+    return batch, last, set()
+
+
+def _headers_from_text(arr: pa.Array, typ: pa.DataType) -> pa.Array:
+    """The headers column from a string array of JSON object texts (NULL stays NULL; one ``json.loads``)."""
+    n = len(arr)
+    count = n - arr.null_count
+    if count == 0:
+        return pa.nulls(n, typ)
+    compact = pa.concat_arrays([arr.drop_null()]) if arr.null_count else pa.concat_arrays([arr])
+    offsets = np.frombuffer(compact.buffers()[1], dtype=np.int32, count=count + 1)
+    data = np.frombuffer(compact.buffers()[2], dtype=np.uint8, count=int(offsets[-1]))[int(offsets[0]):]
+    rel = offsets[1:-1] - offsets[0]
+    joined = np.insert(data, rel, ord(","))
+    parsed = pa.array(json.loads(b"[" + joined.tobytes() + b"]"), type=typ)
+    if count == n:
+        return parsed
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    index = np.cumsum(valid, dtype=np.int64) - 1
+    return parsed.take(pa.array(index, mask=~valid))
+
+
+#: Fixed-width fields at the start of a ``copy_pages`` row in the binary COPY format: the field count
+#: (int16), then (int32 length, bytes) for partition (int4), position (int8) and created_at (int8).
+_BIN_PARTITION, _BIN_POSITION, _BIN_CREATED, _BIN_VAR = 6, 14, 26, 34
+#: The variable-length fields of a ``copy_pages`` row that follow, in order.
+BIN_VAR_COLUMNS = ("key", "value", "headers", "event_type", "event_id", "correlation_id", "causation_id")
+
+
+def _gather_be(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
+    """The big-endian integers of ``width`` bytes at the byte offsets ``at`` of ``data`` (one gather from
+    a view of ``data`` whose element ``i`` is the integer in bytes ``i`` to ``i + width - 1``)."""
+    windows = np.ndarray(shape=(len(data) - width + 1,), dtype=dtype, buffer=data, strides=(1,))
+    return windows[at].astype(dtype[1:])
+
+
+def _slices(buf: pa.Buffer, typ: pa.DataType, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
+    """An Arrow array of the byte ranges ``[starts, starts + lengths)`` of ``buf`` (length -1: NULL),
+    copied into one contiguous buffer by Arrow's ``take`` (the ranges are in increasing order)."""
+    n = len(starts)
+    valid = lengths >= 0
+    nulls = int(n - np.count_nonzero(valid))
+    if nulls == n:
+        return pa.nulls(n, typ)
+    bounds = np.empty(2 * n + 1, dtype=np.int32)
+    bounds[0:2 * n:2] = starts
+    bounds[1:2 * n:2] = starts + np.maximum(lengths, 0)
+    bounds[2 * n] = buf.size
+    spans = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(bounds), buf])
+    picked = spans.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
+    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
+    return pa.Array.from_buffers(typ, n, [bitmap, picked.buffers()[1], picked.buffers()[2]], null_count=nulls)
+
+
+def decode_binary_rows(raw: bytes, row_lengths: np.ndarray, topic: str, schema: pa.Schema) -> pa.RecordBatch:
+    """A record batch of the Spark schema from rows of ``copy_pages`` in the binary COPY format: ``raw``
+    holds the rows back to back (no file header or trailer), ``row_lengths`` the byte length of each.
+
+    No loop over rows: the rows' fields are located column by column with numpy, and the bytes of each
+    variable-length column gathered by Arrow."""
+    n = len(row_lengths)
+    buf = pa.py_buffer(raw)
+    data = np.frombuffer(raw, dtype=np.uint8)
+    starts = np.zeros(n, dtype=np.int64)
+    np.cumsum(row_lengths[:-1], out=starts[1:])
+    partition = _gather_be(data, starts + _BIN_PARTITION, 4, ">i4")
+    position = _gather_be(data, starts + _BIN_POSITION, 8, ">i8")
+    created = _gather_be(data, starts + _BIN_CREATED, 8, ">i8") + PG_EPOCH_US
+    at = starts + _BIN_VAR
+    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for name in BIN_VAR_COLUMNS:
+        length = _gather_be(data, at, 4, ">i4")
+        begin = at + 4
+        if name == "headers":  # jsonb: a version byte, then the JSON text
+            has = length >= 0
+            found[name] = (begin + has, np.where(has, length - 1, -1))
+        else:
+            found[name] = (begin, length)
+        at = begin + np.maximum(length, 0)
+
+    def column(name: str, typ: pa.DataType) -> pa.Array:
+        return _slices(buf, typ, *found[name])
+
+    headers_text = column("headers", pa.string())
+    arrays: dict[str, pa.Array] = {
+        "topic": constant_string(topic, n),
+        "partition": pa.array(partition),
+        "position": pa.array(position),
+        "value": column("value", pa.binary()),
+        "key": column("key", pa.string()),
+        "event_type": column("event_type", pa.string()),
+        "event_id": column("event_id", pa.string()),
+        "correlation_id": column("correlation_id", pa.string()),
+        "causation_id": column("causation_id", pa.string()),
+        "headers": _headers_from_text(headers_text, schema.field("headers").type),
+        "created_at": pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(created)]),
+    }
+    return pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
+
+
+# --------------------------------------------------------------------------------------------------------
+# writing
+
+_HEX = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+_ESCAPES = (("\\", "\\\\"), ("\t", "\\t"), ("\n", "\\n"), ("\r", "\\r"))
+_NULL = "\\N"
+
+
+def _as_binary(arr: pa.Array) -> pa.Array:
+    if pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type):
+        arr = arr.cast(pa.large_binary()).cast(pa.binary())
+    elif pa.types.is_string(arr.type):
+        arr = arr.cast(pa.binary())
+    elif pa.types.is_binary_view(arr.type) or pa.types.is_string_view(arr.type):
+        arr = arr.cast(pa.binary())
+    return arr
+
+
+def hex_bytea(arr: pa.Array) -> pa.Array:
+    """A binary array's values as COPY text ``bytea`` input: ``\\\\x`` followed by hex digits."""
+    arr = _as_binary(arr)
+    if arr.offset:
+        arr = pa.concat_arrays([arr])  # re-base the offsets of a slice
+    n = len(arr)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int32, count=n + 1)
+    start, end = int(offsets[0]), int(offsets[-1])
+    data = np.frombuffer(arr.buffers()[2], dtype=np.uint8, count=end)[start:end] if end > start else \
+        np.zeros(0, dtype=np.uint8)
+    digits = np.empty((len(data), 2), dtype=np.uint8)
+    digits[:, 0] = _HEX[data >> 4]
+    digits[:, 1] = _HEX[data & 0x0F]
+    hexed = pa.Array.from_buffers(pa.binary(), n, [arr.buffers()[0], pa.py_buffer((offsets - start) * 2),
+                                                   pa.py_buffer(digits)], null_count=arr.null_count)
+    return pc.binary_join_element_wise(pa.scalar(b"\\\\x"), hexed, pa.scalar(b""))
+
+
+def escape_text(arr: pa.Array) -> pa.Array:
+    """Escape a string array for the COPY text format (backslash, tab, newline, carriage return)."""
+    arr = _as_binary(arr)
+    if len(arr) == 0 or arr.null_count == len(arr):
+        return arr
+    if not pc.any(pc.match_substring_regex(arr, r"[\\\t\n\r]")).as_py():
+        return arr
+    for old, new in _ESCAPES:
+        arr = pc.replace_substring(arr, old.encode(), new.encode())
+    return arr
+
+
+def headers_json(arr: pa.Array) -> pa.Array:
+    """A ``map<string,string>`` array as JSON object texts (NULL stays NULL)."""
+    out: list[str | None] = []
+    for i, entries in enumerate(arr.to_pylist()):
+        if entries is None:
+            out.append(None)
+            continue
+        obj: dict[str, str] = {}
+        for k, v in entries:
+            if v is None:
+                raise InvalidArgument(f"column 'headers': row {i} has a NULL value for header {k!r}")
+            obj[k] = v
+        out.append(json.dumps(obj, separators=(",", ":"), ensure_ascii=False) if obj else None)
+    return pa.array(out, type=pa.string())
+
+
+def _murmur2_partitions(keys: pa.Array, partitions: int) -> np.ndarray:
+    """Kafka's ``(murmur2(utf8(key)) & 0x7fffffff) % partitions`` for every non-null key (-1 for NULL)."""
+    keys = _as_binary(keys)
+    if keys.offset:
+        keys = pa.concat_arrays([keys])
+    n = len(keys)
+    out = np.full(n, -1, dtype=np.int64)
+    offsets = np.frombuffer(keys.buffers()[1], dtype=np.int32, count=n + 1).astype(np.int64)
+    data_buf = keys.buffers()[2]
+    data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
+    data = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
+    lengths = offsets[1:] - offsets[:-1]
+    valid = np.ones(n, dtype=bool) if keys.null_count == 0 else \
+        np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    m = np.uint32(0x5BD1E995)
+    with np.errstate(over="ignore"):
+        for length in np.unique(lengths[valid]):
+            rows = np.nonzero(valid & (lengths == length))[0]
+            length = int(length)
+            matrix = data[offsets[rows][:, None] + np.arange(length)].astype(np.uint32) if length else \
+                np.zeros((len(rows), 0), dtype=np.uint32)
+            h = np.full(len(rows), (0x9747B28C ^ length) & 0xFFFFFFFF, dtype=np.uint32)
+            for i in range(length // 4):
+                k = (matrix[:, 4 * i] | (matrix[:, 4 * i + 1] << 8) | (matrix[:, 4 * i + 2] << 16)
+                     | (matrix[:, 4 * i + 3] << 24)).astype(np.uint32)
+                k = k * m
+                k ^= k >> np.uint32(24)
+                k = k * m
+                h = h * m
+                h ^= k
+            rest, tail = length % 4, (length // 4) * 4
+            if rest == 3:
+                h ^= matrix[:, tail + 2] << np.uint32(16)
+            if rest >= 2:
+                h ^= matrix[:, tail + 1] << np.uint32(8)
+            if rest >= 1:
+                h ^= matrix[:, tail]
+                h = h * m
+            h ^= h >> np.uint32(13)
+            h = h * m
+            h ^= h >> np.uint32(15)
+            out[rows] = (h & np.uint32(0x7FFFFFFF)).astype(np.int64) % partitions
+    return out
+
+
+class Partitioner:
+    """Chooses the partition of each row: the ``partition`` column, else the key's hash, else round-robin
+    starting from ``start``."""
+
+    def __init__(self, partitions: int, start: int) -> None:
+        self.partitions = partitions
+        self.next = start % partitions
+
+    def assign(self, explicit: pa.Array | None, keys: pa.Array | None, n: int) -> np.ndarray:
+        """Partition numbers for ``n`` rows; raises :class:`InvalidArgument` for an out-of-range one."""
+        out = np.full(n, -1, dtype=np.int64)
+        if explicit is not None:
+            vals = np.asarray(explicit.fill_null(-1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            given = vals >= 0
+            bad = given & (vals >= self.partitions) | (np.asarray(explicit.is_valid()) & (vals < 0))
+            if bad.any():
+                raise InvalidArgument(
+                    f"column 'partition': {int(vals[np.nonzero(bad)[0][0]])} is out of range for a topic "
+                    f"of {self.partitions} partitions (0 to {self.partitions - 1})")
+            out[given] = vals[given]
+        missing = out < 0
+        if keys is not None and missing.any():
+            hashed = _murmur2_partitions(keys, self.partitions)
+            use = missing & (hashed >= 0)
+            out[use] = hashed[use]
+            missing = out < 0
+        count = int(np.count_nonzero(missing))
+        if count:
+            out[missing] = (self.next + np.arange(count)) % self.partitions
+            self.next = (self.next + count) % self.partitions
+        return out
+
+
+def _column(batch: pa.RecordBatch, name: str) -> pa.Array | None:
+    idx = batch.schema.get_field_index(name)
+    return None if idx < 0 else batch.column(idx)
+
+
+def encode_copy(batch: pa.RecordBatch, partitioner: Partitioner, *, ordinal: int | None = None) -> bytes:
+    """The rows of ``batch`` in COPY text format for the columns ``(partition, kind, key, value, headers,
+    event_type, event_id, correlation_id, causation_id)``, preceded by ``ord`` (numbered from
+    ``ordinal``) when ``ordinal`` is given (the staging table of idempotent publishing)."""
+    n = batch.num_rows
+    if n == 0:
+        return b""
+    value = _column(batch, "value")
+    assert value is not None
+    if value.null_count:
+        raise InvalidArgument("column 'value' must not be NULL")
+    kind = b"b" if pa.types.is_binary(value.type) or pa.types.is_large_binary(value.type) else b"s"
+    key = _column(batch, "key")
+    parts = partitioner.assign(_column(batch, "partition"), key, n)
+    cols: list[pa.Array] = []
+    if ordinal is not None:
+        cols.append(pa.array(np.arange(ordinal, ordinal + n, dtype=np.int64)).cast(pa.string()))
+    cols.append(pa.array(parts).cast(pa.string()))
+    cols.append(constant_string(kind.decode(), n))
+    cols.append(escape_text(key) if key is not None else pa.nulls(n, pa.binary()))
+    cols.append(hex_bytea(value))
+    headers = _column(batch, "headers")
+    cols.append(escape_text(headers_json(headers)) if headers is not None else pa.nulls(n, pa.binary()))
+    for name in ("event_type", "event_id", "correlation_id", "causation_id"):
+        col = _column(batch, name)
+        if col is not None and name != "event_type" and len(col) != col.null_count:
+            empty = pc.equal(pc.binary_length(_as_binary(col)), 0)
+            if pc.any(empty).as_py():
+                raise InvalidArgument(f"column {name!r} must not hold empty strings (use NULL)")
+        cols.append(escape_text(col) if col is not None else pa.nulls(n, pa.binary()))
+    cols = [_as_binary(c) for c in cols]
+    line = pc.binary_join_element_wise(*cols, pa.scalar(b"\t"), null_handling="replace",
+                                       null_replacement=_NULL.encode())
+    line = pc.binary_join_element_wise(line, pa.scalar(b"\n"), pa.scalar(b""))
+    if line.offset:
+        line = pa.concat_arrays([line])
+    offsets = np.frombuffer(line.buffers()[1], dtype=np.int32, count=n + 1)
+    return line.buffers()[2].to_pybytes()[int(offsets[0]):int(offsets[-1])]

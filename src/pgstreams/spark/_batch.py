@@ -1,0 +1,416 @@
+"""Batch reads: planning input partitions and reading them as Arrow record batches.
+
+Every Spark input partition reads one topic partition. A topic partition read from the beginning (or
+from far back) is split into ranges of heap pages of its segments; each task reads its pages in chunks
+with TID range scans, so every page is read once per topic partition and no index is walked. A read of
+only the last few events of a partition (fewer than ``ORDERED_CAP``) uses the read-order index instead.
+All tasks read up to the same visibility fence, taken once when Spark plans the query, so they see one
+consistent set of events: exactly those whose transactions had ended by then.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+from psycopg import pq, sql
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.types import StructType
+
+from . import _db
+from ._arrow import decode_binary_rows, decode_chunk
+from ._filters import Pushed, push
+from ._options import (
+    ORIGIN,
+    AtCursor,
+    AtGroup,
+    AtPosition,
+    AtTime,
+    Cursor,
+    Earliest,
+    Latest,
+    ReadOptions,
+    Spec,
+)
+from ._sql import (
+    LOWER_BOUND,
+    OPTIONAL_COLUMNS,
+    SCAN_LOWER_BOUND,
+    SCAN_PARTITIONS,
+    SCAN_UPPER_BOUND,
+    UPPER_BOUND,
+    query,
+    table_regclass,
+)
+
+#: Below this many events a partition range is read through the read-order index.
+ORDERED_CAP = 100_000
+#: A multi-partition page scan queries about this many record batches' worth of events per COPY.
+SCAN_CHUNK_BATCHES = 8
+#: Bytes of binary COPY rows decoded into one record batch (about 48,000 events of 100-byte values).
+COPY_BLOCK = 1 << 23
+#: The file header (signature, flags, header extension length) and trailer of the binary COPY format.
+COPY_HEADER = 19
+COPY_TRAILER = b"\xff\xff"
+
+
+@dataclass(frozen=True)
+class PageRange:
+    """Pages ``[first_page, end_page)`` of the segment holding positions ``[lo, hi)``, read
+    ``pages_per_chunk`` pages per query."""
+
+    lo: int
+    hi: int
+    first_page: int
+    end_page: int
+    pages_per_chunk: int
+
+
+@dataclass
+class Split(InputPartition):
+    """One Spark input partition: events of one topic partition in ``(start, end]`` below ``fence``,
+    from the page ranges ``pages`` (or, when ``pages`` is ``None``, in read order through the index)."""
+
+    topic: str
+    topic_id: int
+    partition: int
+    start: Cursor
+    end: Cursor
+    fence: int
+    pages: tuple[PageRange, ...] | None
+
+
+@dataclass
+class ScanSplit(InputPartition):
+    """One Spark input partition of a multi-partition page scan: the events of the topic partitions
+    ``partitions`` found in the page ranges ``pages``, each in ``(starts[p], ends[p]]`` (indexed by
+    partition number) below ``fence``, read in one pass over the pages."""
+
+    topic: str
+    topic_id: int
+    partitions: tuple[int, ...]
+    all_partitions: bool
+    starts: tuple[Cursor, ...]
+    ends: tuple[Cursor, ...]
+    fence: int
+    pages: tuple[PageRange, ...]
+
+
+def resolve_cursor(conn: Any, opts: ReadOptions, topic: _db.TopicMeta, partitions: Sequence[int],
+                   spec_of: dict[int, Spec], fence_xid: int, *, ending: bool) -> dict[int, Cursor]:
+    """Turn per-partition specs into cursors under ``fence_xid``.
+
+    For ending specs, ``Latest`` is the fence itself (every visible event).
+    """
+    out: dict[int, Cursor] = {}
+    latest = (fence_xid - 1, _db.MAX_POSITION) if ending else None
+    need_heads = [p for p in partitions if isinstance(spec_of[p], Latest) and not ending]
+    heads = _db.heads(conn, opts.schema, topic, need_heads, fence_xid) if need_heads else {}
+    by_position = {p: s.position for p, s in spec_of.items() if isinstance(s, AtPosition)}
+    at_pos = _db.position_cursors(conn, opts.schema, topic, by_position, fence_xid) if by_position else {}
+    times = {s.at for s in spec_of.values() if isinstance(s, AtTime)}
+    at_time: dict[int, Cursor | None] = {}
+    for when in times:
+        ps = [p for p, s in spec_of.items() if isinstance(s, AtTime) and s.at == when]
+        at_time.update(_db.time_cursors(conn, opts.schema, topic, ps, when, fence_xid))
+    group = (_db.group_cursors(conn, opts.schema, opts.group, topic)
+             if opts.group and any(isinstance(s, AtGroup) for s in spec_of.values()) else {})
+    missing: list[int] = []
+    for p in partitions:
+        spec = spec_of[p]
+        if isinstance(spec, Earliest):
+            out[p] = ORIGIN
+        elif isinstance(spec, Latest):
+            out[p] = latest if latest is not None else heads[p]
+        elif isinstance(spec, AtCursor):
+            out[p] = (spec.xid, spec.position)
+        elif isinstance(spec, AtGroup):
+            out[p] = group.get(p, ORIGIN)
+        else:
+            found = at_pos.get(p) if isinstance(spec, AtPosition) else at_time.get(p)
+            if found is None:
+                missing.append(p)
+            else:
+                out[p] = found
+    if missing:
+        # no event at or after the position / time: the boundary is the end of what is visible
+        if ending:
+            for p in missing:
+                out[p] = (fence_xid - 1, _db.MAX_POSITION)
+        else:
+            out.update(_db.heads(conn, opts.schema, topic, missing, fence_xid))
+    return out
+
+
+def specs(opts: ReadOptions, topic: str, partitions: Sequence[int], *, ending: bool) -> dict[int, Spec]:
+    """The spec of each partition: the timestamp option wins over the offsets option (as in Kafka)."""
+    when = opts.ending_time if ending else opts.starting_time
+    option = opts.ending if ending else opts.starting
+    out: dict[int, Spec] = {}
+    for p in partitions:
+        out[p] = AtTime(when) if when is not None else option.spec(topic, p)
+    return out
+
+
+class BatchReader(DataSourceReader):
+    """The batch reader of ``spark.read.format("pgstreams")``."""
+
+    def __init__(self, opts: ReadOptions, schema: StructType, min_partitions: int) -> None:
+        self.opts = opts
+        self.schema = schema
+        self.min_partitions = min_partitions
+        self.pushed = Pushed()
+
+    def pushFilters(self, filters: list[Filter]) -> list[Filter]:
+        """Take over the filters on ``topic``, ``partition``, ``position``, ``created_at``,
+        ``event_type`` and ``key`` that PostgreSQL evaluates exactly; return the others."""
+        return push(filters, self.pushed)
+
+    def partitions(self) -> list[InputPartition]:
+        """Plan the input partitions (at least one per topic partition that has events to read)."""
+        opts = self.opts
+        with _db.connect(opts.dsn) as conn:
+            _db.check_server(conn)
+            metas = [m for m in _db.topics(conn, opts.schema, opts.topics, "topics")
+                     if self.pushed.keeps_topic(m.name)]
+            fence_row = conn.execute(query("read_fence", opts.schema)).fetchone()
+            assert fence_row is not None
+            fence_xid = int(fence_row[0])
+            plans: list[tuple[_db.TopicMeta, int, Cursor, Cursor]] = []
+            for meta in metas:
+                parts = [p for p in range(meta.partitions) if self.pushed.keeps_partition(p)]
+                if not parts:
+                    continue
+                starts = resolve_cursor(conn, opts, meta, parts, specs(opts, meta.name, parts, ending=False),
+                                        fence_xid, ending=False)
+                ends = resolve_cursor(conn, opts, meta, parts, specs(opts, meta.name, parts, ending=True),
+                                      fence_xid, ending=True)
+                plans.extend((meta, p, starts[p], ends[p]) for p in parts if starts[p] < ends[p])
+            splits: list[InputPartition] = []
+            per_partition = max(1, math.ceil(self.min_partitions / max(1, len(plans))))
+            small: dict[tuple[int, int], bool] = {}
+            for meta in metas:
+                mine = {p: (s, e) for m, p, s, e in plans if m is meta and s != ORIGIN}
+                if mine:
+                    counts = _db.count_between(conn, opts.schema, meta, {p: v[0] for p, v in mine.items()},
+                                               {p: v[1] for p, v in mine.items()}, ORDERED_CAP)
+                    small.update({(meta.id, p): n < ORDERED_CAP for p, n in counts.items()})
+            scans: dict[int, dict[int, tuple[Cursor, Cursor]]] = {}
+            for meta, p, start, end in plans:
+                if small.get((meta.id, p)):
+                    splits.append(Split(meta.name, meta.id, p, start, end, fence_xid, None))
+                else:
+                    scans.setdefault(meta.id, {})[p] = (start, end)
+            for meta in metas:
+                if meta.id in scans:
+                    segments = self._segments(conn, meta)
+                    splits.extend(self._scan_splits(meta, scans[meta.id], fence_xid, segments, per_partition))
+        return splits
+
+    def _scan_splits(self, meta: _db.TopicMeta, cursors: dict[int, tuple[Cursor, Cursor]], fence_xid: int,
+                     segments: list[tuple[int, int, int, int]], per_partition: int) -> list[ScanSplit]:
+        """Split the pages of the topic's segments into ranges, each read in one pass for every topic
+        partition of ``cursors``: at least ``per_partition`` ranges per topic partition read."""
+        total_pages = sum(s[2] for s in segments)
+        if total_pages == 0:
+            return []
+        share = len(cursors) / meta.partitions
+        events = sum(s[3] for s in segments) * share
+        k = per_partition * len(cursors)
+        if self.opts.max_records_per_partition:
+            k = max(k, math.ceil(events / self.opts.max_records_per_partition))
+        k = max(1, min(k, total_pages))
+        bounds = [round(i * total_pages / k) for i in range(k + 1)]
+        parts = tuple(sorted(cursors))
+        starts = tuple(cursors[p][0] if p in cursors else ORIGIN for p in range(meta.partitions))
+        ends = tuple(cursors[p][1] if p in cursors else (fence_xid - 1, _db.MAX_POSITION)
+                     for p in range(meta.partitions))
+        out: list[ScanSplit] = []
+        for i in range(k):
+            want_lo, want_hi = bounds[i], bounds[i + 1]
+            ranges: list[PageRange] = []
+            base = 0
+            for lo, hi, pages, seg_events in segments:
+                a, b = max(want_lo, base), min(want_hi, base + pages)
+                if a < b:
+                    rows_per_page = max(1.0, seg_events * share / pages)
+                    per_chunk = max(1, math.ceil(self.opts.batch_size * SCAN_CHUNK_BATCHES / rows_per_page))
+                    ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk))
+                base += pages
+            if ranges:
+                out.append(ScanSplit(meta.name, meta.id, parts, len(parts) == meta.partitions, starts, ends,
+                                     fence_xid, tuple(ranges)))
+        return out
+
+    def _segments(self, conn: Any, meta: _db.TopicMeta) -> list[tuple[int, int, int, int]]:
+        """``(lo, hi, pages, events)`` of the topic's attached segments within the pushed position bounds."""
+        lo_bound, hi_bound = self.pushed.position_bounds()
+        rows = conn.execute(query("attached_segments", self.opts.schema),
+                            {"topic_id": meta.id,
+                             "parent": table_regclass(self.opts.schema, meta.id)}).fetchall()
+        last = conn.execute(query("last_position", self.opts.schema, meta.id)).fetchone()
+        last_pos = int(last[0]) if last else 0
+        out = []
+        for lo, hi, pages in rows:
+            lo, hi, pages = int(lo), int(hi), int(pages)
+            if pages <= 0 or hi <= lo_bound or lo >= hi_bound:
+                continue
+            events = max(0, min(hi, last_pos + 1) - lo)
+            out.append((lo, hi, pages, events))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one input partition as Arrow record batches."""
+        if isinstance(partition, ScanSplit):
+            return read_scan(self.opts, self.schema, partition, self.pushed)
+        assert isinstance(partition, Split)
+        return read_split(self.opts, self.schema, partition, self.pushed)
+
+
+def read_split(opts: ReadOptions, schema: StructType, split: Split,
+               pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
+    """The events of ``split`` as record batches of at most ``opts.batch_size`` rows (ordered splits)
+    or of about that many rows (page splits).
+
+    Chunks are first queried with the lengths of ``key`` and ``event_type`` only; a column found in use
+    is added for the rest of the split (its first chunk is queried again).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    filters, fparams = (pushed or Pushed()).sql()
+    base = {"partition": split.partition, "fence": str(split.fence),
+            "end_xid": str(split.end[0]), "end_position": split.end[1], **fparams}
+    name = "chunk_ordered" if split.pages is None else "chunk_pages"
+    columns: tuple[str, ...] = ("key", "event_type")
+    bound_parts = []
+    if split.start != ORIGIN:
+        bound_parts.append(LOWER_BOUND)
+    if split.end[0] < split.fence - 1 or split.end[1] != _db.MAX_POSITION:
+        bound_parts.append(UPPER_BOUND)
+    bounds = sql.SQL(" ").join(bound_parts)
+    stmt = query(name, opts.schema, split.topic_id, filters, columns, bounds)
+
+    def fetch(cur: Any, params: dict[str, Any]) -> tuple[pa.RecordBatch | None, Cursor | None]:
+        nonlocal columns, stmt
+        while True:
+            row = cur.execute(stmt, params).fetchone()
+            assert row is not None
+            batch, last, missing = decode_chunk(row, split.topic, split.partition, arrow_schema, columns)
+            if not missing:
+                return batch, last
+            columns = tuple(c for c in OPTIONAL_COLUMNS if c in columns or c in missing)
+            stmt = query(name, opts.schema, split.topic_id, filters, columns, bounds)
+
+    with _db.connect(opts.dsn) as conn:
+        cur = conn.cursor(binary=True)
+        if split.pages is None:
+            cursor = split.start
+            while True:
+                batch, last = fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
+                                          "limit": opts.batch_size})
+                if batch is None or last is None:
+                    return
+                yield batch
+                cursor = last
+                if batch.num_rows < opts.batch_size:
+                    return
+        params = {**base, "xid": str(split.start[0]), "position": split.start[1]}
+        for r in split.pages:
+            for a in range(r.first_page, r.end_page, r.pages_per_chunk):
+                b = min(a + r.pages_per_chunk, r.end_page)
+                batch, _ = fetch(cur, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
+                                       "end_page": f"({b},0)"})
+                if batch is not None:
+                    yield batch
+
+
+def _copy_rows(conn: Any, stmt: str) -> Iterator[tuple[bytes, np.ndarray]]:
+    """The rows of a binary ``COPY ... TO STDOUT`` as ``(rows back to back, length of each row)`` of about
+    ``COPY_BLOCK`` bytes each, the file header and trailer removed.
+
+    PostgreSQL sends each row of a COPY in a message of its own: the messages are taken from libpq one by
+    one (a C call each) and appended to one buffer, with no parsing of rows in Python.
+    """
+    pgconn = conn.pgconn
+    pgconn.send_query(stmt.encode("utf-8"))
+    first = pgconn.get_result()
+    if first is None or first.status != pq.ExecStatus.COPY_OUT:
+        _finish(conn, first)
+        return
+    get = pgconn.get_copy_data
+    buf = bytearray()
+    lengths: list[int] = []
+    header = True
+    while True:
+        size, data = get(0)
+        if size < 0:
+            break
+        if header:
+            data, size, header = memoryview(data)[COPY_HEADER:], size - COPY_HEADER, False
+        if size == 0 or (size == 2 and bytes(data) == COPY_TRAILER):
+            continue
+        buf += data
+        lengths.append(size)
+        if len(buf) >= COPY_BLOCK:
+            yield bytes(buf), np.array(lengths, dtype=np.int64)
+            buf.clear()
+            lengths.clear()
+    _finish(conn, pgconn.get_result())
+    if lengths:
+        yield bytes(buf), np.array(lengths, dtype=np.int64)
+
+
+def _finish(conn: Any, result: Any) -> None:
+    """Check the final result of a COPY (raise PostgreSQL's error) and drain the remaining results."""
+    error = None
+    if result is None or result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_OUT):
+        error = (result.error_message if result is not None else conn.pgconn.error_message).decode(
+            "utf-8", "replace").strip()
+    while conn.pgconn.get_result() is not None:
+        pass
+    if error is not None:
+        raise psycopg.DatabaseError(f"reading events failed: {error}")
+
+
+def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
+              pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
+    """The events of a multi-partition page scan as record batches of about ``COPY_BLOCK`` bytes.
+
+    Each chunk of pages is one ``COPY (SELECT ...) TO STDOUT (FORMAT binary)``; its rows are decoded
+    column-wise by :func:`decode_binary_rows` (numpy and Arrow, no loop over rows).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    filters, fparams = (pushed or Pushed()).sql()
+    parts: list[sql.Composable] = []
+    params: dict[str, Any] = {"fence": str(split.fence), **fparams}
+    if not split.all_partitions:
+        parts.append(SCAN_PARTITIONS)
+        params["partitions"] = list(split.partitions)
+    if any(split.starts[p] != ORIGIN for p in split.partitions):
+        parts.append(SCAN_LOWER_BOUND)
+        params["xids"] = [str(c[0]) for c in split.starts]
+        params["positions"] = [c[1] for c in split.starts]
+    if any(split.ends[p][0] < split.fence - 1 or split.ends[p][1] != _db.MAX_POSITION
+           for p in split.partitions):
+        parts.append(SCAN_UPPER_BOUND)
+        params["end_xids"] = [str(c[0]) for c in split.ends]
+        params["end_positions"] = [c[1] for c in split.ends]
+    stmt = query("copy_pages", opts.schema, split.topic_id, filters, bounds=sql.SQL(" ").join(parts))
+    with _db.connect(opts.dsn) as conn:
+        # COPY takes no bound parameters: psycopg merges them into the statement as quoted literals
+        merge = psycopg.ClientCursor(conn)
+        for r in split.pages:
+            for a in range(r.first_page, r.end_page, r.pages_per_chunk):
+                b = min(a + r.pages_per_chunk, r.end_page)
+                text = merge.mogrify(stmt, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
+                                            "end_page": f"({b},0)"})
+                for raw, lengths in _copy_rows(conn, text):
+                    yield decode_binary_rows(raw, lengths, split.topic, arrow_schema)

@@ -1,0 +1,308 @@
+"""Options of the ``pgstreams`` Spark data source: parsing and validation (no database access here).
+
+Every error names the option at fault and is raised while Spark analyses the query (``load()``,
+``save()``, ``start()``), before any data is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Union
+
+from .._names import check_group, check_schema, check_topic
+from ..errors import InvalidArgument, InvalidName
+
+#: Offsets JSON value meaning "before the first event" (as in Kafka's source).
+EARLIEST = -2
+#: Offsets JSON value meaning "after the last visible event" (as in Kafka's source).
+LATEST = -1
+
+Cursor = tuple[int, int]
+"""A read-order cursor ``(xid, position)``: "after this event"; ``(0, 0)`` is before everything."""
+
+ORIGIN: Cursor = (0, 0)
+
+
+@dataclass(frozen=True)
+class Earliest:
+    """Before the first event of the partition."""
+
+
+@dataclass(frozen=True)
+class Latest:
+    """After the last event visible now (every transaction below the fence has ended)."""
+
+
+@dataclass(frozen=True)
+class AtPosition:
+    """The boundary just before the first event at or after ``position`` (by position)."""
+
+    position: int
+
+
+@dataclass(frozen=True)
+class AtCursor:
+    """Exactly after the event ``(xid, position)`` in read order (the format of streaming offsets)."""
+
+    xid: int
+    position: int
+
+
+@dataclass(frozen=True)
+class AtGroup:
+    """Where the pgstreams group of option ``group`` stands (earliest where it has no checkpoint)."""
+
+
+@dataclass(frozen=True)
+class AtTime:
+    """Just before the first event (in read order) created at or after ``at``; the end if none."""
+
+    at: datetime
+
+
+Spec = Union[Earliest, Latest, AtPosition, AtCursor, AtGroup, AtTime]
+
+
+@dataclass(frozen=True)
+class OffsetsOption:
+    """A parsed ``startingOffsets`` / ``endingOffsets``: a default and per (topic, partition) specs."""
+
+    default: Spec
+    per_partition: Mapping[str, Mapping[int, Spec]] = field(default_factory=dict)
+
+    def spec(self, topic: str, partition: int) -> Spec:
+        """The spec of one partition (the default where the JSON does not name it)."""
+        return self.per_partition.get(topic, {}).get(partition, self.default)
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name) if name in options else None
+    if value is None:
+        return None
+    value = str(value).strip()
+    return value or None
+
+
+def resolve_dsn(options: Mapping[str, str]) -> str:
+    """Option ``dsn``, else ``$PGSTREAMS_DSN``; raises if neither is set."""
+    dsn = _get(options, "dsn") or os.environ.get("PGSTREAMS_DSN", "").strip()
+    if not dsn:
+        raise InvalidArgument("option 'dsn' is required (a PostgreSQL connection string), "
+                              "or set PGSTREAMS_DSN")
+    return dsn
+
+
+def schema_option(options: Mapping[str, str]) -> str:
+    """Option ``schema`` (default ``pgstreams``), validated."""
+    value = _get(options, "schema") or "pgstreams"
+    try:
+        return check_schema(value)
+    except InvalidName as exc:
+        raise InvalidName(f"option 'schema': {exc}") from None
+
+
+def topics_option(options: Mapping[str, str], *, single: bool = False) -> list[str]:
+    """Option ``topic`` or ``topics`` (a comma-separated list; reading only), validated and de-duplicated."""
+    one = _get(options, "topic")
+    many = _get(options, "topics")
+    if one and many:
+        raise InvalidArgument("set either option 'topic' or option 'topics', not both")
+    if single and many:
+        raise InvalidArgument("option 'topics' is for reading; writing takes one 'topic'")
+    raw = one if one else many
+    if not raw:
+        raise InvalidArgument("option 'topic' is required" if single
+                              else "option 'topic' (or 'topics', a comma-separated list) is required")
+    names: list[str] = []
+    for part in ([raw] if one else raw.split(",")):
+        name = part.strip()
+        try:
+            check_topic(name)
+        except InvalidName as exc:
+            raise InvalidName(f"option '{'topic' if one else 'topics'}': {exc}") from None
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def group_option(options: Mapping[str, str]) -> str | None:
+    """Option ``group`` (a pgstreams group name), validated; ``None`` when not set."""
+    value = _get(options, "group")
+    if value is None:
+        return None
+    try:
+        return check_group(value)
+    except InvalidName as exc:
+        raise InvalidName(f"option 'group': {exc}") from None
+
+
+def positive_int_option(options: Mapping[str, str], name: str) -> int | None:
+    """An optional option holding a positive integer."""
+    value = _get(options, name)
+    if value is None:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgument(f"option '{name}' must be a positive integer, got {value!r}") from None
+    if number < 1:
+        raise InvalidArgument(f"option '{name}' must be a positive integer, got {value!r}")
+    return number
+
+
+def timestamp_option(options: Mapping[str, str], name: str) -> datetime | None:
+    """An optional time: milliseconds since the Unix epoch (as in Kafka's source) or ISO-8601 with a zone."""
+    value = _get(options, name)
+    if value is None:
+        return None
+    if value.lstrip("-").isdigit():
+        return datetime.fromtimestamp(int(value) / 1000, tz=timezone.utc)
+    try:
+        at = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgument(f"option '{name}' must be milliseconds since the epoch or an ISO-8601 time "
+                              f"with a zone, got {value!r}") from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise InvalidArgument(f"option '{name}' needs a time zone (e.g. '2024-05-01T12:00:00Z'), "
+                              f"got {value!r}")
+    return at.astimezone(timezone.utc)
+
+
+def _spec_from_json(name: str, topic: str, partition: int, value: object, *, ending: bool) -> Spec:
+    where = f"option '{name}': topic {topic!r} partition {partition}"
+    if isinstance(value, bool):
+        raise InvalidArgument(f"{where}: expected a position, -2, -1 or {{\"xid\": .., \"position\": ..}}")
+    if isinstance(value, int):
+        if value == EARLIEST:
+            if ending:
+                raise InvalidArgument(f"{where}: -2 (earliest) is not allowed in endingOffsets")
+            return Earliest()
+        if value == LATEST:
+            return Latest()
+        if value < 0:
+            raise InvalidArgument(f"{where}: a position must be >= 0 (or -2 earliest, -1 latest), "
+                                  f"got {value}")
+        return AtPosition(value)
+    if isinstance(value, dict):
+        keys = set(value)
+        if keys != {"xid", "position"}:
+            raise InvalidArgument(f"{where}: a cursor is {{\"xid\": <int>, \"position\": <int>}}, "
+                                  f"got {value!r}")
+        x, p = value["xid"], value["position"]
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (x, p)):
+            raise InvalidArgument(f"{where}: cursor xid and position must be integers >= 0, got {value!r}")
+        return AtCursor(int(x), int(p))
+    raise InvalidArgument(f"{where}: expected a position, -2, -1 or {{\"xid\": .., \"position\": ..}}, "
+                          f"got {value!r}")
+
+
+def offsets_option(options: Mapping[str, str], name: str, topics: list[str], *, ending: bool,
+                   group: str | None = None) -> OffsetsOption:
+    """Parse ``startingOffsets`` (``ending=False``; default ``earliest``) or ``endingOffsets``
+    (``ending=True``; default ``latest``).
+
+    Accepted: ``earliest`` (starting only), ``latest``, ``group`` (starting only, needs option ``group``),
+    or JSON ``{"topic": {"partition": spec}}`` where spec is a position (>= 0), ``-2`` (earliest),
+    ``-1`` (latest) or a cursor ``{"xid": x, "position": p}``. Partitions not named take the default.
+    """
+    value = _get(options, name)
+    default: Spec = Latest() if ending else Earliest()
+    if value is None:
+        return OffsetsOption(default)
+    word = value.lower()
+    if word == "latest":
+        return OffsetsOption(Latest())
+    if word == "earliest" and not ending:
+        return OffsetsOption(Earliest())
+    if word == "group" and not ending:
+        if group is None:
+            raise InvalidArgument(f"option '{name}' = 'group' needs option 'group'")
+        return OffsetsOption(AtGroup())
+    if not value.startswith("{"):
+        allowed = "'latest' or JSON" if ending else "'earliest', 'latest', 'group' or JSON"
+        raise InvalidArgument(f"option '{name}' must be {allowed}, got {value!r}")
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument(f"option '{name}' is not valid JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidArgument(f"option '{name}' must be a JSON object of topics, got {value!r}")
+    per: dict[str, dict[int, Spec]] = {}
+    for topic, parts in parsed.items():
+        if topic not in topics:
+            raise InvalidArgument(f"option '{name}' names topic {topic!r}, which the query does not read "
+                                  f"(topics: {', '.join(topics)})")
+        if not isinstance(parts, dict):
+            raise InvalidArgument(f"option '{name}': topic {topic!r} must map partition numbers to offsets")
+        per[topic] = {}
+        for key, spec in parts.items():
+            try:
+                partition = int(key)
+            except ValueError:
+                raise InvalidArgument(f"option '{name}': topic {topic!r} has a partition key {key!r} "
+                                      "that is not an integer") from None
+            if partition < 0:
+                raise InvalidArgument(f"option '{name}': topic {topic!r} partition {partition} is negative")
+            per[topic][partition] = _spec_from_json(name, topic, partition, spec, ending=ending)
+    return OffsetsOption(default, per)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Validated reading options (see ``docs/spark.md`` for each)."""
+
+    dsn: str
+    schema: str
+    topics: tuple[str, ...]
+    starting: OffsetsOption
+    ending: OffsetsOption
+    starting_time: datetime | None
+    ending_time: datetime | None
+    max_events_per_trigger: int | None
+    min_partitions: int | None
+    max_records_per_partition: int | None
+    group: str | None
+    batch_size: int
+
+
+def read_options(options: Mapping[str, str]) -> ReadOptions:
+    """Parse and validate every reading option."""
+    dsn = resolve_dsn(options)
+    schema = schema_option(options)
+    topics = topics_option(options)
+    group = group_option(options)
+    return ReadOptions(
+        dsn=dsn,
+        schema=schema,
+        topics=tuple(topics),
+        starting=offsets_option(options, "startingOffsets", topics, ending=False, group=group),
+        ending=offsets_option(options, "endingOffsets", topics, ending=True),
+        starting_time=timestamp_option(options, "startingTimestamp"),
+        ending_time=timestamp_option(options, "endingTimestamp"),
+        max_events_per_trigger=positive_int_option(options, "maxEventsPerTrigger"),
+        min_partitions=positive_int_option(options, "minPartitions"),
+        max_records_per_partition=positive_int_option(options, "maxRecordsPerPartition"),
+        group=group,
+        batch_size=positive_int_option(options, "arrowBatchSize") or 32768,
+    )
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Validated writing options."""
+
+    dsn: str
+    schema: str
+    topic: str
+
+
+def write_options(options: Mapping[str, str]) -> WriteOptions:
+    """Parse and validate every writing option."""
+    dsn = resolve_dsn(options)
+    schema = schema_option(options)
+    topic = topics_option(options, single=True)[0]
+    return WriteOptions(dsn, schema, topic)

@@ -1,0 +1,220 @@
+"""Writing DataFrames to a topic (``df.write`` and ``df.writeStream`` with ``format("pgstreams")``).
+
+Each Spark task publishes its rows in one PostgreSQL transaction that also inserts a row
+``(sink id, batch id, task partition)`` into ``spark_sink_tasks``. A task that Spark runs again (a retry,
+a speculative copy, a micro-batch replayed after the driver died) finds that row and publishes nothing:
+its events are already committed. The sink id of a streaming query is its query id, which Spark keeps
+in the checkpoint; the batch id is the micro-batch number. Rows of older micro-batches are deleted once
+a later batch commits.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import psycopg
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import (
+    BinaryType,
+    ByteType,
+    IntegerType,
+    LongType,
+    MapType,
+    ShortType,
+    StringType,
+    StructType,
+)
+
+from .. import _queries as core_queries
+from .._notify import channel
+from ..errors import InvalidArgument
+from . import _db
+from ._arrow import Partitioner, encode_copy
+from ._options import WriteOptions
+from ._sql import query
+
+#: Columns a written DataFrame may have, with what each must be.
+ACCEPTED = ("value", "key", "headers", "partition", "event_type", "event_id", "correlation_id",
+            "causation_id")
+#: Columns of the read schema that writing ignores (so a read DataFrame can be written back as is).
+IGNORED = ("topic", "position", "created_at")
+
+
+def check_schema(schema: StructType) -> list[str]:
+    """Validate the columns of a DataFrame to write; return the names of those that are used."""
+    names = [f.name for f in schema.fields]
+    lowered = [n.lower() for n in names]
+    if len(set(lowered)) != len(lowered):
+        raise InvalidArgument(f"duplicate column names in the DataFrame to write: {names}")
+    if "value" not in names:
+        raise InvalidArgument(f"column 'value' (binary or string) is required to write events; "
+                              f"the DataFrame has {names}")
+    used: list[str] = []
+    for f in schema.fields:
+        t = f.dataType
+        if f.name in IGNORED:
+            continue
+        if f.name not in ACCEPTED:
+            raise InvalidArgument(f"column {f.name!r} is not an event field: accepted columns are "
+                                  f"{', '.join(ACCEPTED)} (and {', '.join(IGNORED)}, which are ignored)")
+        if f.name == "value":
+            ok = isinstance(t, (BinaryType, StringType))
+            want = "binary or string"
+        elif f.name == "headers":
+            ok = (isinstance(t, MapType) and isinstance(t.keyType, StringType)
+                  and isinstance(t.valueType, StringType))
+            want = "map<string,string>"
+        elif f.name == "partition":
+            ok = isinstance(t, (IntegerType, LongType, ShortType, ByteType))
+            want = "an integer type"
+        else:
+            ok = isinstance(t, StringType)
+            want = "string"
+        if not ok:
+            raise InvalidArgument(f"column {f.name!r} must be {want}, not {t.simpleString()}")
+        used.append(f.name)
+    return used
+
+
+@dataclass
+class TaskCommit(WriterCommitMessage):
+    """What one write task did: ``events`` rows received, ``stored`` events published (fewer when
+    ``event_id`` duplicates were dropped), ``replayed`` when the task had already been committed."""
+
+    sink_id: str
+    batch_id: int
+    task_partition: int
+    events: int
+    stored: int
+    replayed: bool
+
+
+def _select(batch: pa.RecordBatch, used: list[str]) -> pa.RecordBatch:
+    names = [n for n in batch.schema.names if n in used]
+    return batch.select(names) if len(names) != batch.num_columns else batch
+
+
+def write_task(opts: WriteOptions, meta: _db.TopicMeta, used: list[str], sink_id: str, batch_id: int,
+               task_partition: int, batches: Iterator[pa.RecordBatch]) -> TaskCommit:
+    """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``."""
+    has_ids = "event_id" in used
+    with _db.connect(opts.dsn) as conn, _db.connect(opts.dsn) as side:
+        with conn.transaction():
+            cur = conn.cursor()
+            if cur.execute(query("claim_sink_task", opts.schema),
+                           (sink_id, batch_id, task_partition, meta.id)).fetchone() is None:
+                for _ in batches:
+                    pass
+                return TaskCommit(sink_id, batch_id, task_partition, 0, 0, True)
+            partitioner = Partitioner(meta.partitions, random.randrange(meta.partitions))
+            if has_ids:
+                cur.execute(core_queries.query("staging_table", opts.schema))
+                copy_stmt = query("copy_staging", opts.schema)
+            else:
+                copy_stmt = query("copy_events", opts.schema, meta.id)
+            events = 0
+            hi = 0
+            with cur.copy(copy_stmt) as cp:
+                for batch in batches:
+                    n = batch.num_rows
+                    if n == 0:
+                        continue
+                    payload = encode_copy(_select(batch, used), partitioner,
+                                          ordinal=events if has_ids else None)
+                    hi = _ensure_room(side, opts.schema, meta, n, hi)
+                    cp.write(payload)
+                    events += n
+            stored = events
+            if has_ids and events:
+                cur.execute(core_queries.query("insert_staged", opts.schema, meta.id),
+                            {"topic_id": meta.id, "seq": core_queries.seq_name(opts.schema, meta.id)})
+                stored = cur.rowcount
+            cur.execute(query("record_sink_task", opts.schema),
+                        (events, stored, sink_id, batch_id, task_partition))
+            if stored:
+                cur.execute(query("notify", opts.schema), (channel(opts.schema), str(meta.id)))
+    return TaskCommit(sink_id, batch_id, task_partition, events, stored, False)
+
+
+def _ensure_room(side: psycopg.Connection, schema: str, meta: _db.TopicMeta, n: int, hi: int) -> int:
+    """Make sure segments exist for the next ``n`` positions plus one segment of headroom (created on a
+    separate autocommit connection, so the task's transaction holds no lock on new segments)."""
+    row = side.execute(query("last_position", schema, meta.id)).fetchone()
+    last = int(row[0]) if row else 0
+    upto = last + n + meta.segment_size
+    if upto < hi:
+        return hi
+    got = side.execute(core_queries.query("ensure_segments", schema, meta.id), (meta.id, upto)).fetchone()
+    return int(got[0]) if got and got[0] is not None else hi
+
+
+def _task() -> tuple[int, str | None, str | None]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is None:  # pragma: no cover - always set inside a Spark task
+        raise RuntimeError("pgstreams.spark writers run inside Spark tasks only")
+    return (ctx.partitionId(), ctx.getLocalProperty("sql.streaming.queryId"),
+            ctx.getLocalProperty("streaming.sql.batchId"))
+
+
+def _forget(opts: WriteOptions, name: str, *args: object) -> None:
+    with _db.connect(opts.dsn) as conn:
+        conn.execute(query(name, opts.schema), args)
+
+
+class BatchWriter(DataSourceArrowWriter):
+    """The writer of ``df.write.format("pgstreams")``: each task publishes its rows atomically, and a
+    retried task publishes nothing twice. A job that fails keeps the events of the tasks that finished."""
+
+    def __init__(self, opts: WriteOptions, meta: _db.TopicMeta, used: list[str]) -> None:
+        self.opts = opts
+        self.meta = meta
+        self.used = used
+        self.job_id = f"write-{uuid.uuid4()}"
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
+        """Publish one task's rows."""
+        part, _, _ = _task()
+        return write_task(self.opts, self.meta, self.used, self.job_id, 0, part, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        """Every task succeeded: drop the job's bookkeeping rows."""
+        _forget(self.opts, "forget_sink", self.job_id)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        """A task failed for good: drop the job's bookkeeping rows (finished tasks stay published)."""
+        _forget(self.opts, "forget_sink", self.job_id)
+
+
+class StreamWriter(DataSourceStreamArrowWriter):
+    """The writer of ``df.writeStream.format("pgstreams")``: exactly-once per micro-batch task."""
+
+    def __init__(self, opts: WriteOptions, meta: _db.TopicMeta, used: list[str]) -> None:
+        self.opts = opts
+        self.meta = meta
+        self.used = used
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
+        """Publish one task's rows of the current micro-batch, once."""
+        part, query_id, batch = _task()
+        if not query_id or batch is None:  # pragma: no cover - Spark always sets both for micro-batches
+            raise RuntimeError("the streaming query id and batch id are not set in this task")
+        return write_task(self.opts, self.meta, self.used, f"query-{query_id}", int(batch), part, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """The micro-batch is complete: older batches can never be replayed, forget them."""
+        sinks = {m.sink_id for m in messages if isinstance(m, TaskCommit)}
+        for sink in sinks:
+            _forget(self.opts, "forget_sink_batches_before", sink, batchId)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        """Nothing to undo: committed tasks are recorded and will be skipped when the batch runs again."""

@@ -1,0 +1,178 @@
+-- Named queries of the Spark data source. {schema} is the pgstreams schema, {table} a topic's event table
+-- (quoted identifiers), {filters} a conjunction of pushed-down filters ("AND ..." fragments from
+-- pgstreams.spark._filters, or nothing); values are always bound parameters.
+--
+-- The "chunk" queries return one row of column-wise aggregates: the positions (int8, big-endian), the
+-- creation times (microseconds since 2000-01-01, big-endian), per row the byte lengths ({lengths}: int4,
+-- -1 for NULL) of value and of the optional columns in use, then each column's bytes concatenated
+-- (string_agg skips NULLs, so a column that is NULL in every row of the chunk comes back as NULL and needs
+-- no lengths). PostgreSQL builds them in C; Python turns them into Arrow arrays without a loop over rows.
+
+-- name: server_info
+SELECT current_setting('server_encoding'), pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: fence
+SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+
+-- name: read_fence
+-- The batch read's visibility fence: every transaction of this database below it has ended (a long
+-- transaction in another database does not hold it back).
+SELECT {schema}.read_fence()::text::bigint;
+
+-- name: topics_by_name
+SELECT id, name, partitions, segment_size FROM {schema}.topics WHERE name = ANY(%s);
+
+-- name: attached_segments
+SELECT s.lo, s.hi, pg_relation_size(c.oid) / current_setting('block_size')::bigint
+  FROM pg_inherits i
+  JOIN pg_class c ON c.oid = i.inhrelid
+  JOIN {schema}.segments s ON s.topic_id = %(topic_id)s AND c.relname = 'topic_' || s.topic_id || '_s' || s.segment
+ WHERE i.inhparent = %(parent)s::regclass
+ ORDER BY s.lo;
+
+-- name: last_position
+SELECT last_value FROM {seq};
+
+-- name: heads
+SELECT c.p, h.xid::text::bigint, h.position
+  FROM unnest(%(partitions)s::int[]) AS c(p)
+  LEFT JOIN LATERAL (
+      SELECT e.xid, e.position FROM {table} e
+       WHERE e.partition = c.p AND e.xid < %(fence)s::text::xid8
+       ORDER BY e.xid DESC, e.position DESC LIMIT 1
+  ) h ON true
+ ORDER BY c.p;
+
+-- name: count_between
+SELECT c.p, (SELECT count(*) FROM (
+        SELECT 1 FROM {table} e
+         WHERE e.partition = c.p
+           AND (e.xid, e.position) > (c.x::xid8, c.pos)
+           AND (e.xid, e.position) <= (c.ex::xid8, c.epos)
+         LIMIT %(cap)s) s)
+  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[],
+              %(end_xids)s::text[], %(end_positions)s::bigint[]) AS c(p, x, pos, ex, epos)
+ ORDER BY c.p;
+
+-- name: nth_cursors
+SELECT c.p, h.xid::text::bigint, h.position
+  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[], %(nth)s::bigint[])
+       AS c(p, x, pos, n)
+  LEFT JOIN LATERAL (
+      SELECT e.xid, e.position FROM {table} e
+       WHERE e.partition = c.p AND (e.xid, e.position) > (c.x::xid8, c.pos)
+       ORDER BY e.xid, e.position OFFSET c.n - 1 LIMIT 1
+  ) h ON true
+ ORDER BY c.p;
+
+-- name: position_cursors
+SELECT c.p, h.xid::text::bigint, h.position
+  FROM unnest(%(partitions)s::int[], %(targets)s::bigint[]) AS c(p, target)
+  LEFT JOIN LATERAL (
+      SELECT e.xid, e.position FROM {table} e
+       WHERE e.partition = c.p AND e.position >= c.target AND e.xid < %(fence)s::text::xid8
+       ORDER BY e.position LIMIT 1
+  ) h ON true
+ ORDER BY c.p;
+
+-- name: time_cursors
+SELECT c.p, h.xid::text::bigint, h.position
+  FROM unnest(%(partitions)s::int[]) AS c(p)
+  LEFT JOIN LATERAL (
+      SELECT e.xid, e.position FROM {table} e
+       WHERE e.partition = c.p AND e.created_at >= %(at)s AND e.xid < %(fence)s::text::xid8
+       ORDER BY e.xid, e.position LIMIT 1
+  ) h ON true
+ ORDER BY c.p;
+
+-- name: group_checkpoints
+SELECT partition, xid::text::bigint, position FROM {schema}.checkpoints
+ WHERE group_name = %s AND topic_id = %s ORDER BY partition;
+
+-- name: set_group_checkpoints
+INSERT INTO {schema}.checkpoints AS k (group_name, topic_id, partition, xid, position)
+SELECT %s, %s, c.p, c.x::xid8, c.pos FROM unnest(%s::int[], %s::text[], %s::bigint[]) AS c(p, x, pos)
+ON CONFLICT (group_name, topic_id, partition)
+DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now()
+ WHERE (k.xid, k.position) IS DISTINCT FROM (excluded.xid, excluded.position);
+
+-- name: chunk_pages
+SELECT string_agg(int8send(e.position), ''),
+       string_agg(timestamptz_send(e.created_at), ''),
+       string_agg({lengths}, ''),
+       string_agg(e.value, ''),
+       convert_to(string_agg(e.key, ''), 'UTF8'),
+       convert_to(string_agg(e.event_type, ''), 'UTF8'),
+       convert_to(string_agg(e.event_id, ''), 'UTF8'),
+       convert_to(string_agg(e.correlation_id, ''), 'UTF8'),
+       convert_to(string_agg(e.causation_id, ''), 'UTF8'),
+       convert_to(string_agg(e.headers::text, ''), 'UTF8'),
+       NULL::bytea
+  FROM {table} e
+ WHERE e.partition = %(partition)s
+   AND e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
+   AND e.position >= %(lo)s AND e.position < %(hi)s
+   AND e.xid < %(fence)s::text::xid8
+   {bounds}
+   {filters};
+
+-- name: copy_pages
+-- The events of a range of heap pages of one segment, every wanted topic partition in one pass, in the
+-- binary COPY format (decoded column-wise by pgstreams.spark._arrow.decode_binary_rows: keep the order).
+COPY (SELECT e.partition, e.position, e.created_at, e.key, e.value, e.headers,
+             e.event_type, e.event_id, e.correlation_id, e.causation_id
+        FROM {table} e
+       WHERE e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
+         AND e.position >= %(lo)s AND e.position < %(hi)s
+         AND e.xid < %(fence)s::text::xid8
+         {bounds}
+         {filters}) TO STDOUT (FORMAT binary);
+
+-- name: chunk_ordered
+SELECT string_agg(int8send(r.position), ''),
+       string_agg(timestamptz_send(r.created_at), ''),
+       string_agg({lengths}, ''),
+       string_agg(r.value, ''),
+       convert_to(string_agg(r.key, ''), 'UTF8'),
+       convert_to(string_agg(r.event_type, ''), 'UTF8'),
+       convert_to(string_agg(r.event_id, ''), 'UTF8'),
+       convert_to(string_agg(r.correlation_id, ''), 'UTF8'),
+       convert_to(string_agg(r.causation_id, ''), 'UTF8'),
+       convert_to(string_agg(r.headers::text, ''), 'UTF8'),
+       string_agg(xid8send(r.xid), '')
+  FROM (SELECT * FROM {table} e
+         WHERE e.partition = %(partition)s
+           AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s)
+           AND (e.xid, e.position) <= (%(end_xid)s::text::xid8, %(end_position)s)
+           AND e.xid < %(fence)s::text::xid8
+           {filters}
+         ORDER BY e.xid, e.position
+         LIMIT %(limit)s) r;
+
+-- name: claim_sink_task
+INSERT INTO {schema}.spark_sink_tasks (sink_id, batch_id, task_partition, topic_id)
+VALUES (%s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+RETURNING 1;
+
+-- name: record_sink_task
+UPDATE {schema}.spark_sink_tasks SET events = %s, stored = %s
+ WHERE sink_id = %s AND batch_id = %s AND task_partition = %s;
+
+-- name: forget_sink_batches_before
+DELETE FROM {schema}.spark_sink_tasks WHERE sink_id = %s AND batch_id < %s;
+
+-- name: forget_sink
+DELETE FROM {schema}.spark_sink_tasks WHERE sink_id = %s;
+
+-- name: copy_events
+COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
+FROM STDIN;
+
+-- name: copy_staging
+COPY pgstreams_staging (ord, partition, kind, key, value, headers, event_type, event_id, correlation_id,
+                        causation_id)
+FROM STDIN;
+
+-- name: notify
+SELECT pg_notify(%s, %s);

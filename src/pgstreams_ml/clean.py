@@ -1,0 +1,277 @@
+"""The clean pipeline (Spark Structured Streaming): raw topic -> clean topic + quarantine topic.
+
+Per record: parse the JSON text; check the event type, the required fields, field values and the
+timestamp (which must carry ``Z`` or an offset; Chicago-clock offsets are normalised to UTC, timestamps
+without a zone are rejected rather than guessed); the first failing check is the record's quarantine
+reason (:data:`pgstreams_ml.events.REASONS`). Valid events are de-duplicated by ``event_id`` (Spark state,
+bounded by a watermark on the log's ingest time) and written to the clean topic in a normalised form
+(UTC ``ts``, typed fields, ``event_id`` and ``event_type`` columns set); rejected records go to the
+quarantine topic with the reason, a detail, the raw text and the raw record's coordinates and headers.
+
+Exactly once end to end: the query's offsets and dedup state live in its checkpoint; a micro-batch that
+Spark replays after a failure recomputes the same rows, and both outputs are written with deterministic
+event ids (the event's own id; ``q:<partition>:<position>`` of the raw record), which the topics store only
+once.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from . import events
+from .domain import DEVICES, SLOTS
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from .config import Topology
+
+#: JSON options that render timestamps as UTC ISO 8601 with microseconds.
+JSON_TS_OPTIONS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX", "timeZone": "UTC"}
+
+
+def raw_json_schema() -> str:
+    """DDL of the lenient parse: every field as a string, plus the corrupt-record column."""
+    return ", ".join(f"{f} STRING" for f in events.RAW_FIELDS) + ", _corrupt_record STRING"
+
+
+def _blank(c: Column) -> Column:
+    from pyspark.sql import functions as F
+
+    return c.isNull() | (F.trim(c) == "")
+
+
+def parse_raw(raw: DataFrame) -> DataFrame:
+    """Validate raw records. ``raw`` has the ``pgstreams`` source's columns (``topic``, ``partition``,
+    ``position``, ``value``, ``headers``, ``created_at``, ...). Returns one row per record with the typed
+    fields, ``reason`` (``None`` when valid) and ``detail``."""
+    from pyspark.sql import functions as F
+
+    text = F.col("value").cast("string")
+    j = F.from_json(
+        text, raw_json_schema(), {"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"}
+    )
+    df = raw.select(
+        F.col("topic").alias("raw_topic"),
+        F.col("partition").alias("raw_partition"),
+        F.col("position").alias("raw_position"),
+        F.col("created_at").alias("raw_created_at"),
+        F.col("headers").alias("raw_headers"),
+        text.alias("raw_text"),
+        j.alias("j"),
+    )
+    etype = F.col("j.type")
+    invalid_json = F.col("j").isNull() | F.col("j._corrupt_record").isNotNull()
+    unknown_type = ~F.coalesce(etype.isin(*events.EVENT_TYPES), F.lit(False))
+    missing_names = F.concat_ws(
+        ",",
+        *[
+            F.when(
+                etype.isin(*[t for t, req in events.REQUIRED.items() if f in req]) & _blank(F.col(f"j.{f}")),
+                F.lit(f),
+            )
+            for f in events.RAW_FIELDS
+            if f != "type"
+        ],
+    )
+    slot = F.col("j.slot").try_cast("int")
+    value = F.col("j.value").try_cast("double")
+    bad_fields = F.concat_ws(
+        ",",
+        F.when((etype == "impression") & (slot.isNull() | ~slot.isin(*SLOTS)), F.lit("slot")),
+        F.when((etype == "impression") & ~F.col("j.device").isin(*DEVICES), F.lit("device")),
+        F.when((etype == "conversion") & (value.isNull() | (value < 0)), F.lit("value")),
+    )
+    ts_text = F.col("j.ts")
+    naive = ts_text.rlike(events.NAIVE_TS_RE)
+    ts = F.try_to_timestamp(ts_text, F.lit(events.SPARK_TS_PATTERN))
+    reason = (
+        F.when(invalid_json, F.lit(events.INVALID_JSON))
+        .when(unknown_type, F.lit(events.UNKNOWN_EVENT_TYPE))
+        .when(missing_names != "", F.lit(events.MISSING_FIELD))
+        .when(bad_fields != "", F.lit(events.INVALID_FIELD))
+        .when(naive, F.lit(events.TIMESTAMP_WITHOUT_ZONE))
+        .when(ts.isNull(), F.lit(events.INVALID_TIMESTAMP))
+    )
+    detail = (
+        F.when(invalid_json, F.lit("value is not a JSON object"))
+        .when(unknown_type, F.concat(F.lit("type "), F.coalesce(F.to_json(F.array(etype)), F.lit("null"))))
+        .when(missing_names != "", F.concat(F.lit("missing "), missing_names))
+        .when(bad_fields != "", F.concat(F.lit("invalid "), bad_fields))
+        .when(naive | ts.isNull(), F.concat(F.lit("ts "), F.coalesce(ts_text, F.lit("null"))))
+    )
+    return df.select(
+        "raw_topic",
+        "raw_partition",
+        "raw_position",
+        "raw_created_at",
+        "raw_headers",
+        "raw_text",
+        F.col("j.event_id").alias("event_id"),
+        etype.alias("type"),
+        ts.alias("ts"),
+        F.col("j.user_id").alias("user_id"),
+        F.col("j.ad_id").alias("ad_id"),
+        F.col("j.impression_id").alias("impression_id"),
+        slot.alias("slot"),
+        F.col("j.device").alias("device"),
+        value.alias("value"),
+        reason.alias("reason"),
+        detail.alias("detail"),
+    )
+
+
+def dedup_key() -> Column:
+    """The de-duplication key: the event id of a valid event; the raw record's own coordinates otherwise (a
+    rejected record is never a duplicate)."""
+    from pyspark.sql import functions as F
+
+    return F.when(F.col("reason").isNull(), F.col("event_id")).otherwise(
+        F.concat(
+            F.lit("raw:"),
+            F.col("raw_partition").cast("string"),
+            F.lit(":"),
+            F.col("raw_position").cast("string"),
+        )
+    )
+
+
+def deduplicate(parsed: DataFrame, window: str = "10 minutes") -> DataFrame:
+    """Drop valid events whose ``event_id`` was already seen within ``window`` (default 10 minutes) of ingest
+    time (the log's ``created_at``), keeping the first. On a batch DataFrame: plain ``dropDuplicates``."""
+    keyed = parsed.withColumn("dedup_key", dedup_key())
+    if not parsed.isStreaming:
+        return keyed.dropDuplicates(["dedup_key"]).drop("dedup_key")
+    return (
+        keyed.withWatermark("raw_created_at", window)
+        .dropDuplicatesWithinWatermark(["dedup_key"])
+        .drop("dedup_key")
+    )
+
+
+def clean_rows(parsed: DataFrame) -> DataFrame:
+    """The clean topic's rows (``value``, ``key``, ``headers``, ``event_type``, ``event_id``) of the valid
+    rows of ``parsed``."""
+    from pyspark.sql import functions as F
+
+    ok = parsed.filter(F.col("reason").isNull())
+    body = F.struct("event_id", "type", "ts", "user_id", "ad_id", "impression_id", "slot", "device", "value")
+    return ok.select(
+        F.to_json(body, JSON_TS_OPTIONS).alias("value"),
+        F.coalesce(F.col("user_id"), F.col("impression_id")).alias("key"),
+        F.create_map(
+            F.lit("raw_partition"),
+            F.col("raw_partition").cast("string"),
+            F.lit("raw_position"),
+            F.col("raw_position").cast("string"),
+        ).alias("headers"),
+        F.col("type").alias("event_type"),
+        F.col("event_id"),
+    )
+
+
+def quarantine_rows(parsed: DataFrame) -> DataFrame:
+    """The quarantine topic's rows of the rejected rows of ``parsed``: the value holds ``reason``,
+    ``detail``, the raw text and coordinates; headers are the raw headers plus ``reason``."""
+    from pyspark.sql import functions as F
+
+    bad = parsed.filter(F.col("reason").isNotNull())
+    body = F.struct(
+        "reason",
+        "detail",
+        "raw_topic",
+        "raw_partition",
+        "raw_position",
+        "raw_created_at",
+        "raw_headers",
+        "raw_text",
+    )
+    raw_headers = F.coalesce(F.col("raw_headers"), F.create_map().cast("map<string,string>"))
+    return bad.select(
+        F.to_json(body, JSON_TS_OPTIONS).alias("value"),
+        F.lit(None).cast("string").alias("key"),
+        F.map_concat(
+            F.map_filter(raw_headers, lambda k, _v: k != "reason"),
+            F.create_map(F.lit("reason"), F.col("reason")),
+        ).alias("headers"),
+        F.col("reason").alias("event_type"),
+        F.concat(
+            F.lit("q:"),
+            F.col("raw_topic"),
+            F.lit(":"),
+            F.col("raw_partition").cast("string"),
+            F.lit(":"),
+            F.col("raw_position").cast("string"),
+        ).alias("event_id"),
+    )
+
+
+class CleanBatchWriter:
+    """The ``foreachBatch`` function of the clean query: writes both outputs and books the batch."""
+
+    def __init__(self, dsn: str, topo: Topology) -> None:
+        self.dsn = dsn
+        self.topo = topo
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        """Write one micro-batch (called by Spark)."""
+        import json
+
+        import psycopg
+
+        from . import _sql
+        from .sparkutil import write_topic
+
+        batch = batch.persist()
+        try:
+            counts = {
+                r["reason"] or "clean": int(r["count"]) for r in batch.groupBy("reason").count().collect()
+            }
+            if counts.get("clean"):
+                write_topic(clean_rows(batch), self.dsn, self.topo.clean_topic, self.topo.pgstreams_schema)
+            if sum(v for k, v in counts.items() if k != "clean"):
+                write_topic(
+                    quarantine_rows(batch), self.dsn, self.topo.quarantine_topic, self.topo.pgstreams_schema
+                )
+            with psycopg.connect(self.dsn, autocommit=True) as conn:
+                conn.execute(
+                    _sql.q("record_batch", self.topo.schema),
+                    ("clean", batch_id, sum(counts.values()), json.dumps(counts)),
+                )
+        finally:
+            batch.unpersist()
+
+
+def build_clean_query(
+    spark: SparkSession,
+    dsn: str,
+    topo: Topology,
+    checkpoint: str,
+    *,
+    trigger: str = "availableNow",
+    max_events_per_trigger: int | None = None,
+    dedup_window: str = "10 minutes",
+    query_name: str = "clean",
+) -> StreamingQuery:
+    """Start the clean query: read ``topo.raw_topic`` as group ``topo.clean_group``, write
+    ``topo.clean_topic`` and ``topo.quarantine_topic``. ``checkpoint`` is the query's checkpoint directory;
+    ``trigger`` is ``availableNow`` (default), ``once`` or an interval like ``2 seconds``."""
+    from .sparkutil import read_stream, trigger_kwargs
+
+    raw = read_stream(
+        spark,
+        dsn,
+        topo.raw_topic,
+        group=topo.clean_group,
+        max_events_per_trigger=max_events_per_trigger,
+        pgstreams_schema=topo.pgstreams_schema,
+    ).load()
+    parsed = deduplicate(parse_raw(raw), dedup_window)
+    return (
+        parsed.writeStream.queryName(query_name)
+        .option("checkpointLocation", checkpoint)
+        .foreachBatch(CleanBatchWriter(dsn, topo))
+        .trigger(**trigger_kwargs(trigger))
+        .start()
+    )

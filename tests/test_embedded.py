@@ -1,0 +1,61 @@
+"""The embedded server: connect() with no DSN starts it under PGSTREAMS_HOME; its data persists."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from _core_helpers import wait_until
+
+FIRST = textwrap.dedent("""
+    import json, pgstreams
+    with pgstreams.connect() as client:
+        client.create_topic("persisted", 2)
+        client.publish("persisted", {"n": 1}, key="a")
+        client.publish("persisted", "two", key="b")
+        c = client.consumer("persisted", "g")
+        c.commit(c.poll(max_events=1, timeout=10))
+        print(json.dumps({"dsn": client.dsn}))
+""")
+
+SECOND = textwrap.dedent("""
+    import json, pgstreams
+    with pgstreams.connect() as client:
+        topics = [t.name for t in client.list_topics()]
+        c = client.consumer("persisted", "g")
+        rest = c.poll(max_events=10, timeout=10)
+        everything = client.consumer("persisted", "new").poll(max_events=10, timeout=10)
+        print(json.dumps({"dsn": client.dsn, "topics": topics, "rest": len(rest),
+                          "all": sorted(str(e.value) for e in everything)}))
+""")
+
+
+def _run(script: str, home: Path) -> dict[str, object]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PGSTREAMS_DSN", "PGSTREAMS_TEST_DSN")}
+    env["PGSTREAMS_HOME"] = str(home)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+@pytest.mark.slow
+def test_embedded_server_starts_persists_and_is_reused(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    first = _run(FIRST, home)
+    pgdata = home / "pgdata"
+    assert (pgdata / "PG_VERSION").exists(), "the data directory is not under PGSTREAMS_HOME"
+    # the server stopped with the last process using it
+    wait_until(lambda: not (pgdata / "postmaster.pid").exists(), 30, "the embedded server to stop")
+    second = _run(SECOND, home)
+    assert second["topics"] == ["persisted"]
+    assert second["rest"] == 1  # the group's checkpoint survived the restart
+    assert second["all"] == sorted(["{'n': 1}", "two"])
+    assert isinstance(first["dsn"], str) and isinstance(second["dsn"], str)
+    wait_until(lambda: not (pgdata / "postmaster.pid").exists(), 30, "the embedded server to stop")

@@ -1,0 +1,161 @@
+"""The hot queries use the read index on a 1,000,000-event topic: no sort, no scan of a whole partition."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+import pgstreams
+from pgstreams._queries import query
+
+EVENTS = 1_000_000
+PARTITIONS = 4
+SEGMENT = 100_000
+LIMIT = 500
+
+
+def _nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from _nodes(child)
+
+
+def _explain(conn: psycopg.Connection, stmt: str | sql.Composable, params: Any = None,
+             analyze: bool = True) -> dict[str, Any]:
+    opts = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    text = stmt if isinstance(stmt, str) else stmt.as_string(conn)
+    row = conn.execute(f"EXPLAIN ({opts}) {text}", params).fetchone()  # type: ignore[call-overload]
+    assert row is not None
+    doc = row[0] if not isinstance(row[0], str) else json.loads(row[0])
+    return doc[0]["Plan"]
+
+
+@pytest.fixture
+def big(server_dsn: str, template_db: str) -> Iterator[tuple[str, int]]:
+    """A database with topic ``big`` holding 1,000,000 events over 4 partitions, in segments of 100,000
+    positions, written by 200 transactions of 5,000 events."""
+    import uuid
+
+    from psycopg.conninfo import make_conninfo
+
+    name = f"x_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+            sql.Identifier(name), sql.Identifier(template_db)))
+    dsn = make_conninfo(server_dsn, dbname=name)
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("big", PARTITIONS, segment_size=SEGMENT)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT id FROM pgstreams.topics WHERE name = 'big'").fetchone()
+        assert row is not None
+        tid = int(row[0])
+        conn.execute("SELECT pgstreams.ensure_segments(%s, %s)", (tid, EVENTS + SEGMENT))
+        table = sql.Identifier("pgstreams", f"topic_{tid}")
+        batch = 5000
+        for b in range(EVENTS // batch):
+            conn.execute(sql.SQL(
+                "INSERT INTO {} (partition, kind, key, value)"
+                " SELECT (g + %s) %% %s, 'b', 'k' || ((g + %s) %% 97),"
+                " '\\x00112233445566778899'::bytea FROM generate_series(1, %s) g").format(table),
+                (b, PARTITIONS, b, batch))
+        conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
+    yield dsn, tid
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _read_indexes(conn: psycopg.Connection, tid: int) -> set[str]:
+    rows = conn.execute(
+        "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+        " WHERE i.inhparent = format('pgstreams.%%I', %s::text)::regclass", (f"topic_{tid}_read_idx",)
+    ).fetchall()
+    return {r[0] for r in rows} | {f"topic_{tid}_read_idx"}
+
+
+def _poll_params(stmt: str, cursors: dict[int, tuple[int, int]]) -> dict[str, Any]:
+    parts = sorted(cursors)
+    values = {"partitions": parts, "xids": [str(cursors[p][0]) for p in parts],
+              "positions": [cursors[p][1] for p in parts], "limit": LIMIT, "total": LIMIT + 1}
+    names = set(re.findall(r"%\((\w+)\)s", stmt))
+    unknown = names - set(values)
+    assert not unknown, f"the poll query takes parameters this test does not know: {unknown}"
+    return {n: values[n] for n in names}
+
+
+def _check_poll_plan(plan: dict[str, Any], indexes: set[str], tid: int) -> None:
+    nodes = list(_nodes(plan))
+    kinds = [n["Node Type"] for n in nodes]
+    assert "Sort" not in kinds and "Incremental Sort" not in kinds, kinds
+    scans = [n for n in nodes if n.get("Relation Name", "").startswith(f"topic_{tid}")]
+    assert scans, "the plan does not read the topic"
+    for n in scans:
+        assert n["Node Type"] in ("Index Scan", "Index Only Scan"), (n["Node Type"], n.get("Relation Name"))
+        assert n["Index Name"] in indexes, n["Index Name"]
+    if "Actual Rows" in plan:
+        read = sum(n["Actual Rows"] * n.get("Actual Loops", 1) for n in scans)
+        assert read <= PARTITIONS * (LIMIT + EVENTS // SEGMENT + 2), f"{read} rows read for a poll of {LIMIT}"
+
+
+@pytest.mark.slow
+def test_hot_queries_use_the_read_index_without_sorting(big: tuple[str, int]) -> None:
+    dsn, tid = big
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        indexes = _read_indexes(conn, tid)
+        assert len(indexes) == 1 + EVENTS // SEGMENT + 2
+        poll = query("poll", "pgstreams", tid).as_string(conn)
+        mid = conn.execute(sql.SQL(
+            "SELECT xid::text::bigint, position FROM {} WHERE partition = 2 AND position > 600000"
+            " ORDER BY xid, position LIMIT 1").format(sql.Identifier("pgstreams", f"topic_{tid}"))).fetchone()
+        assert mid is not None
+        for cursors in ({p: (0, 0) for p in range(PARTITIONS)},  # a new group
+                        # one partition midway
+                        {0: (0, 0), 1: (0, 0), 2: (int(mid[0]), int(mid[1])), 3: (0, 0)},
+                        {2: (int(mid[0]), int(mid[1]))}):  # a consumer of one partition
+            params = _poll_params(poll, cursors)
+            _check_poll_plan(_explain(conn, poll, params), indexes, tid)
+            _check_poll_plan(_explain(conn, poll, params, analyze=False), indexes, tid)
+        # the generic plan that a prepared statement settles on after a few executions
+        names = sorted(set(re.findall(r"%\((\w+)\)s", poll)), key=poll.index)
+        types = {"partitions": "int[]", "xids": "text[]", "positions": "bigint[]", "limit": "int",
+                 "total": "int"}
+        text = poll
+        for i, n in enumerate(names, 1):
+            text = text.replace(f"%({n})s", f"${i}")
+        conn.execute(f"PREPARE poll_generic ({', '.join(types[n] for n in names)}) AS {text}")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        params = _poll_params(poll, {p: (0, 0) for p in range(PARTITIONS)})
+        args = ", ".join(
+            psycopg.sql.Literal(params[n]).as_string(conn) + "::" + types[n] for n in names)
+        _check_poll_plan(_explain(conn, f"EXECUTE poll_generic ({args})"), indexes, tid)
+
+    # describe and lag: heads are found through the index, not by sorting a partition
+    with pgstreams.connect(dsn) as client:
+        c = client.consumer("big", "g")
+        c.commit(c.poll(max_events=1000, timeout=5))
+        status = client.describe_group("g")
+        assert sum(s.lag for s in status) == EVENTS - 1000
+        assert all(s.head is not None for s in status)
+        desc = client.describe_topic("big")
+        assert desc.events == EVENTS
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        indexes = _read_indexes(conn, tid)
+        for name, params in (("head_cursors", (list(range(PARTITIONS)),)),
+                             ("position_cursor", (2, 900_000))):
+            plan = _explain(conn, query(name, "pgstreams", tid), params)
+            nodes = list(_nodes(plan))
+            assert not [n for n in nodes if n["Node Type"] in ("Sort", "Incremental Sort")], name
+            for n in nodes:
+                if n.get("Relation Name", "").startswith(f"topic_{tid}"):
+                    assert n["Node Type"] in ("Index Scan", "Index Only Scan"), (name, n["Node Type"])
+                    assert n["Index Name"] in indexes, \
+                        (name, n["Node Type"], n.get("Relation Name"))
+            if name == "head_cursors":
+                read = sum(n.get("Actual Rows", 0) * n.get("Actual Loops", 1) for n in nodes
+                           if n.get("Relation Name", "").startswith(f"topic_{tid}"))
+                assert read <= PARTITIONS * (EVENTS // SEGMENT + 2), f"head lookup read {read} rows"

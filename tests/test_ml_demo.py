@@ -1,0 +1,98 @@
+"""``pgstreams demo`` end to end, through a real subprocess: a short run whose summary must reconcile exactly
+and meet the quality bars."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def _pgstreams() -> list[str]:
+    return [sys.executable, "-m", "pgstreams.cli"]
+
+
+def test_demo_help_and_bad_options_through_the_cli() -> None:
+    out = subprocess.run([*_pgstreams(), "demo", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--reports" in out.stdout and "--duration" in out.stdout
+    bad = subprocess.run(
+        [*_pgstreams(), "demo", "--duration", "5m", "--dsn", "postgresql://nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "duration" in bad.stderr
+    bad = subprocess.run(
+        [*_pgstreams(), "sim", "--duration", "soon"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 2 and "--duration" in bad.stderr
+
+
+@pytest.mark.timeout(900)
+def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Path) -> None:
+    if importlib.util.find_spec("pgstreams.spark") is None:
+        pytest.skip("pgstreams.spark (the Spark data source) is not installed")
+    reports = tmp_path / "reports"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable, COLUMNS="200")
+    proc = subprocess.run(
+        [
+            *_pgstreams(),
+            "demo",
+            "--dsn",
+            dsn,
+            "--reports",
+            str(reports),
+            "--duration",
+            "2h",
+            "--rate",
+            "3",
+            "--users",
+            "800",
+            "--ads",
+            "80",
+            "--speed",
+            "0",
+            "--partitions",
+            "2",
+            "--no-progress",
+            "--strict",
+            "--timeout",
+            "800",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=880,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for title in ("Events per topic", "reconciliation", "Pipelines", "Models", "Online", "Quality bars"):
+        assert title in proc.stdout
+    summary = json.loads((reports / "summary.json").read_text())
+    rec = summary["reconciliation"]
+    assert rec["ok"], rec["problems"]
+    assert rec["raw"] == rec["clean"] + rec["quarantined"] + rec["dropped_duplicates"]
+    assert rec["quarantined"] == rec["expected_malformed"] > 0
+    assert rec["dropped_duplicates"] == rec["expected_duplicates"] > 0
+    assert rec["quarantined_by_reason"] == rec["expected_by_reason"]
+    assert all(n > 0 for n in summary["events"].values())
+    models = summary["models"]
+    assert len(models) == 2 and models[0]["promoted"] and models[1]["promoted"]
+    for m in models:
+        assert abs(m["gap"]) <= 0.03, m
+    drift = summary["drift"]
+    assert drift["detected"] and 0 <= drift["windows_after_change"] <= 3 and drift["false_alarms"] == 0
+    assert all(q["ok"] for q in summary["quality"].values()), summary["quality"]
+    online = {o["model_id"]: o for o in summary["online"] if o["period"] == "all"}
+    assert set(online) == {m["model_id"] for m in models}
+    for o in online.values():
+        assert o["rows"] > 500 and o["auc"] is not None and o["oracle_auc"] is not None
+    for p in summary["plots"]:
+        assert Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert summary["pipelines"]["clean"]["rows"] >= rec["raw"]

@@ -1,0 +1,457 @@
+"""The Spark data source against a real PostgreSQL and one local SparkSession shared by every test.
+
+Covers batch reads (exact events, types, splits, offsets, pushdown), streaming reads (availableNow over
+several runs, long-open producer transactions, admission control, group lag), writes (batch and
+streaming, exactly-once across a SIGKILL of the whole query process) and bad options.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+import pgstreams
+
+pyspark = pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+
+from pyspark.sql import SparkSession  # noqa: E402
+
+import _spark_helpers  # noqa: E402
+import pgstreams.spark as pgspark  # noqa: E402
+from pgstreams.spark._arrow import Partitioner  # noqa: E402
+
+# one xdist group: under ``--dist loadgroup`` every test of this module shares one worker and one JVM
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[SparkSession]:
+    """One local SparkSession (``local[2]``, ``_spark_helpers.SPARK_CONF``) for every test of this module."""
+    session = _spark_helpers.session("pgstreams-tests", **{"spark.sql.streaming.stopTimeout": "30s"})
+    yield session
+    for q in session.streams.active:
+        q.stop()
+    session.stop()
+
+
+def topic_id(dsn: str, name: str) -> int:
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT id FROM pgstreams.topics WHERE name = %s", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def stored(dsn: str, name: str) -> list[tuple]:
+    """Every event of a topic as ``(partition, position, xid, key, value, headers, event_type, event_id,
+    correlation_id, causation_id, created_at)`` in read order per partition."""
+    tid = topic_id(dsn, name)
+    with psycopg.connect(dsn) as conn:
+        return conn.execute(psycopg.sql.SQL(
+            "SELECT partition, position, xid::text::bigint, key, value, headers, event_type, event_id, "
+            "correlation_id, causation_id, created_at FROM {} ORDER BY partition, xid, position").format(
+                psycopg.sql.Identifier("pgstreams", f"topic_{tid}"))).fetchall()
+
+
+def reader(spark: SparkSession, dsn: str, topic: str, *, stream: bool = False, wait: bool = True,
+           **options: str) -> Any:
+    if wait:
+        visible(dsn)
+    r = (spark.readStream if stream else spark.read).format("pgstreams")
+    r = r.option("dsn", dsn).option("topic", topic)
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def run_available_now(spark: SparkSession, dsn: str, topic: str, checkpoint: Path, *, wait: bool = True,
+                      **options: str) -> list[tuple[int, list[dict[str, Any]]]]:
+    """Run a streaming read with ``trigger(availableNow=True)`` into foreachBatch; return the batches."""
+    batches: list[tuple[int, list[dict[str, Any]]]] = []
+
+    def collect(df: Any, batch_id: int) -> None:
+        rows = df.select("partition", "position", "value").collect()
+        batches.append((batch_id, [r.asDict() for r in rows]))
+
+    q = (reader(spark, dsn, topic, stream=True, wait=wait, **options).writeStream.foreachBatch(collect)
+         .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    assert q.awaitTermination(180), "the availableNow query did not finish"
+    assert q.exception() is None
+    return batches
+
+
+def visible(dsn: str, timeout: float = 120.0) -> None:
+    """Wait until every transaction committed so far is below the visibility fence (other sessions on
+    the server may hold it back for a moment)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
+        assert row is not None
+        mark = int(row[0])
+        wait_for("the visibility fence", lambda: int(conn.execute(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]) > mark, timeout)
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+# --------------------------------------------------------------------------------------------------------
+# batch reads
+
+
+def test_batch_read_returns_exactly_the_published_events_with_documented_types(
+        spark: SparkSession, dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("events", 3)
+        client.publish_many("events", [
+            {"value": {"n": i, "text": "é"}, "key": f"k{i}", "event_type": "json" if i % 2 else None,
+             "headers": {"source": "sim", "i": str(i)} if i % 4 == 0 else None,
+             "event_id": f"id-{i}" if i % 3 == 0 else None, "correlation_id": "c" if i == 7 else None,
+             "causation_id": "z" if i == 8 else None} for i in range(300)])
+        client.publish("events", b"\x00\xff\x10binary", partition=1)
+        client.publish("events", "plain text\twith tab", key=None, partition=2)
+        client.publish("events", "", partition=0)
+    df = reader(spark, dsn, "events")
+    types = {f.name: f.dataType.simpleString() for f in df.schema.fields}
+    assert types == {"topic": "string", "partition": "int", "position": "bigint", "key": "string",
+                     "value": "binary", "headers": "map<string,string>", "event_type": "string",
+                     "event_id": "string", "correlation_id": "string", "causation_id": "string",
+                     "created_at": "timestamp"}
+    assert df.rdd.getNumPartitions() >= 3
+    got = {r.position: r for r in df.collect()}
+    want = stored(dsn, "events")
+    assert sorted(got) == sorted(w[1] for w in want)
+    for p, pos, _x, key, value, headers, et, eid, cid, sid, created in want:
+        r = got[pos]
+        assert (r.topic, r.partition, r.key, bytes(r.value), r.event_type, r.event_id, r.correlation_id,
+                r.causation_id) == ("events", p, key, bytes(value), et, eid, cid, sid)
+        assert (r.headers or None) == (headers or None)
+        # the session time zone is UTC: Spark's naive datetimes are UTC instants
+        assert r.created_at.replace(tzinfo=timezone.utc) == created.astimezone(timezone.utc)
+
+
+def test_batch_read_splits_partitions_and_honours_offsets_and_pushed_filters(
+        spark: SparkSession, dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("split", 2, segment_size=1000)
+        for chunk in range(5):
+            client.publish_many("split", [{"value": f"v{i}", "partition": i % 2}
+                                          for i in range(chunk * 1000, chunk * 1000 + 1000)])
+    want = stored(dsn, "split")
+    positions = sorted(w[1] for w in want)
+    df = reader(spark, dsn, "split", minPartitions="8")
+    assert df.rdd.getNumPartitions() >= 8
+    assert sorted(r.position for r in df.select("position").collect()) == positions
+
+    only_p1 = df.where("partition = 1 AND position >= 100 AND position < 2500")
+    plan = only_p1._jdf.queryExecution().executedPlan().toString()
+    assert "partition" in plan and "position" in plan
+    assert sorted(r.position for r in only_p1.select("position").collect()) == [
+        w[1] for w in want if w[0] == 1 and 100 <= w[1] < 2500]
+
+    late = max(w[10] for w in want) - timedelta(microseconds=1)
+    recent = df.where(df.created_at > late.astimezone(timezone.utc).replace(tzinfo=None))
+    assert recent.count() == sum(1 for w in want if w[10] > late)
+
+    # positions: start at (inclusive) and stop before (exclusive), per partition; cursors are exclusive
+    p0 = [w for w in want if w[0] == 0]
+    start = {"split": {"0": p0[10][1], "1": -1}}
+    end = {"split": {"0": p0[20][1]}}
+    ranged = reader(spark, dsn, "split", startingOffsets=json.dumps(start), endingOffsets=json.dumps(end))
+    assert [r.position for r in ranged.orderBy("position").collect()] == [w[1] for w in p0[10:20]]
+    cursor = {"split": {"0": {"xid": p0[-3][2], "position": p0[-3][1]}, "1": -1}}
+    tail = reader(spark, dsn, "split", startingOffsets=json.dumps(cursor))
+    assert [r.position for r in tail.orderBy("position").collect()] == [w[1] for w in p0[-2:]]
+    ts = reader(spark, dsn, "split", startingTimestamp=str(int((late.timestamp() + 1) * 1000)))
+    assert ts.count() == 0
+
+
+def test_decode_json_turns_values_into_columns(spark: SparkSession, dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("clicks", 1)
+        client.publish("clicks", {"user": "u1", "ad": 7, "price": 0.5})
+        client.publish("clicks", "not json")
+    df = reader(spark, dsn, "clicks")
+    flat = pgspark.decode_json(df, "user string, ad int, price double", corrupt_column="_bad")
+    rows = flat.orderBy("position").collect()
+    assert (rows[0].user, rows[0].ad, rows[0].price, rows[0]._bad) == ("u1", 7, 0.5, None)
+    assert rows[1].user is None and rows[1]._bad == "not json"
+    assert "value" not in flat.columns and "position" in flat.columns
+    nested = pgspark.decode_json(df, "user string", into="data")
+    assert nested.orderBy("position").first().data.user == "u1"
+
+
+# --------------------------------------------------------------------------------------------------------
+# streaming reads
+
+
+def test_available_now_over_three_runs_delivers_every_event_once_in_partition_order(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("s", 3)
+        seen: list[dict[str, Any]] = []
+        for run in range(3):
+            client.publish_many("s", [{"value": f"r{run}-{i}", "key": f"k{i % 17}"} for i in range(200)])
+            client.publish("s", f"r{run}-single", key="solo")
+            batches = run_available_now(spark, dsn, "s", tmp_path / "ck")
+            got = [r for _, rows in batches for r in rows]
+            assert len(got) == 201, f"run {run} read {len(got)} events"
+            seen.extend(got)
+    want = stored(dsn, "s")
+    assert sorted(r["position"] for r in seen) == sorted(w[1] for w in want)
+    for p in range(3):
+        assert [r["position"] for r in seen if r["partition"] == p] == [w[1] for w in want if w[0] == p]
+
+
+def test_long_open_producer_transactions_lose_nothing(spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("slow", 2)
+        client.publish_many("slow", [{"value": f"early-{i}"} for i in range(10)])
+        visible(dsn)
+        # a transaction publishes and stays open while later transactions commit
+        held = psycopg.connect(dsn)
+        client.publish("slow", "held", partition=0, conn=held)
+        client.publish_many("slow", [{"value": f"after-{i}"} for i in range(10)])
+        first = run_available_now(spark, dsn, "slow", tmp_path / "ck", wait=False)
+        values = [bytes(r["value"]).decode() for _, rows in first for r in rows]
+        assert sorted(values) == sorted(f"early-{i}" for i in range(10)), "events behind the fence leaked"
+        held.commit()
+        held.close()
+
+        # concurrent producers during a running query: worker 0 keeps each of its transactions open while
+        # the others commit several transactions and the query runs micro-batches, then commits
+        got: list[str] = []
+        batches_run = [0]
+        changed = threading.Condition()
+
+        def collect(df: Any, batch_id: int) -> None:
+            rows = [bytes(r.value).decode() for r in df.select("value").collect()]
+            with changed:
+                got.extend(rows)
+                batches_run[0] += 1
+                changed.notify_all()
+
+        q = (reader(spark, dsn, "slow", stream=True, wait=False).writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds")
+             .start())
+        try:
+            pending = {"held", *(f"after-{i}" for i in range(10))}
+            wait_for("the query's first micro-batch", lambda: pending <= set(got), timeout=120)
+
+            stop = threading.Event()
+            published: list[str] = []
+            commits = [0, 0, 0]
+            held_open = [0]
+            errors: list[BaseException] = []
+
+            def produce(worker: int) -> None:
+                try:
+                    with psycopg.connect(dsn) as conn:
+                        n = 0
+                        while not stop.is_set():
+                            names = [f"w{worker}-{n + i}" for i in range(5)]
+                            for name in names:
+                                client.publish("slow", name, conn=conn)
+                            if worker == 0:
+                                # a long-open transaction: others commit after it began and the query runs
+                                # a micro-batch meanwhile (at most 3 s, so that the test cannot hang)
+                                with changed:
+                                    others, runs = commits[1] + commits[2], batches_run[0]
+                                    deadline = time.monotonic() + 3.0
+                                    while ((commits[1] + commits[2] < others + 6 or batches_run[0] <= runs)
+                                           and time.monotonic() < deadline and not stop.is_set()):
+                                        changed.wait(0.05)
+                            else:
+                                stop.wait(0.05 * worker)  # the others' transactions stay open briefly
+                            conn.commit()
+                            with changed:
+                                published.extend(names)
+                                commits[worker] += 1
+                                if worker == 0:
+                                    held_open[0] += 1
+                                changed.notify_all()
+                            n += 5
+                except BaseException as exc:  # noqa: BLE001 - reported to the test below
+                    errors.append(exc)
+                    with changed:
+                        changed.notify_all()
+
+            producers = [threading.Thread(target=produce, args=(w,)) for w in range(3)]
+            for t in producers:
+                t.start()
+            try:
+                wait_for("three long-open transactions committed during the query",
+                         lambda: held_open[0] >= 3 or bool(errors), timeout=90)
+            finally:
+                stop.set()
+                for t in producers:
+                    t.join(timeout=30)
+            assert not errors, errors
+            expected = ["held", *(f"after-{i}" for i in range(10)), *published]
+            wait_for("the query to catch up", lambda: len(got) >= len(expected), timeout=90)
+        finally:
+            q.stop()
+        assert sorted(got) == sorted(expected)
+
+
+def test_max_events_per_trigger_is_honoured_and_group_lag_reaches_zero(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("capped", 3)
+        client.publish_many("capped", [{"value": str(i), "key": f"k{i}"} for i in range(240)])
+        batches = run_available_now(spark, dsn, "capped", tmp_path / "ck", maxEventsPerTrigger="100",
+                                    group="spark-capped")
+        sizes = [len(rows) for _, rows in batches if rows]
+        assert sizes == [100, 100, 40], sizes
+        assert len({r["position"] for _, rows in batches for r in rows}) == 240
+        status = client.describe_group("spark-capped", "capped")
+        assert [s.partition for s in status] == [0, 1, 2]
+        assert sum(s.lag for s in status) == 0
+        client.publish_many("capped", [{"value": "more"} for _ in range(30)])
+        assert sum(s.lag for s in client.describe_group("spark-capped")) == 30
+        more = run_available_now(spark, dsn, "capped", tmp_path / "ck", maxEventsPerTrigger="100",
+                                 group="spark-capped")
+        assert [len(rows) for _, rows in more if rows] == [30]
+        assert sum(s.lag for s in client.describe_group("spark-capped")) == 0
+
+
+# --------------------------------------------------------------------------------------------------------
+# writes
+
+
+def test_batch_write_publishes_rows_with_keys_partitions_headers_and_event_ids(
+        spark: SparkSession, dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("out", 4)
+        rows = [(f"v{i}", f"key-{i % 13}" if i % 5 else None, {"h": str(i)} if i % 7 == 0 else None,
+                 3 if i % 11 == 0 else None, "t", f"id-{i}" if i % 2 == 0 else None) for i in range(200)]
+        df = spark.createDataFrame(rows, "value string, key string, headers map<string,string>, "
+                                         "partition int, event_type string, event_id string")
+        df.write.format("pgstreams").option("dsn", dsn).option("topic", "out").mode("append").save()
+        # writing the same event ids again stores nothing new for them
+        df.where("event_id IS NOT NULL").write.format("pgstreams").option("dsn", dsn).option("topic", "out") \
+            .mode("append").save()
+        visible(dsn)
+        check = client.consumer("out", "check")
+        events = check.poll(1000, timeout=2)
+        check.commit()
+        assert len(events) == 200
+        by_value = {e.value: e for e in events}
+        for value, key, headers, partition, et, eid in rows:
+            e = by_value[value]
+            assert (e.key, e.event_type, e.event_id, dict(e.headers)) == (key, et, eid, headers or {})
+            if partition is not None:
+                assert e.partition == partition
+            elif key is not None:
+                assert e.partition == pgstreams.partition_for_key(key, 4)
+        binary = spark.createDataFrame([(bytearray(b"\x00\x01\\\n"),)], "value binary")
+        binary.write.format("pgstreams").option("dsn", dsn).option("topic", "out").mode("append").save()
+        visible(dsn)
+        assert [e.value for e in check.poll(10, timeout=2)] == [b"\x00\x01\\\n"]
+
+
+def test_vectorised_partitioner_matches_partition_for_key() -> None:
+    import pyarrow as pa
+
+    keys = ["", "a", "ab", "abc", "abcd", "abcde", "user-123", "ünïcødé", "x" * 37, None, "k9"]
+    got = Partitioner(7, 0).assign(None, pa.array(keys, pa.string()), len(keys))
+    for key, p in zip(keys, got, strict=True):
+        if key is not None:
+            assert p == pgstreams.partition_for_key(key, 7), key
+
+
+def test_bad_options_and_columns_fail_at_analysis_naming_them(
+        spark: SparkSession, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGSTREAMS_DSN", raising=False)
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("known", 1)
+
+    def fails(match: str, fn: Callable[[], Any]) -> None:
+        with pytest.raises(Exception, match=match):
+            fn()
+
+    fails("option 'dsn' is required", lambda: spark.read.format("pgstreams").option("topic", "known").load())
+    fails("option 'topic'", lambda: spark.read.format("pgstreams").option("dsn", dsn).load())
+    fails("topic.*'nope'.*do not exist", lambda: reader(spark, dsn, "nope"))
+    fails("option 'startingOffsets' is not valid JSON",
+          lambda: reader(spark, dsn, "known", startingOffsets="{bad json"))
+    fails("option 'endingOffsets'.*-2",
+          lambda: reader(spark, dsn, "known", endingOffsets='{"known": {"0": -2}}'))
+    fails("option 'maxEventsPerTrigger' must be a positive integer",
+          lambda: reader(spark, dsn, "known", stream=True, maxEventsPerTrigger="zero"))
+    writer = spark.createDataFrame([(1,)], "value int").write.format("pgstreams").mode("append")
+    fails("column 'value' must be binary or string",
+          lambda: writer.option("dsn", dsn).option("topic", "known").save())
+    ok = spark.createDataFrame([("v", 1)], "value string, key int").write.format("pgstreams").mode("append")
+    fails("column 'key' must be string", lambda: ok.option("dsn", dsn).option("topic", "known").save())
+    fine = spark.createDataFrame([("v",)], "value string").write.format("pgstreams")
+    fails("topic.*'missing'.*do not exist", lambda: fine.mode("append").option("dsn", dsn)
+          .option("topic", "missing").save())
+    fails("append-only", lambda: fine.mode("overwrite").option("dsn", dsn).option("topic", "known").save())
+    with psycopg.connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pgstreams.spark_sink_tasks").fetchone() == (0,)
+
+
+# --------------------------------------------------------------------------------------------------------
+# a query killed with SIGKILL mid-batch, restarted from its checkpoint
+
+def test_query_killed_mid_batch_restarts_without_loss_or_duplicate(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    """The copying query's whole process (driver and Python workers) is killed with SIGKILL while its
+    micro-batch 1 has one write task committed and the other in flight; restarted from its checkpoint
+    (in this process's session), it copies every event exactly once and its group catches up."""
+    checkpoint = tmp_path / "ck"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("src", 2)
+        client.create_topic("dst", 2)
+        client.publish_many("src", [{"value": f"e{i}", "key": f"k{i % 29}"} for i in range(200)])
+        visible(dsn)
+        log = tmp_path / "query.log"
+        with log.open("w") as out:
+            proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "_spark_helpers.py"), dsn,
+                                     str(checkpoint)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        try:
+            def one_task_of_a_batch_committed() -> bool:
+                if proc.poll() is not None:
+                    raise AssertionError(f"the query process exited early:\n{log.read_text()[-3000:]}")
+                with psycopg.connect(dsn) as conn:
+                    rows = conn.execute("SELECT batch_id, count(*) FROM pgstreams.spark_sink_tasks "
+                                        "GROUP BY batch_id ORDER BY batch_id DESC LIMIT 1").fetchall()
+                return bool(rows) and rows[0][1] == 1 and rows[0][0] >= 1
+
+            wait_for("a micro-batch with one committed write task", one_task_of_a_batch_committed,
+                     timeout=180)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        visible(dsn)
+        partial = client.consumer("dst", "check").poll(1000, timeout=1)
+        assert 100 < len(partial) < 200, len(partial)
+        # the restart replays the in-flight micro-batch: its committed task publishes nothing again
+        q = _spark_helpers.copy_query(spark, dsn, str(checkpoint)).trigger(availableNow=True).start()
+        assert q.awaitTermination(180), "the restarted query did not finish"
+        assert q.exception() is None
+        visible(dsn)
+        copied = [e.value for e in client.consumer("dst", "check2").poll(1000, timeout=1)]
+        assert sorted(copied) == sorted(f"e{i}".encode() for i in range(200))
+        assert sum(s.lag for s in client.describe_group("copier", "src")) == 0

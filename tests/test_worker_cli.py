@@ -59,9 +59,15 @@ def test_worker_command_runs_a_handler_and_groups_describe_shows_its_leases(dsn:
                 return int(row[0]) if row else 0
 
             until(lambda: handled() == 30, 30, "30 events handled")
-            rows = describe(dsn)
-            assert [(r["partition"], r["owner"], r["lag"], r["stale"]) for r in rows] == [
-                (0, "cli-1", 0, False), (1, "cli-1", 0, False), (2, "cli-1", 0, False)]
+            owned = [(0, "cli-1", 0, False), (1, "cli-1", 0, False), (2, "cli-1", 0, False)]
+            seen: list[dict[str, Any]] = []
+
+            def all_owned() -> bool:  # the last commit lands just after the last handler call
+                seen[:] = describe(dsn)
+                return [(r["partition"], r["owner"], r["lag"], r["stale"]) for r in seen] == owned
+
+            until(all_owned, 15, "cli-1 owning every partition with lag 0")
+            rows = seen
             assert all(r["last_heartbeat"] and r["retry_state"] is None for r in rows)
             table = cli(dsn, "groups", "describe", "g").stdout
             assert "owner" in table and "cli-1" in table and "member cli-1 on t: partitions 0, 1, 2" in table
@@ -80,7 +86,7 @@ def test_worker_command_runs_a_handler_and_groups_describe_shows_its_leases(dsn:
                 proc.wait()
             log.close()
     rows = describe(dsn)
-    assert all(r["owner"] is None and r["lag"] == 0 for r in rows)
+    assert all(r["owner"] is None and r["lag"] == 0 for r in rows), rows
     assert "stopped" in (tmp_path / "worker.log").read_text()
 
 

@@ -405,9 +405,10 @@ class GroupMember:
 
     def leave(self) -> int:
         """Leave the group: release every lease and unregister. Returns the number of leases released."""
-        with self._lock:
-            self._left = True
-        row = self._call("leave_group", (self.group, self._meta.id, self.member_id))
+        with self._register_lock:  # never interleaved with a re-registration in flight
+            with self._lock:
+                self._left = True
+            row = self._call("leave_group", (self.group, self._meta.id, self.member_id))
         self._update(None)
         return int(row[0]) if row else 0
 

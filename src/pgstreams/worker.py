@@ -1005,6 +1005,12 @@ class Worker:
             r.request_stop()
         for r in self._runners:
             r.stop(timeout)
+        # heartbeats ran until the batches in hand were committed; stop them before leaving, so that no
+        # balancing round or re-registration (after a pause past the session timeout) lands after the leave
+        for svc in self._services:
+            svc.request_stop()
+        for svc in self._services:
+            svc.stop(5)
         for m in self._members:
             try:
                 n = m.leave()
@@ -1012,10 +1018,6 @@ class Worker:
             except Exception as exc:  # noqa: BLE001 - the leases then expire after the session timeout
                 log.error("%s could not leave group %s cleanly (%s); its leases expire after the session "
                           "timeout", m.member_id, m.group, exc)
-        for svc in self._services:
-            svc.request_stop()
-        for svc in self._services:
-            svc.stop(5)
         for m in self._members:
             m.close()
         if self._supervisor is not None:

@@ -278,3 +278,30 @@ def test_event_id_repeated_inside_one_transaction(client: pgstreams.Client, dsn:
         conn.commit()
     assert [e.value for e in take(client.consumer("t", "g"), 1)] == ["a"]
     assert client.publish("t", "c", event_id="same").duplicate
+
+
+def _segment_has_stats(client: pgstreams.Client, topic: str) -> bool:
+    with client.connection() as conn:
+        row = conn.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stats s JOIN pgstreams.topics t"
+            " ON s.tablename = 'topic_' || t.id || '_s0'"
+            " WHERE t.name = %s AND s.schemaname = 'pgstreams' AND s.attname = 'partition')",
+            (topic,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_a_new_segment_gets_column_statistics_once_it_holds_enough_rows(client: pgstreams.Client) -> None:
+    """Without statistics a new segment looks empty to the planner and a poll sorts whole partitions; the
+    publishing client ANALYZEs each segment once it holds 1,000 rows (no autovacuum needed)."""
+    client.create_topic("batched", 4)
+    client.publish_many("batched", [{"value": i, "key": f"k{i}"} for i in range(500)])
+    assert not _segment_has_stats(client, "batched")  # too few rows: left for later
+    for b in range(3):
+        batch = range(1000 * b, 1000 * (b + 1))
+        client.publish_many("batched", [{"value": i, "key": f"k{i}"} for i in batch])
+    assert _segment_has_stats(client, "batched")
+
+    client.create_topic("single", 2)
+    for i in range(1100):
+        client.publish("single", i, key=f"k{i % 7}")
+    assert _segment_has_stats(client, "single")

@@ -67,6 +67,7 @@ class _TopicMeta:
     rr: Iterator[int]
     room_due: int = 0  # events publish_many may still COPY before it re-checks the segments ahead
     stats_next: int = 0  # the position from which this client checks a segment's statistics again
+    copied_to: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
 
 
 # Parameter types and formats of _insert_statement: int4, "char", text, bytea (binary), jsonb, text x 4.
@@ -567,8 +568,14 @@ class Client:
         except psycopg.errors.CheckViolation:
             self._ensure_room(meta, self._last_position(conn, meta) + len(rows), conn=conn)
             stored = self._copy_rows(conn, meta, rows, has_ids)
+        # positions of other clients' events only move the true last position further: this is a lower
+        # bound, re-read with the segments every 1/16 segment
         if last >= 0:
-            self._check_stats(conn, meta, last + len(rows))
+            meta.copied_to = last + len(rows)
+        elif meta.copied_to >= 0:
+            meta.copied_to += len(rows)
+        if meta.copied_to >= meta.stats_next:
+            self._check_stats(conn, meta, meta.copied_to)
         return stored
 
     def _check_stats(self, conn: psycopg.Connection, meta: _TopicMeta, position: int) -> None:

@@ -10,6 +10,7 @@ with Arrow compute functions and numpy.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -149,8 +150,12 @@ BIN_VAR_COLUMNS = ("key", "value", "headers", "event_type", "event_id", "correla
 def _gather_be(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
     """The big-endian integers of ``width`` bytes at the byte offsets ``at`` of ``data`` (one gather from
     a view of ``data`` whose element ``i`` is the integer in bytes ``i`` to ``i + width - 1``)."""
-    windows = np.ndarray(shape=(len(data) - width + 1,), dtype=dtype, buffer=data, strides=(1,))
-    return windows[at].astype(dtype[1:])
+    native = np.dtype(dtype).newbyteorder("=")
+    windows = np.ndarray(shape=(len(data) - width + 1,), dtype=native, buffer=data, strides=(1,))
+    values = windows[at]  # gathered as native integers, then swapped in place (faster than a cast)
+    if sys.byteorder == "little":
+        values.byteswap(inplace=True)
+    return values
 
 
 def _slices(buf: pa.Buffer, typ: pa.DataType, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:

@@ -33,7 +33,7 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich.console import Console
 
 import pgstreams
@@ -152,8 +152,9 @@ def spark_session(jar: str) -> Any:
 def jdbc_url(dsn: str) -> tuple[str, dict[str, str]]:
     info = conninfo_to_dict(dsn)
     host = info.get("host") or "localhost"
-    if str(host).startswith("/"):
-        host = "localhost"
+    if str(host).startswith("/") or info.get("hostaddr", "").startswith("/"):
+        raise SystemExit(f"the JDBC baseline needs a server reachable over TCP, and {host} is a Unix socket "
+                         "(the embedded server listens on one): pass --dsn postgresql://USER@127.0.0.1:5432/DB")
     url = f"jdbc:postgresql://{host}:{info.get('port') or 5432}/{info['dbname']}"
     props = {"user": str(info.get("user") or os.environ.get("USER", "postgres"))}
     if info.get("password"):
@@ -184,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     console = Console()
     target = server_dsn(args.dsn)
+    jdbc_url(make_conninfo(target, dbname="postgres"))  # refuse a Unix socket before any work
     jar = ensure_jdbc()
     started = time.perf_counter()
     info = machine(target)

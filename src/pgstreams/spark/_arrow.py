@@ -176,7 +176,8 @@ def _slices(buf: pa.Buffer, typ: pa.DataType, starts: np.ndarray, lengths: np.nd
     return pa.Array.from_buffers(typ, n, [bitmap, picked.buffers()[1], picked.buffers()[2]], null_count=nulls)
 
 
-def decode_binary_rows(raw: bytes, row_lengths: np.ndarray, topic: str, schema: pa.Schema) -> pa.RecordBatch:
+def decode_binary_rows(raw: bytes | bytearray, row_lengths: np.ndarray, topic: str,
+                       schema: pa.Schema) -> pa.RecordBatch:
     """A record batch of the Spark schema from rows of ``copy_pages`` in the binary COPY format: ``raw``
     holds the rows back to back (no file header or trailer), ``row_lengths`` the byte length of each.
 

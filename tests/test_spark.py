@@ -148,6 +148,29 @@ def test_batch_read_returns_exactly_the_published_events_with_documented_types(
         assert r.created_at.replace(tzinfo=timezone.utc) == created.astimezone(timezone.utc)
 
 
+def test_batch_read_picks_up_optional_columns_first_used_in_a_later_chunk(
+        spark: SparkSession, dsn: str) -> None:
+    """A page scan starts without the optional columns' lengths and adds a column once a chunk holds a
+    value in it: the events of later chunks keep their ids, headers and keys, and earlier ones their NULLs."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("late", 2)
+        client.publish_many("late", [{"value": b"v%d" % i} for i in range(3000)])
+        client.publish_many("late", [
+            {"value": b"w%d" % i, "key": f"key-{i}", "event_id": f"id-{i}", "correlation_id": f"c{i}",
+             "causation_id": f"z{i}", "headers": {"h": str(i)}} for i in range(20)])
+        client.publish_many("late", [{"value": b"x%d" % i} for i in range(500)])
+    df = reader(spark, dsn, "late", arrowBatchSize="200", minPartitions="2")
+    got = {r.position: r for r in df.collect()}
+    want = stored(dsn, "late")
+    assert len(got) == len(want) == 3520
+    assert sum(1 for r in got.values() if r.event_id is not None) == 20
+    for p, pos, _x, key, value, headers, et, eid, cid, sid, _created in want:
+        r = got[pos]
+        assert (r.partition, r.key, bytes(r.value), r.event_type, r.event_id, r.correlation_id,
+                r.causation_id) == (p, key, bytes(value), et, eid, cid, sid)
+        assert (r.headers or None) == (headers or None)
+
+
 def test_batch_read_splits_partitions_and_honours_offsets_and_pushed_filters(
         spark: SparkSession, dsn: str) -> None:
     with pgstreams.connect(dsn) as client:

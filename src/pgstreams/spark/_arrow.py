@@ -1,6 +1,6 @@
 """Arrow conversions of the Spark data source, vectorised (no Python loop over rows except for headers).
 
-Reading: a chunk query (``chunk_pages`` / ``chunk_ordered`` in ``queries.sql``) returns each column as one
+Reading: a chunk query (``scan_pages`` / ``chunk_ordered`` in ``queries.sql``) returns each column as one
 byte string built by PostgreSQL; :func:`decode_chunk` wraps those bytes into Arrow arrays.
 
 Writing: :func:`encode_copy` turns an Arrow record batch into the text format of ``COPY ... FROM STDIN``
@@ -10,7 +10,6 @@ with Arrow compute functions and numpy.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,11 +75,14 @@ def _headers(lengths: np.ndarray, data: bytes | None, typ: pa.DataType) -> pa.Ar
     return compact.take(pa.array(index, mask=~valid))
 
 
-def decode_chunk(row: Sequence[Any], topic: str, partition: int, schema: pa.Schema,
+def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: pa.Schema,
                  columns: tuple[str, ...]) -> tuple[pa.RecordBatch | None, tuple[int, int] | None, set[str]]:
     """The record batch of one chunk row (queried with the lengths of the optional ``columns``), the
     cursor of its last event for ordered chunks, and the optional columns that hold data in this chunk
     but were not queried with lengths (then the chunk must be queried again with them; no batch).
+
+    ``partition`` is the topic partition of every event of the chunk, or ``None`` for a page scan chunk
+    (``scan_pages``), whose last column holds the partition of each event instead of a cursor.
 
     Returns ``(None, None, set())`` for an empty chunk.
     """
@@ -103,7 +105,8 @@ def decode_chunk(row: Sequence[Any], topic: str, partition: int, schema: pa.Sche
 
     arrays: dict[str, pa.Array] = {
         "topic": constant_string(topic, n),
-        "partition": pa.array(np.full(n, partition, dtype=np.int32)),
+        "partition": pa.array(np.full(n, partition, dtype=np.int32) if partition is not None else
+                              np.frombuffer(row[10], dtype=">i4").astype(np.int32)),
         "position": pa.array(positions),
         "value": _var_array(pa.binary(), lengths[:, 0], data["value"]),
         "key": strings("key"),
@@ -116,7 +119,7 @@ def decode_chunk(row: Sequence[Any], topic: str, partition: int, schema: pa.Sche
     }
     batch = pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
     last = None
-    if row[10]:
+    if partition is not None and row[10]:
         last = (int(np.frombuffer(row[10][-8:], dtype=">i8")[0]), int(positions[-1]))
     return batch, last, set()
 
@@ -138,89 +141,6 @@ def _headers_from_text(arr: pa.Array, typ: pa.DataType) -> pa.Array:
     valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
     index = np.cumsum(valid, dtype=np.int64) - 1
     return parsed.take(pa.array(index, mask=~valid))
-
-
-#: Fixed-width fields at the start of a ``copy_pages`` row in the binary COPY format: the field count
-#: (int16), then (int32 length, bytes) for partition (int4), position (int8) and created_at (int8).
-_BIN_PARTITION, _BIN_POSITION, _BIN_CREATED, _BIN_VAR = 6, 14, 26, 34
-#: The variable-length fields of a ``copy_pages`` row that follow, in order.
-BIN_VAR_COLUMNS = ("key", "value", "headers", "event_type", "event_id", "correlation_id", "causation_id")
-
-
-def _gather_be(data: np.ndarray, at: np.ndarray, width: int, dtype: str) -> np.ndarray:
-    """The big-endian integers of ``width`` bytes at the byte offsets ``at`` of ``data`` (one gather from
-    a view of ``data`` whose element ``i`` is the integer in bytes ``i`` to ``i + width - 1``)."""
-    native = np.dtype(dtype).newbyteorder("=")
-    windows = np.ndarray(shape=(len(data) - width + 1,), dtype=native, buffer=data, strides=(1,))
-    values = windows[at]  # gathered as native integers, then swapped in place (faster than a cast)
-    if sys.byteorder == "little":
-        values.byteswap(inplace=True)
-    return values
-
-
-def _slices(buf: pa.Buffer, typ: pa.DataType, starts: np.ndarray, lengths: np.ndarray) -> pa.Array:
-    """An Arrow array of the byte ranges ``[starts, starts + lengths)`` of ``buf`` (length -1: NULL),
-    copied into one contiguous buffer by Arrow's ``take`` (the ranges are in increasing order)."""
-    n = len(starts)
-    valid = lengths >= 0
-    nulls = int(n - np.count_nonzero(valid))
-    if nulls == n:
-        return pa.nulls(n, typ)
-    bounds = np.empty(2 * n + 1, dtype=np.int32)
-    bounds[0:2 * n:2] = starts
-    bounds[1:2 * n:2] = starts + np.maximum(lengths, 0)
-    bounds[2 * n] = buf.size
-    spans = pa.Array.from_buffers(pa.binary(), 2 * n, [None, pa.py_buffer(bounds), buf])
-    picked = spans.take(pa.array(np.arange(0, 2 * n, 2, dtype=np.int32)))
-    bitmap = pa.py_buffer(np.packbits(valid, bitorder="little")) if nulls else None
-    return pa.Array.from_buffers(typ, n, [bitmap, picked.buffers()[1], picked.buffers()[2]], null_count=nulls)
-
-
-def decode_binary_rows(raw: bytes | bytearray, row_lengths: np.ndarray, topic: str,
-                       schema: pa.Schema) -> pa.RecordBatch:
-    """A record batch of the Spark schema from rows of ``copy_pages`` in the binary COPY format: ``raw``
-    holds the rows back to back (no file header or trailer), ``row_lengths`` the byte length of each.
-
-    No loop over rows: the rows' fields are located column by column with numpy, and the bytes of each
-    variable-length column gathered by Arrow."""
-    n = len(row_lengths)
-    buf = pa.py_buffer(raw)
-    data = np.frombuffer(raw, dtype=np.uint8)
-    starts = np.zeros(n, dtype=np.int64)
-    np.cumsum(row_lengths[:-1], out=starts[1:])
-    partition = _gather_be(data, starts + _BIN_PARTITION, 4, ">i4")
-    position = _gather_be(data, starts + _BIN_POSITION, 8, ">i8")
-    created = _gather_be(data, starts + _BIN_CREATED, 8, ">i8") + PG_EPOCH_US
-    at = starts + _BIN_VAR
-    found: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name in BIN_VAR_COLUMNS:
-        length = _gather_be(data, at, 4, ">i4")
-        begin = at + 4
-        if name == "headers":  # jsonb: a version byte, then the JSON text
-            has = length >= 0
-            found[name] = (begin + has, np.where(has, length - 1, -1))
-        else:
-            found[name] = (begin, length)
-        at = begin + np.maximum(length, 0)
-
-    def column(name: str, typ: pa.DataType) -> pa.Array:
-        return _slices(buf, typ, *found[name])
-
-    headers_text = column("headers", pa.string())
-    arrays: dict[str, pa.Array] = {
-        "topic": constant_string(topic, n),
-        "partition": pa.array(partition),
-        "position": pa.array(position),
-        "value": column("value", pa.binary()),
-        "key": column("key", pa.string()),
-        "event_type": column("event_type", pa.string()),
-        "event_id": column("event_id", pa.string()),
-        "correlation_id": column("correlation_id", pa.string()),
-        "causation_id": column("causation_id", pa.string()),
-        "headers": _headers_from_text(headers_text, schema.field("headers").type),
-        "created_at": pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(created)]),
-    }
-    return pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -15,15 +15,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import psycopg
 import pyarrow as pa
-from psycopg import pq, sql
+from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
 from . import _db
-from ._arrow import decode_binary_rows, decode_chunk
+from ._arrow import decode_chunk
 from ._filters import Pushed, push
 from ._options import (
     ORIGIN,
@@ -50,14 +48,8 @@ from ._sql import (
 
 #: Below this many events a partition range is read through the read-order index.
 ORDERED_CAP = 100_000
-#: A multi-partition page scan queries about this many record batches' worth of events per COPY.
-SCAN_CHUNK_BATCHES = 8
-#: Bytes of binary COPY rows decoded into one record batch (about 24,000 events of 100-byte values): small
-#: enough for the column-wise decoding to work in the CPU caches (a fifth less CPU than 8 MiB blocks).
-COPY_BLOCK = 1 << 22
-#: The file header (signature, flags, header extension length) and trailer of the binary COPY format.
-COPY_HEADER = 19
-COPY_TRAILER = b"\xff\xff"
+#: A multi-partition page scan queries about this many record batches' worth of events per chunk.
+SCAN_CHUNK_BATCHES = 1
 
 
 @dataclass(frozen=True)
@@ -74,8 +66,8 @@ class PageRange:
 
 @dataclass
 class Split(InputPartition):
-    """One Spark input partition: events of one topic partition in ``(start, end]`` below ``fence``,
-    from the page ranges ``pages`` (or, when ``pages`` is ``None``, in read order through the index)."""
+    """One Spark input partition: events of one topic partition in ``(start, end]`` below ``fence``, read
+    in read order through the index."""
 
     topic: str
     topic_id: int
@@ -83,7 +75,6 @@ class Split(InputPartition):
     start: Cursor
     end: Cursor
     fence: int
-    pages: tuple[PageRange, ...] | None
 
 
 @dataclass
@@ -204,7 +195,7 @@ class BatchReader(DataSourceReader):
             scans: dict[int, dict[int, tuple[Cursor, Cursor]]] = {}
             for meta, p, start, end in plans:
                 if small.get((meta.id, p)):
-                    splits.append(Split(meta.name, meta.id, p, start, end, fence_xid, None))
+                    splits.append(Split(meta.name, meta.id, p, start, end, fence_xid))
                 else:
                     scans.setdefault(meta.id, {})[p] = (start, end)
             for meta in metas:
@@ -275,8 +266,7 @@ class BatchReader(DataSourceReader):
 
 def read_split(opts: ReadOptions, schema: StructType, split: Split,
                pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
-    """The events of ``split`` as record batches of at most ``opts.batch_size`` rows (ordered splits)
-    or of about that many rows (page splits).
+    """The events of ``split`` in read order as record batches of at most ``opts.batch_size`` rows.
 
     Chunks are first queried with the lengths of ``key`` and ``event_type`` only; a column found in use
     is added for the rest of the split (its first chunk is queried again).
@@ -287,7 +277,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     filters, fparams = (pushed or Pushed()).sql()
     base = {"partition": split.partition, "fence": str(split.fence),
             "end_xid": str(split.end[0]), "end_position": split.end[1], **fparams}
-    name = "chunk_ordered" if split.pages is None else "chunk_pages"
+    name = "chunk_ordered"
     columns: tuple[str, ...] = ("key", "event_type")
     bound_parts = []
     if split.start != ORIGIN:
@@ -310,81 +300,26 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
 
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
-        if split.pages is None:
-            cursor = split.start
-            while True:
-                batch, last = fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
-                                          "limit": opts.batch_size})
-                if batch is None or last is None:
-                    return
-                yield batch
-                cursor = last
-                if batch.num_rows < opts.batch_size:
-                    return
-        params = {**base, "xid": str(split.start[0]), "position": split.start[1]}
-        for r in split.pages:
-            for a in range(r.first_page, r.end_page, r.pages_per_chunk):
-                b = min(a + r.pages_per_chunk, r.end_page)
-                batch, _ = fetch(cur, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
-                                       "end_page": f"({b},0)"})
-                if batch is not None:
-                    yield batch
-
-
-def _copy_rows(conn: Any, stmt: str) -> Iterator[tuple[bytearray, np.ndarray]]:
-    """The rows of a binary ``COPY ... TO STDOUT`` as ``(rows back to back, length of each row)`` of about
-    ``COPY_BLOCK`` bytes each, the file header and trailer removed.
-
-    PostgreSQL sends each row of a COPY in a message of its own: the messages are taken from libpq one by
-    one (a C call each) and appended to one buffer, with no parsing of rows in Python.
-    """
-    pgconn = conn.pgconn
-    pgconn.send_query(stmt.encode("utf-8"))
-    first = pgconn.get_result()
-    if first is None or first.status != pq.ExecStatus.COPY_OUT:
-        _finish(conn, first)
-        return
-    get = pgconn.get_copy_data
-    buf = bytearray()
-    lengths: list[int] = []
-    header = True
-    while True:
-        size, data = get(0)
-        if size < 0:
-            break
-        if header:
-            data, size, header = memoryview(data)[COPY_HEADER:], size - COPY_HEADER, False
-        if size == 0 or (size == 2 and bytes(data) == COPY_TRAILER):
-            continue
-        buf += data
-        lengths.append(size)
-        if len(buf) >= COPY_BLOCK:
-            yield buf, np.array(lengths, dtype=np.int64)  # handed over, not copied: start a new one
-            buf = bytearray()
-            lengths.clear()
-    _finish(conn, pgconn.get_result())
-    if lengths:
-        yield buf, np.array(lengths, dtype=np.int64)
-
-
-def _finish(conn: Any, result: Any) -> None:
-    """Check the final result of a COPY (raise PostgreSQL's error) and drain the remaining results."""
-    error = None
-    if result is None or result.status not in (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.COPY_OUT):
-        error = (result.error_message if result is not None else conn.pgconn.error_message).decode(
-            "utf-8", "replace").strip()
-    while conn.pgconn.get_result() is not None:
-        pass
-    if error is not None:
-        raise psycopg.DatabaseError(f"reading events failed: {error}")
+        cursor = split.start
+        while True:
+            batch, last = fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
+                                      "limit": opts.batch_size})
+            if batch is None or last is None:
+                return
+            yield batch
+            cursor = last
+            if batch.num_rows < opts.batch_size:
+                return
 
 
 def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
               pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
-    """The events of a multi-partition page scan as record batches of about ``COPY_BLOCK`` bytes.
+    """The events of a multi-partition page scan as record batches, one per chunk of pages.
 
-    Each chunk of pages is one ``COPY (SELECT ...) TO STDOUT (FORMAT binary)``; its rows are decoded
-    column-wise by :func:`decode_binary_rows` (numpy and Arrow, no loop over rows).
+    Each chunk is one ``scan_pages`` query: PostgreSQL aggregates every column of the chunk's events into
+    one byte string, which :func:`decode_chunk` wraps into Arrow arrays (numpy, no loop over rows). As in
+    :func:`read_split`, the lengths of ``key`` and ``event_type`` are queried first and another optional
+    column's once it is found in use.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -404,14 +339,22 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         parts.append(SCAN_UPPER_BOUND)
         params["end_xids"] = [str(c[0]) for c in split.ends]
         params["end_positions"] = [c[1] for c in split.ends]
-    stmt = query("copy_pages", opts.schema, split.topic_id, filters, bounds=sql.SQL(" ").join(parts))
+    bounds = sql.SQL(" ").join(parts)
+    columns: tuple[str, ...] = ("key", "event_type")
+    stmt = query("scan_pages", opts.schema, split.topic_id, filters, columns, bounds)
     with _db.connect(opts.dsn) as conn:
-        # COPY takes no bound parameters: psycopg merges them into the statement as quoted literals
-        merge = psycopg.ClientCursor(conn)
+        cur = conn.cursor(binary=True)
         for r in split.pages:
             for a in range(r.first_page, r.end_page, r.pages_per_chunk):
                 b = min(a + r.pages_per_chunk, r.end_page)
-                text = merge.mogrify(stmt, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
-                                            "end_page": f"({b},0)"})
-                for raw, lengths in _copy_rows(conn, text):
-                    yield decode_binary_rows(raw, lengths, split.topic, arrow_schema)
+                chunk = {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)", "end_page": f"({b},0)"}
+                while True:
+                    row = cur.execute(stmt, chunk).fetchone()
+                    assert row is not None
+                    batch, _, missing = decode_chunk(row, split.topic, None, arrow_schema, columns)
+                    if not missing:
+                        break
+                    columns = tuple(c for c in OPTIONAL_COLUMNS if c in columns or c in missing)
+                    stmt = query("scan_pages", opts.schema, split.topic_id, filters, columns, bounds)
+                if batch is not None:
+                    yield batch

@@ -37,11 +37,26 @@ def lengths(alias: str, columns: tuple[str, ...]) -> sql.Composable:
     return sql.SQL(" || ").join(parts)
 
 
+def optional(alias: str, columns: tuple[str, ...]) -> sql.Composable:
+    """The select list of the optional columns of a chunk query: each column's bytes aggregated when it is
+    one of ``columns`` (in use), else an empty byte string if the chunk holds a value in it (else NULL)."""
+    parts: list[sql.Composable] = []
+    for column in OPTIONAL_COLUMNS:
+        ref: sql.Composable = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
+        if column in columns:
+            if column == "headers":
+                ref = sql.Composed([ref, sql.SQL("::text")])
+            parts.append(sql.SQL("convert_to(string_agg({}, ''), 'UTF8')").format(ref))
+        else:
+            parts.append(sql.SQL("CASE WHEN count({}) > 0 THEN ''::bytea END").format(ref))
+    return sql.SQL(",\n       ").join(parts)
+
+
 #: The cursor conditions of a page chunk, used only when the range is not the whole visible partition.
 LOWER_BOUND = sql.SQL("AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s)")
 UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= (%(end_xid)s::text::xid8, %(end_position)s)")
 
-#: The conditions of a multi-partition page scan (``copy_pages``): only some topic partitions, and cursors
+#: The conditions of a multi-partition page scan (``scan_pages``): only some topic partitions, and cursors
 #: per topic partition (arrays indexed by ``partition + 1``), each used only when needed.
 SCAN_PARTITIONS = sql.SQL("AND e.partition = ANY(%(partitions)s::int[])")
 SCAN_LOWER_BOUND = sql.SQL("AND (e.xid, e.position) > ((%(xids)s::text[])[e.partition + 1]::xid8, "
@@ -66,6 +81,8 @@ def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Comp
         params["bounds"] = bounds if bounds is not None else sql.SQL("")
     if "{lengths}" in body:
         params["lengths"] = lengths("r" if name == "chunk_ordered" else "e", columns)
+    if "{optional}" in body:
+        params["optional"] = optional("r" if name == "chunk_ordered" else "e", columns)
     return sql.SQL(body).format(**params)
 
 

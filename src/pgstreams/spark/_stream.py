@@ -188,7 +188,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for p, e in sorted(parts.items()):
                 s = begin.get(t, {}).get(p, ORIGIN)
                 if e > s:
-                    out.append(Split(t, ids[t], p, s, e, e[0] + 1, None))
+                    out.append(Split(t, ids[t], p, s, e, e[0] + 1))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

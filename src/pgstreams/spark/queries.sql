@@ -6,7 +6,11 @@
 -- creation times (microseconds since 2000-01-01, big-endian), per row the byte lengths ({lengths}: int4,
 -- -1 for NULL) of value and of the optional columns in use, then each column's bytes concatenated
 -- (string_agg skips NULLs, so a column that is NULL in every row of the chunk comes back as NULL and needs
--- no lengths). PostgreSQL builds them in C; Python turns them into Arrow arrays without a loop over rows.
+-- no lengths). {optional} stands for the optional columns key, event_type, event_id, correlation_id,
+-- causation_id and headers: the aggregate of the bytes of each column in use, and for the others only
+-- whether the chunk has a value (count() skips NULLs without calling its transition function, so a column
+-- that is NULL everywhere costs next to nothing); a chunk with a value in a column not in use is queried
+-- again with it. PostgreSQL builds them in C; Python turns them into Arrow arrays without a loop over rows.
 
 -- name: server_info
 SELECT current_setting('server_encoding'), pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
@@ -96,49 +100,29 @@ ON CONFLICT (group_name, topic_id, partition)
 DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now()
  WHERE (k.xid, k.position) IS DISTINCT FROM (excluded.xid, excluded.position);
 
--- name: chunk_pages
+-- name: scan_pages
+-- The events of a range of heap pages of one segment, every wanted topic partition in one pass, as one
+-- row of column-wise aggregates (the layout of the chunk queries, then the topic partition of each event,
+-- int4 big-endian); decoded by pgstreams.spark._arrow.decode_chunk.
 SELECT string_agg(int8send(e.position), ''),
        string_agg(timestamptz_send(e.created_at), ''),
        string_agg({lengths}, ''),
        string_agg(e.value, ''),
-       convert_to(string_agg(e.key, ''), 'UTF8'),
-       convert_to(string_agg(e.event_type, ''), 'UTF8'),
-       convert_to(string_agg(e.event_id, ''), 'UTF8'),
-       convert_to(string_agg(e.correlation_id, ''), 'UTF8'),
-       convert_to(string_agg(e.causation_id, ''), 'UTF8'),
-       convert_to(string_agg(e.headers::text, ''), 'UTF8'),
-       NULL::bytea
+       {optional},
+       string_agg(int4send(e.partition), '')
   FROM {table} e
- WHERE e.partition = %(partition)s
-   AND e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
+ WHERE e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
    AND e.position >= %(lo)s AND e.position < %(hi)s
    AND e.xid < %(fence)s::text::xid8
    {bounds}
    {filters};
-
--- name: copy_pages
--- The events of a range of heap pages of one segment, every wanted topic partition in one pass, in the
--- binary COPY format (decoded column-wise by pgstreams.spark._arrow.decode_binary_rows: keep the order).
-COPY (SELECT e.partition, e.position, e.created_at, e.key, e.value, e.headers,
-             e.event_type, e.event_id, e.correlation_id, e.causation_id
-        FROM {table} e
-       WHERE e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
-         AND e.position >= %(lo)s AND e.position < %(hi)s
-         AND e.xid < %(fence)s::text::xid8
-         {bounds}
-         {filters}) TO STDOUT (FORMAT binary);
 
 -- name: chunk_ordered
 SELECT string_agg(int8send(r.position), ''),
        string_agg(timestamptz_send(r.created_at), ''),
        string_agg({lengths}, ''),
        string_agg(r.value, ''),
-       convert_to(string_agg(r.key, ''), 'UTF8'),
-       convert_to(string_agg(r.event_type, ''), 'UTF8'),
-       convert_to(string_agg(r.event_id, ''), 'UTF8'),
-       convert_to(string_agg(r.correlation_id, ''), 'UTF8'),
-       convert_to(string_agg(r.causation_id, ''), 'UTF8'),
-       convert_to(string_agg(r.headers::text, ''), 'UTF8'),
+       {optional},
        string_agg(xid8send(r.xid), '')
   FROM (SELECT * FROM {table} e
          WHERE e.partition = %(partition)s

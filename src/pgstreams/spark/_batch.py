@@ -48,8 +48,6 @@ from ._sql import (
 
 #: Below this many events a partition range is read through the read-order index.
 ORDERED_CAP = 100_000
-#: A multi-partition page scan queries about this many record batches' worth of events per chunk.
-SCAN_CHUNK_BATCHES = 1
 
 
 @dataclass(frozen=True)
@@ -231,7 +229,7 @@ class BatchReader(DataSourceReader):
                 a, b = max(want_lo, base), min(want_hi, base + pages)
                 if a < b:
                     rows_per_page = max(1.0, seg_events * share / pages)
-                    per_chunk = max(1, math.ceil(self.opts.batch_size * SCAN_CHUNK_BATCHES / rows_per_page))
+                    per_chunk = max(1, math.ceil(self.opts.batch_size / rows_per_page))
                     ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk))
                 base += pages
             if ranges:
@@ -264,12 +262,35 @@ class BatchReader(DataSourceReader):
         return read_split(self.opts, self.schema, partition, self.pushed)
 
 
+class _Chunks:
+    """Runs one chunk query (``chunk_ordered`` or ``scan_pages``) chunk after chunk, first with the lengths
+    of ``key`` and ``event_type`` only; a column found in use is added for the rest of the read (the chunk
+    that showed it is queried again)."""
+
+    def __init__(self, opts: ReadOptions, name: str, topic_id: int, filters: sql.Composable,
+                 bounds: sql.Composable) -> None:
+        self._make = lambda columns: query(name, opts.schema, topic_id, filters, columns, bounds)
+        self.columns: tuple[str, ...] = ("key", "event_type")
+        self._stmt = self._make(self.columns)
+
+    def fetch(self, cur: Any, params: dict[str, Any], topic: str, partition: int | None,
+              schema: pa.Schema) -> tuple[pa.RecordBatch | None, Cursor | None]:
+        """The record batch of one chunk (``None`` if empty) and, for ordered chunks, its last cursor."""
+        while True:
+            row = cur.execute(self._stmt, params).fetchone()
+            assert row is not None
+            batch, last, missing = decode_chunk(row, topic, partition, schema, self.columns)
+            if not missing:
+                return batch, last
+            self.columns = tuple(c for c in OPTIONAL_COLUMNS if c in self.columns or c in missing)
+            self._stmt = self._make(self.columns)
+
+
 def read_split(opts: ReadOptions, schema: StructType, split: Split,
                pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
     """The events of ``split`` in read order as record batches of at most ``opts.batch_size`` rows.
 
-    Chunks are first queried with the lengths of ``key`` and ``event_type`` only; a column found in use
-    is added for the rest of the split (its first chunk is queried again).
+    Chunks are queried through :class:`_Chunks` (optional columns added once found in use).
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -277,33 +298,19 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     filters, fparams = (pushed or Pushed()).sql()
     base = {"partition": split.partition, "fence": str(split.fence),
             "end_xid": str(split.end[0]), "end_position": split.end[1], **fparams}
-    name = "chunk_ordered"
-    columns: tuple[str, ...] = ("key", "event_type")
     bound_parts = []
     if split.start != ORIGIN:
         bound_parts.append(LOWER_BOUND)
     if split.end[0] < split.fence - 1 or split.end[1] != _db.MAX_POSITION:
         bound_parts.append(UPPER_BOUND)
-    bounds = sql.SQL(" ").join(bound_parts)
-    stmt = query(name, opts.schema, split.topic_id, filters, columns, bounds)
-
-    def fetch(cur: Any, params: dict[str, Any]) -> tuple[pa.RecordBatch | None, Cursor | None]:
-        nonlocal columns, stmt
-        while True:
-            row = cur.execute(stmt, params).fetchone()
-            assert row is not None
-            batch, last, missing = decode_chunk(row, split.topic, split.partition, arrow_schema, columns)
-            if not missing:
-                return batch, last
-            columns = tuple(c for c in OPTIONAL_COLUMNS if c in columns or c in missing)
-            stmt = query(name, opts.schema, split.topic_id, filters, columns, bounds)
-
+    chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters, sql.SQL(" ").join(bound_parts))
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
         while True:
-            batch, last = fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
-                                      "limit": opts.batch_size})
+            batch, last = chunks.fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
+                                             "limit": opts.batch_size}, split.topic, split.partition,
+                                       arrow_schema)
             if batch is None or last is None:
                 return
             yield batch
@@ -317,9 +324,8 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
     """The events of a multi-partition page scan as record batches, one per chunk of pages.
 
     Each chunk is one ``scan_pages`` query: PostgreSQL aggregates every column of the chunk's events into
-    one byte string, which :func:`decode_chunk` wraps into Arrow arrays (numpy, no loop over rows). As in
-    :func:`read_split`, the lengths of ``key`` and ``event_type`` are queried first and another optional
-    column's once it is found in use.
+    one byte string, which :func:`decode_chunk` wraps into Arrow arrays (numpy, no loop over rows);
+    optional columns are added through :class:`_Chunks` once found in use.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -339,22 +345,13 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         parts.append(SCAN_UPPER_BOUND)
         params["end_xids"] = [str(c[0]) for c in split.ends]
         params["end_positions"] = [c[1] for c in split.ends]
-    bounds = sql.SQL(" ").join(parts)
-    columns: tuple[str, ...] = ("key", "event_type")
-    stmt = query("scan_pages", opts.schema, split.topic_id, filters, columns, bounds)
+    chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, sql.SQL(" ").join(parts))
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         for r in split.pages:
             for a in range(r.first_page, r.end_page, r.pages_per_chunk):
                 b = min(a + r.pages_per_chunk, r.end_page)
-                chunk = {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)", "end_page": f"({b},0)"}
-                while True:
-                    row = cur.execute(stmt, chunk).fetchone()
-                    assert row is not None
-                    batch, _, missing = decode_chunk(row, split.topic, None, arrow_schema, columns)
-                    if not missing:
-                        break
-                    columns = tuple(c for c in OPTIONAL_COLUMNS if c in columns or c in missing)
-                    stmt = query("scan_pages", opts.schema, split.topic_id, filters, columns, bounds)
+                batch, _ = chunks.fetch(cur, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
+                                              "end_page": f"({b},0)"}, split.topic, None, arrow_schema)
                 if batch is not None:
                     yield batch

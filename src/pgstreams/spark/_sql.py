@@ -79,10 +79,11 @@ def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Comp
         params["filters"] = filters if filters is not None else sql.SQL("")
     if "{bounds}" in body:
         params["bounds"] = bounds if bounds is not None else sql.SQL("")
+    alias = "r" if name == "chunk_ordered" else "e"
     if "{lengths}" in body:
-        params["lengths"] = lengths("r" if name == "chunk_ordered" else "e", columns)
+        params["lengths"] = lengths(alias, columns)
     if "{optional}" in body:
-        params["optional"] = optional("r" if name == "chunk_ordered" else "e", columns)
+        params["optional"] = optional(alias, columns)
     return sql.SQL(body).format(**params)
 
 

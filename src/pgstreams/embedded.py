@@ -8,6 +8,7 @@ The server is shared by every process of the user that uses it and stops when th
 
 from __future__ import annotations
 
+import fcntl
 import os
 import threading
 from pathlib import Path
@@ -52,10 +53,16 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
                     "pip install pgserver"
                 ) from exc
             path.mkdir(parents=True, exist_ok=True)
-            try:
-                srv = pgserver.get_server(path, cleanup_mode="stop")
-            except Exception as exc:
-                raise ConfigurationError(f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
+            # Processes starting the server at once (parallel test workers, a shell and a worker) would
+            # race in its first-time set-up (as root: creating the system user that runs it, initdb):
+            # one at a time, the others then find it set up or running.
+            with open(path.parent / f".{path.name}.start-lock", "a+b") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                try:
+                    srv = pgserver.get_server(path, cleanup_mode="stop")
+                except Exception as exc:
+                    raise ConfigurationError(
+                        f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
             _servers[path] = srv
     uri: str = srv.get_uri(database)
     return uri

@@ -50,16 +50,21 @@ from ._sql import (
 ORDERED_CAP = 100_000
 
 
+#: Events aggregated together in a page scan query (one result row per group of about this many events).
+GROUP_EVENTS = 2048
+
+
 @dataclass(frozen=True)
 class PageRange:
     """Pages ``[first_page, end_page)`` of the segment holding positions ``[lo, hi)``, read
-    ``pages_per_chunk`` pages per query."""
+    ``pages_per_chunk`` pages per query, aggregated ``pages_per_group`` pages per result row."""
 
     lo: int
     hi: int
     first_page: int
     end_page: int
     pages_per_chunk: int
+    pages_per_group: int = 1
 
 
 @dataclass
@@ -230,7 +235,8 @@ class BatchReader(DataSourceReader):
                 if a < b:
                     rows_per_page = max(1.0, seg_events * share / pages)
                     per_chunk = max(1, math.ceil(self.opts.batch_size / rows_per_page))
-                    ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk))
+                    per_group = min(per_chunk, max(1, math.ceil(GROUP_EVENTS / rows_per_page)))
+                    ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk, per_group))
                 base += pages
             if ranges:
                 out.append(ScanSplit(meta.name, meta.id, parts, len(parts) == meta.partitions, starts, ends,
@@ -277,13 +283,23 @@ class _Chunks:
               schema: pa.Schema) -> tuple[pa.RecordBatch | None, Cursor | None]:
         """The record batch of one chunk (``None`` if empty) and, for ordered chunks, its last cursor."""
         while True:
-            row = cur.execute(self._stmt, params).fetchone()
-            assert row is not None
+            row = concat_rows(cur.execute(self._stmt, params).fetchall())
             batch, last, missing = decode_chunk(row, topic, partition, schema, self.columns)
             if not missing:
                 return batch, last
             self.columns = tuple(c for c in OPTIONAL_COLUMNS if c in self.columns or c in missing)
             self._stmt = self._make(self.columns)
+
+
+def concat_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Any]:
+    """The rows of a chunk query (one per page group) as one row: each column's byte strings
+    concatenated, ``None`` where every row has ``None`` (an empty chunk gives a row of ``None``)."""
+    if len(rows) == 1:
+        return rows[0]
+    if not rows:
+        return (None,) * 11
+    return tuple(None if all(v is None for v in column) else b"".join(v for v in column if v is not None)
+                 for column in zip(*rows, strict=True))
 
 
 def read_split(opts: ReadOptions, schema: StructType, split: Split,
@@ -351,7 +367,8 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         for r in split.pages:
             for a in range(r.first_page, r.end_page, r.pages_per_chunk):
                 b = min(a + r.pages_per_chunk, r.end_page)
-                batch, _ = chunks.fetch(cur, {**params, "lo": r.lo, "hi": r.hi, "first_page": f"({a},0)",
-                                              "end_page": f"({b},0)"}, split.topic, None, arrow_schema)
+                page_params = {"lo": r.lo, "hi": r.hi, "first_page": a, "end_page": b,
+                               "group": r.pages_per_group}
+                batch, _ = chunks.fetch(cur, {**params, **page_params}, split.topic, None, arrow_schema)
                 if batch is not None:
                     yield batch

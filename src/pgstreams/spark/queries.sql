@@ -101,21 +101,28 @@ DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now
  WHERE (k.xid, k.position) IS DISTINCT FROM (excluded.xid, excluded.position);
 
 -- name: scan_pages
--- The events of a range of heap pages of one segment, every wanted topic partition in one pass, as one
--- row of column-wise aggregates (the layout of the chunk queries, then the topic partition of each event,
--- int4 big-endian); decoded by pgstreams.spark._arrow.decode_chunk.
-SELECT string_agg(int8send(e.position), ''),
+-- The events of a range of heap pages of one segment, every wanted topic partition in one pass: one row
+-- of column-wise aggregates per group of pages (parameter group) holding events, in the layout of the
+-- chunk queries, then the topic partition of each event (int4 big-endian). The rows of a chunk,
+-- concatenated column by column, are decoded by pgstreams.spark._arrow.decode_chunk. Aggregating group
+-- by group keeps each aggregate small: PostgreSQL reuses its memory from group to group instead of
+-- growing (and, at the end of each query, giving back) buffers as large as the whole chunk.
+SELECT a.* FROM generate_series(%(first_page)s::int, %(end_page)s::int - 1, %(group)s::int) AS g(page)
+ CROSS JOIN LATERAL (
+SELECT string_agg(int8send(e.position), '') AS positions,
        string_agg(timestamptz_send(e.created_at), ''),
        string_agg({lengths}, ''),
        string_agg(e.value, ''),
        {optional},
        string_agg(int4send(e.partition), '')
   FROM {table} e
- WHERE e.ctid >= %(first_page)s::tid AND e.ctid < %(end_page)s::tid
+ WHERE e.ctid >= ('(' || g.page || ',0)')::tid
+   AND e.ctid < ('(' || least(g.page + %(group)s::int, %(end_page)s::int) || ',0)')::tid
    AND e.position >= %(lo)s AND e.position < %(hi)s
    AND e.xid < %(fence)s::text::xid8
    {bounds}
-   {filters};
+   {filters}) a
+ WHERE a.positions IS NOT NULL;
 
 -- name: chunk_ordered
 SELECT string_agg(int8send(r.position), ''),

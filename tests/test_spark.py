@@ -171,6 +171,69 @@ def test_batch_read_picks_up_optional_columns_first_used_in_a_later_chunk(
         assert (r.headers or None) == (headers or None)
 
 
+def test_batch_read_keeps_texts_holding_the_separator_or_the_null_mark(spark: SparkSession, dsn: str) -> None:
+    """Key and event type come back as texts separated by chr(1) with NULL as chr(2): texts holding chr(1),
+    or equal to chr(2), or empty, beside NULLs, in later chunks of a page scan and of an ordered read,
+    still come back exactly (the chunk is read again by length)."""
+    odd = ["a\x01b", "\x02", "", None, "\x01", "\x02\x02", "é\x01"]
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("odd", 2)
+        client.publish_many("odd", [{"value": b"v%d" % i, "key": f"k{i}", "event_type": "t",
+                                     "partition": i % 2} for i in range(400)])
+        # first the NULL mark alone as a text, beside NULLs and empty texts; then texts holding chr(1)
+        client.publish_many("odd", [{"value": b"x%d" % i, "key": None if i % 3 else "", "event_type": "\x02",
+                                     "partition": i % 2} for i in range(100)])
+        client.publish_many("odd", [
+            {"value": b"w%d" % i, "key": odd[i % len(odd)], "event_type": odd[(i + 3) % len(odd)] or None,
+             "event_id": odd[(i + 1) % len(odd)] or None, "headers": {"h": odd[i % len(odd)] or "-"},
+             "partition": i % 2} for i in range(40)])
+    want = stored(dsn, "odd")
+    p0 = [w for w in want if w[0] == 0]
+    ordered = {"odd": {"0": p0[150][1], "1": -1}}
+    for options in ({"arrowBatchSize": "64"},
+                    {"arrowBatchSize": "64", "startingOffsets": json.dumps(ordered)}):
+        df = reader(spark, dsn, "odd", **options)
+        got = {r.position: r for r in df.collect()}
+        expected = want if "startingOffsets" not in options else [w for w in want if w[0] == 0][150:]
+        assert sorted(got) == sorted(w[1] for w in expected), options
+        for p, pos, _x, key, value, headers, et, eid, cid, sid, _created in expected:
+            r = got[pos]
+            assert (r.partition, r.key, bytes(r.value), r.event_type, r.event_id, r.correlation_id,
+                    r.causation_id) == (p, key, bytes(value), et, eid, cid, sid), options
+            assert (r.headers or None) == (headers or None)
+
+
+def test_split_delimited_detects_ambiguous_texts() -> None:
+    from pgstreams.spark._arrow import split_delimited
+
+    split = split_delimited(b"ab\x01\x02\x01\x01c", 4, 3)
+    assert split is not None
+    lengths, data = split
+    assert lengths.tolist() == [2, -1, 0, 1] and bytes(data) == b"abc"
+    assert split_delimited(b"a\x01b", 1, 1) is None  # a text holding the separator
+    assert split_delimited(b"\x02\x01\x02", 2, 2) is None  # a text equal to the NULL mark
+    assert split_delimited(b"\x02\x01\x02", 2, 1) is None
+    split = split_delimited(b"\x02\x01\x02", 2, 0)
+    assert split is not None
+    lengths, data = split
+    assert lengths.tolist() == [-1, -1] and bytes(data) == b""
+
+
+def test_concat_rows_keeps_the_texts_of_page_groups_apart() -> None:
+    """A page scan returns one row per page group: joined, a delimited column keeps one separator
+    between texts (so it stays unambiguous), the other columns are joined as they are."""
+    from pgstreams.spark._arrow import split_delimited
+    from pgstreams.spark._batch import concat_rows
+
+    group = lambda texts, lengths: (b"p", None, lengths, b"v", b"\x01".join(texts), *([None] * 7))  # noqa: E731
+    row = concat_rows([group([b"a", b"b"], b"12"), group([b"c"], b"3"), group([b"\x02", b"de"], b"45")], [4])
+    assert (row[0], row[1], row[2], row[3]) == (b"ppp", None, b"12345", b"vvv")
+    split = split_delimited(row[4], 5, 4)
+    assert split is not None
+    lengths, data = split
+    assert lengths.tolist() == [1, 1, 1, -1, 2] and bytes(data) == b"abcde"
+
+
 def test_batch_read_splits_partitions_and_honours_offsets_and_pushed_filters(
         spark: SparkSession, dsn: str) -> None:
     with pgstreams.connect(dsn) as client:

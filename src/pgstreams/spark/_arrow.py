@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import InvalidArgument
+from ._sql import DELIMITER, NULL_MARK, OPTIONAL_COLUMNS, Layout
 
 #: Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
 PG_EPOCH_US = 946_684_800_000_000
@@ -37,14 +38,50 @@ def _offsets(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray | None, int]:
     return offsets, bitmap, nulls
 
 
-def _var_array(typ: pa.DataType, lengths: np.ndarray, data: bytes | None) -> pa.Array:
+def _var_array(typ: pa.DataType, lengths: np.ndarray, data: Any) -> pa.Array:
+    """A string or binary array from per-row lengths (-1 = NULL) and the values back to back (a
+    bytes-like object, or ``None`` when there are none)."""
     n = len(lengths)
     offsets, bitmap, nulls = _offsets(lengths)
     if nulls == n:
         return pa.nulls(n, typ)
     return pa.Array.from_buffers(typ, n, [None if bitmap is None else pa.py_buffer(bitmap),
-                                          pa.py_buffer(offsets), pa.py_buffer(data or b"")],
+                                          pa.py_buffer(offsets), pa.py_buffer(b"" if data is None else data)],
                                  null_count=nulls)
+
+
+def split_delimited(data: bytes | None, n: int, present: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-row lengths (-1 = NULL) and the texts back to back of a delimited column: ``n`` texts
+    separated by byte 0x01, NULL written as the one-byte text 0x02, ``present`` of them not NULL.
+
+    Returns ``None`` when that is ambiguous: a text holds 0x01 (more separators than ``n - 1``) or is
+    the text 0x02 (more NULL marks than NULLs); the column must then be read by length.
+    """
+    if present == 0:
+        return np.full(n, -1, dtype=np.int32), np.empty(0, dtype=np.uint8)
+    buf = np.frombuffer(data or b"", dtype=np.uint8)
+    separator = buf == DELIMITER
+    cuts = np.flatnonzero(separator)
+    if len(cuts) != n - 1:
+        return None
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = cuts + 1
+    ends = np.empty(n, dtype=np.int64)
+    ends[:-1] = cuts
+    ends[-1] = len(buf)
+    lengths = (ends - starts).astype(np.int32)
+    nulls = lengths == 1
+    nulls[nulls] = buf[starts[nulls]] == NULL_MARK
+    null_count = int(np.count_nonzero(nulls))
+    if null_count != n - present:
+        return None
+    if null_count:
+        keep = ~separator
+        keep[starts[nulls]] = False
+        lengths[nulls] = -1
+        return lengths, buf[keep]
+    return lengths, buf[~separator]
 
 
 def constant_string(value: str, n: int) -> pa.Array:
@@ -56,12 +93,12 @@ def constant_string(value: str, n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw * n)])
 
 
-def _headers(lengths: np.ndarray, data: bytes | None, typ: pa.DataType) -> pa.Array:
+def _headers(lengths: np.ndarray, data: Any, typ: pa.DataType) -> pa.Array:
     """The headers column from the JSON texts of the rows that have headers (one ``json.loads`` call)."""
     n = len(lengths)
     valid = lengths >= 0
     count = int(np.count_nonzero(valid))
-    if count == 0 or not data:
+    if count == 0 or data is None or len(data) == 0:
         return pa.nulls(n, typ)
     sizes = lengths[valid].astype(np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -76,29 +113,39 @@ def _headers(lengths: np.ndarray, data: bytes | None, typ: pa.DataType) -> pa.Ar
 
 
 def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: pa.Schema,
-                 columns: tuple[str, ...]) -> tuple[pa.RecordBatch | None, tuple[int, int] | None, set[str]]:
-    """The record batch of one chunk row (queried with the lengths of the optional ``columns``), the
-    cursor of its last event for ordered chunks, and the optional columns that hold data in this chunk
-    but were not queried with lengths (then the chunk must be queried again with them; no batch).
+                 layout: Layout) -> tuple[pa.RecordBatch | None, tuple[int, int] | None, dict[str, str]]:
+    """The record batch of one chunk row (queried with the optional columns in ``layout``), the cursor
+    of its last event for ordered chunks, and the optional columns this chunk needs in another form
+    (``{column: "delimited" | "by_length"}``: values in a column not queried, ambiguous delimited texts;
+    then the chunk must be queried again with them and there is no batch).
 
     ``partition`` is the topic partition of every event of the chunk, or ``None`` for a page scan chunk
-    (``scan_pages``), whose last column holds the partition of each event instead of a cursor.
+    (``scan_pages``), whose column 10 holds the partition of each event instead of read-order ids.
 
-    Returns ``(None, None, set())`` for an empty chunk.
+    Returns ``(None, None, {})`` for an empty chunk.
     """
     if not row[0]:
-        return None, None, set()
+        return None, None, {}
     data = dict(zip(_VAR_COLUMNS, row[3:10], strict=True))
-    missing = {c for c in _VAR_COLUMNS[1:] if c not in columns and data[c] is not None}
-    if missing:
-        return None, None, missing
+    counts = np.frombuffer(row[11], dtype=">i8").reshape(-1, len(OPTIONAL_COLUMNS)).sum(axis=0)
+    present = dict(zip(OPTIONAL_COLUMNS, counts.tolist(), strict=True))
+    needs = {c: "delimited" for c in OPTIONAL_COLUMNS
+             if present[c] and c not in layout.delimited and c not in layout.by_length}
     positions = np.frombuffer(row[0], dtype=">i8").astype(np.int64)
     n = len(positions)
-    created = np.frombuffer(row[1], dtype=">i8").astype(np.int64) + PG_EPOCH_US
-    width = 1 + len(columns)
-    lengths = np.frombuffer(row[2], dtype=">i4").astype(np.int32).reshape(n, width)
-    length_of = {"value": lengths[:, 0], **{c: lengths[:, 1 + i] for i, c in enumerate(columns)}}
     absent = np.full(n, -1, dtype=np.int32)
+    length_of: dict[str, np.ndarray] = {}
+    for c in layout.delimited:
+        split = split_delimited(data[c], n, present[c])
+        if split is None:
+            needs[c] = "by_length"
+        else:
+            length_of[c], data[c] = split
+    if needs:
+        return None, None, needs
+    created = np.frombuffer(row[1], dtype=">i8").astype(np.int64) + PG_EPOCH_US
+    lengths = np.frombuffer(row[2], dtype=">i4").astype(np.int32).reshape(n, 1 + len(layout.by_length))
+    length_of.update({c: lengths[:, 1 + i] for i, c in enumerate(layout.by_length)})
 
     def strings(name: str) -> pa.Array:
         return _var_array(pa.string(), length_of.get(name, absent), data[name])
@@ -121,7 +168,7 @@ def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: 
     last = None
     if partition is not None and row[10]:
         last = (int(np.frombuffer(row[10][-8:], dtype=">i8")[0]), int(positions[-1]))
-    return batch, last, set()
+    return batch, last, {}
 
 
 def _headers_from_text(arr: pa.Array, typ: pa.DataType) -> pa.Array:

@@ -36,12 +36,14 @@ from ._options import (
     Spec,
 )
 from ._sql import (
+    DELIMITER,
     LOWER_BOUND,
     OPTIONAL_COLUMNS,
     SCAN_LOWER_BOUND,
     SCAN_PARTITIONS,
     SCAN_UPPER_BOUND,
     UPPER_BOUND,
+    Layout,
     query,
     table_regclass,
 )
@@ -269,37 +271,44 @@ class BatchReader(DataSourceReader):
 
 
 class _Chunks:
-    """Runs one chunk query (``chunk_ordered`` or ``scan_pages``) chunk after chunk, first with the lengths
-    of ``key`` and ``event_type`` only; a column found in use is added for the rest of the read (the chunk
-    that showed it is queried again)."""
+    """Runs one chunk query (``chunk_ordered`` or ``scan_pages``) chunk after chunk, first with ``key``
+    and ``event_type`` delimited and the other optional columns left out; a chunk that needs a column in
+    another form (values in a column left out, ambiguous delimited texts) is queried again with it, and
+    the rest of the read keeps that form."""
 
     def __init__(self, opts: ReadOptions, name: str, topic_id: int, filters: sql.Composable,
                  bounds: sql.Composable) -> None:
-        self._make = lambda columns: query(name, opts.schema, topic_id, filters, columns, bounds)
-        self.columns: tuple[str, ...] = ("key", "event_type")
-        self._stmt = self._make(self.columns)
+        self._make = lambda layout: query(name, opts.schema, topic_id, filters, layout, bounds)
+        self._use(Layout())
+
+    def _use(self, layout: Layout) -> None:
+        self.layout = layout
+        self._stmt = self._make(layout)
+        self._delimited = [4 + OPTIONAL_COLUMNS.index(c) for c in layout.delimited]
 
     def fetch(self, cur: Any, params: dict[str, Any], topic: str, partition: int | None,
               schema: pa.Schema) -> tuple[pa.RecordBatch | None, Cursor | None]:
         """The record batch of one chunk (``None`` if empty) and, for ordered chunks, its last cursor."""
         while True:
-            row = concat_rows(cur.execute(self._stmt, params).fetchall())
-            batch, last, missing = decode_chunk(row, topic, partition, schema, self.columns)
-            if not missing:
+            row = concat_rows(cur.execute(self._stmt, params).fetchall(), self._delimited)
+            batch, last, needs = decode_chunk(row, topic, partition, schema, self.layout)
+            if not needs:
                 return batch, last
-            self.columns = tuple(c for c in OPTIONAL_COLUMNS if c in self.columns or c in missing)
-            self._stmt = self._make(self.columns)
+            self._use(self.layout.with_needs(needs))
 
 
-def concat_rows(rows: Sequence[Sequence[Any]]) -> Sequence[Any]:
+def concat_rows(rows: Sequence[Sequence[Any]], delimited: Sequence[int] = ()) -> Sequence[Any]:
     """The rows of a chunk query (one per page group) as one row: each column's byte strings
-    concatenated, ``None`` where every row has ``None`` (an empty chunk gives a row of ``None``)."""
+    concatenated, the columns numbered in ``delimited`` with a separator byte between rows (their texts
+    are separated by it within a row), ``None`` where every row has ``None`` (no rows: all ``None``)."""
     if len(rows) == 1:
         return rows[0]
     if not rows:
-        return (None,) * 11
-    return tuple(None if all(v is None for v in column) else b"".join(v for v in column if v is not None)
-                 for column in zip(*rows, strict=True))
+        return (None,) * 12
+    sep = bytes([DELIMITER])
+    return tuple(None if all(v is None for v in column)
+                 else (sep if i in delimited else b"").join(v for v in column if v is not None)
+                 for i, column in enumerate(zip(*rows, strict=True)))
 
 
 def read_split(opts: ReadOptions, schema: StructType, split: Split,

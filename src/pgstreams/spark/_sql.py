@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from importlib import resources
 
 from psycopg import sql
@@ -18,38 +19,74 @@ def _load() -> dict[str, str]:
     return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-#: Columns whose byte lengths a chunk query returns only when they are in use (``value``'s always).
+#: The optional columns of a chunk query, in the order of its result columns.
 OPTIONAL_COLUMNS = ("key", "event_type", "event_id", "correlation_id", "causation_id", "headers")
+#: The byte separating the texts of a delimited column, and the text standing for NULL in one.
+DELIMITER, NULL_MARK = 0x01, 0x02
 _LENGTH = sql.SQL("int4send(coalesce(octet_length({}), -1))")
 
 
-def lengths(alias: str, columns: tuple[str, ...]) -> sql.Composable:
-    """The per-row lengths expression of a chunk query: value, then ``columns`` (of OPTIONAL_COLUMNS)."""
+@dataclass(frozen=True)
+class Layout:
+    """How a chunk query returns the optional columns (the rest of its layout is fixed).
+
+    ``delimited`` columns come back as their texts separated by byte 0x01, NULL written as the one-byte
+    text 0x02 (no per-row length: the cheapest form, unambiguous unless a text holds 0x01 or is 0x02,
+    which the decoder detects); ``by_length`` columns as their bytes back to back with per-row lengths;
+    the others not at all. The count of values of every optional column comes back in any case, so a
+    chunk holding values in a column not returned is noticed (and queried again with it).
+    """
+
+    delimited: tuple[str, ...] = ("key", "event_type")
+    by_length: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for column in (*self.delimited, *self.by_length):
+            if column not in OPTIONAL_COLUMNS:
+                raise ValueError(f"not an optional column: {column!r}")
+        if set(self.delimited) & set(self.by_length):
+            raise ValueError("a column is either delimited or by length")
+
+    def with_needs(self, needs: dict[str, str]) -> Layout:
+        """This layout with each column of ``needs`` moved to its form there (``delimited`` /
+        ``by_length``)."""
+        form = {c: "delimited" for c in self.delimited} | {c: "by_length" for c in self.by_length} | needs
+        return Layout(tuple(c for c in OPTIONAL_COLUMNS if form.get(c) == "delimited"),
+                      tuple(c for c in OPTIONAL_COLUMNS if form.get(c) == "by_length"))
+
+
+def _ref(alias: str, column: str) -> sql.Composable:
+    ref: sql.Composable = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
+    return sql.Composed([ref, sql.SQL("::text")]) if column == "headers" else ref
+
+
+def lengths(alias: str, layout: Layout) -> sql.Composable:
+    """The per-row lengths expression of a chunk query: value, then the ``by_length`` columns."""
     value = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier("value")])
     parts: list[sql.Composable] = [_LENGTH.format(value)]
-    for column in columns:
-        if column not in OPTIONAL_COLUMNS:
-            raise ValueError(f"not an optional column: {column!r}")
-        ref: sql.Composable = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
-        if column == "headers":
-            ref = sql.Composed([ref, sql.SQL("::text")])
-        parts.append(_LENGTH.format(ref))
+    parts.extend(_LENGTH.format(_ref(alias, c)) for c in layout.by_length)
     return sql.SQL(" || ").join(parts)
 
 
-def optional(alias: str, columns: tuple[str, ...]) -> sql.Composable:
-    """The select list of the optional columns of a chunk query: each column's bytes aggregated when it is
-    one of ``columns`` (in use), else an empty byte string if the chunk holds a value in it (else NULL)."""
+def optional(alias: str, layout: Layout) -> sql.Composable:
+    """The select list of the optional columns of a chunk query, in the form ``layout`` gives them."""
     parts: list[sql.Composable] = []
     for column in OPTIONAL_COLUMNS:
-        ref: sql.Composable = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
-        if column in columns:
-            if column == "headers":
-                ref = sql.Composed([ref, sql.SQL("::text")])
+        ref = _ref(alias, column)
+        if column in layout.by_length:
             parts.append(sql.SQL("convert_to(string_agg({}, ''), 'UTF8')").format(ref))
+        elif column in layout.delimited:
+            parts.append(sql.SQL("convert_to(string_agg(coalesce({}, chr({})), chr({})), 'UTF8')").format(
+                ref, sql.Literal(NULL_MARK), sql.Literal(DELIMITER)))
         else:
-            parts.append(sql.SQL("CASE WHEN count({}) > 0 THEN ''::bytea END").format(ref))
+            parts.append(sql.SQL("NULL::bytea"))
     return sql.SQL(",\n       ").join(parts)
+
+
+def counts(alias: str) -> sql.Composable:
+    """The counts of values of the optional columns of a chunk (int8 big-endian each, in order)."""
+    return sql.SQL(" || ").join(sql.SQL("int8send(count({}))").format(
+        sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(c)])) for c in OPTIONAL_COLUMNS)
 
 
 #: The cursor conditions of a page chunk, used only when the range is not the whole visible partition.
@@ -66,10 +103,11 @@ SCAN_UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= ((%(end_xids)s::text[])[e
 
 
 def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Composable | None = None,
-          columns: tuple[str, ...] = OPTIONAL_COLUMNS, bounds: sql.Composable | None = None) -> sql.Composed:
+          layout: Layout | None = None, bounds: sql.Composable | None = None) -> sql.Composed:
     """The query ``name`` for ``schema``, the event table and sequence of ``topic_id``, ``filters``
     (a composed SQL fragment of pushed-down conditions, each starting with ``AND``) and, for chunk
-    queries, the optional ``columns`` whose lengths are returned and the cursor ``bounds``."""
+    queries, the ``layout`` of the optional columns and the cursor ``bounds``."""
+    layout = layout or Layout()
     params: dict[str, sql.Composable] = {"schema": sql.Identifier(schema)}
     if topic_id is not None:
         params["table"] = sql.Identifier(schema, f"topic_{int(topic_id)}")
@@ -81,9 +119,11 @@ def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Comp
         params["bounds"] = bounds if bounds is not None else sql.SQL("")
     alias = "r" if name == "chunk_ordered" else "e"
     if "{lengths}" in body:
-        params["lengths"] = lengths(alias, columns)
+        params["lengths"] = lengths(alias, layout)
     if "{optional}" in body:
-        params["optional"] = optional(alias, columns)
+        params["optional"] = optional(alias, layout)
+    if "{counts}" in body:
+        params["counts"] = counts(alias)
     return sql.SQL(body).format(**params)
 
 

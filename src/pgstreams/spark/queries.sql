@@ -4,13 +4,15 @@
 --
 -- The "chunk" queries return one row of column-wise aggregates: the positions (int8, big-endian), the
 -- creation times (microseconds since 2000-01-01, big-endian), per row the byte lengths ({lengths}: int4,
--- -1 for NULL) of value and of the optional columns in use, then each column's bytes concatenated
--- (string_agg skips NULLs, so a column that is NULL in every row of the chunk comes back as NULL and needs
--- no lengths). {optional} stands for the optional columns key, event_type, event_id, correlation_id,
--- causation_id and headers: the aggregate of the bytes of each column in use, and for the others only
--- whether the chunk has a value (count() skips NULLs without calling its transition function, so a column
--- that is NULL everywhere costs next to nothing); a chunk with a value in a column not in use is queried
--- again with it. PostgreSQL builds them in C; Python turns them into Arrow arrays without a loop over rows.
+-- -1 for NULL) of value and of the optional columns returned by length, the values back to back, then
+-- {optional}: the optional columns key, event_type, event_id, correlation_id, causation_id and headers,
+-- each in the form pgstreams.spark._sql.Layout gives it (texts separated by chr(1) with NULL as chr(2),
+-- which needs no per-row length; bytes back to back, with lengths; or not at all), then the partition or
+-- read-order id of each event, and {counts}: the number of values in each optional column (count() skips
+-- NULLs without calling its transition function, so a column that is NULL everywhere costs next to
+-- nothing). A chunk with values in a column not returned, or whose delimited texts are ambiguous, is
+-- queried again with that column in the richer form. PostgreSQL builds the aggregates in C; Python turns
+-- them into Arrow arrays without a loop over rows.
 
 -- name: server_info
 SELECT current_setting('server_encoding'), pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
@@ -114,7 +116,8 @@ SELECT string_agg(int8send(e.position), '') AS positions,
        string_agg({lengths}, ''),
        string_agg(e.value, ''),
        {optional},
-       string_agg(int4send(e.partition), '')
+       string_agg(int4send(e.partition), ''),
+       {counts}
   FROM {table} e
  WHERE e.ctid >= ('(' || g.page || ',0)')::tid
    AND e.ctid < ('(' || least(g.page + %(group)s::int, %(end_page)s::int) || ',0)')::tid
@@ -130,7 +133,8 @@ SELECT string_agg(int8send(r.position), ''),
        string_agg({lengths}, ''),
        string_agg(r.value, ''),
        {optional},
-       string_agg(xid8send(r.xid), '')
+       string_agg(xid8send(r.xid), ''),
+       {counts}
   FROM (SELECT * FROM {table} e
          WHERE e.partition = %(partition)s
            AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s)

@@ -20,18 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow  # noqa: F401  (a dependency of the source: fail here, loudly, when it is missing)
 import pytest
+from pyspark.sql import SparkSession
 
+import _spark_helpers
 import pgstreams
-
-pyspark = pytest.importorskip("pyspark")
-pytest.importorskip("pyarrow")
-
-from pyspark.sql import SparkSession  # noqa: E402
-
-import _spark_helpers  # noqa: E402
-import pgstreams.spark as pgspark  # noqa: E402
-from pgstreams.spark._arrow import Partitioner  # noqa: E402
+import pgstreams.spark as pgspark
+from pgstreams.spark._arrow import Partitioner
 
 # one xdist group: under ``--dist loadgroup`` every test of this module shares one worker and one JVM
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]

@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
@@ -54,6 +55,16 @@ ORDERED_CAP = 100_000
 
 #: Events aggregated together in a page scan query (one result row per group of about this many events).
 GROUP_EVENTS = 2048
+#: Bytes (as stored, TOAST included) aggregated together at most, for topics of large events.
+GROUP_BYTES = 16 << 20
+#: Bytes of events one chunk query aims at (besides ``arrowBatchSize`` events): chunks of large events
+#: hold fewer events, so a task's memory stays bounded.
+CHUNK_BYTES = 64 << 20
+#: Bytes of one Arrow record batch at most (Arrow's binary and string arrays address 2 GiB).
+BATCH_BYTES = 256 << 20
+#: The first chunk of a page range reads this fraction of the planned pages, the next ones as many as the
+#: bytes read so far say fit in CHUNK_BYTES (storage size can understate events' size: compression).
+FIRST_CHUNK_SHARE = 16
 
 
 @dataclass(frozen=True)
@@ -210,7 +221,7 @@ class BatchReader(DataSourceReader):
         return splits
 
     def _scan_splits(self, meta: _db.TopicMeta, cursors: dict[int, tuple[Cursor, Cursor]], fence_xid: int,
-                     segments: list[tuple[int, int, int, int]], per_partition: int) -> list[ScanSplit]:
+                     segments: list[tuple[int, int, int, int, int]], per_partition: int) -> list[ScanSplit]:
         """Split the pages of the topic's segments into ranges, each read in one pass for every topic
         partition of ``cursors``: at least ``per_partition`` ranges per topic partition read."""
         total_pages = sum(s[2] for s in segments)
@@ -232,12 +243,15 @@ class BatchReader(DataSourceReader):
             want_lo, want_hi = bounds[i], bounds[i + 1]
             ranges: list[PageRange] = []
             base = 0
-            for lo, hi, pages, seg_events in segments:
+            for lo, hi, pages, seg_events, stored in segments:
                 a, b = max(want_lo, base), min(want_hi, base + pages)
                 if a < b:
                     rows_per_page = max(1.0, seg_events * share / pages)
-                    per_chunk = max(1, math.ceil(self.opts.batch_size / rows_per_page))
-                    per_group = min(per_chunk, max(1, math.ceil(GROUP_EVENTS / rows_per_page)))
+                    event_bytes = max(1.0, stored / max(1, seg_events))
+                    chunk_events = min(self.opts.batch_size, CHUNK_BYTES / event_bytes)
+                    group_events = min(GROUP_EVENTS, GROUP_BYTES / event_bytes)
+                    per_chunk = max(1, math.ceil(chunk_events / rows_per_page))
+                    per_group = min(per_chunk, max(1, math.ceil(group_events / rows_per_page)))
                     ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk, per_group))
                 base += pages
             if ranges:
@@ -245,8 +259,9 @@ class BatchReader(DataSourceReader):
                                      fence_xid, tuple(ranges)))
         return out
 
-    def _segments(self, conn: Any, meta: _db.TopicMeta) -> list[tuple[int, int, int, int]]:
-        """``(lo, hi, pages, events)`` of the topic's attached segments within the pushed position bounds."""
+    def _segments(self, conn: Any, meta: _db.TopicMeta) -> list[tuple[int, int, int, int, int]]:
+        """``(lo, hi, pages, events, stored bytes)`` of the topic's attached segments within the pushed
+        position bounds."""
         lo_bound, hi_bound = self.pushed.position_bounds()
         rows = conn.execute(query("attached_segments", self.opts.schema),
                             {"topic_id": meta.id,
@@ -254,12 +269,12 @@ class BatchReader(DataSourceReader):
         last = conn.execute(query("last_position", self.opts.schema, meta.id)).fetchone()
         last_pos = int(last[0]) if last else 0
         out = []
-        for lo, hi, pages in rows:
+        for lo, hi, pages, stored in rows:
             lo, hi, pages = int(lo), int(hi), int(pages)
             if pages <= 0 or hi <= lo_bound or lo >= hi_bound:
                 continue
             events = max(0, min(hi, last_pos + 1) - lo)
-            out.append((lo, hi, pages, events))
+            out.append((lo, hi, pages, events, int(stored)))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -270,6 +285,11 @@ class BatchReader(DataSourceReader):
         return read_split(self.opts, self.schema, partition, self.pushed)
 
 
+def too_large(exc: psycopg.Error) -> bool:
+    """Whether PostgreSQL refused a chunk query for the size of a value it had to build (1 GB at most)."""
+    return exc.sqlstate in ("54000", "53200") or "invalid memory alloc request size" in str(exc)
+
+
 class _Chunks:
     """Runs one chunk query (``chunk_ordered`` or ``scan_pages``) chunk after chunk, first with ``key``
     and ``event_type`` delimited and the other optional columns left out; a chunk that needs a column in
@@ -278,22 +298,47 @@ class _Chunks:
 
     def __init__(self, opts: ReadOptions, name: str, topic_id: int, filters: sql.Composable,
                  bounds: sql.Composable) -> None:
-        self._make = lambda layout: query(name, opts.schema, topic_id, filters, layout, bounds)
+        self._make = lambda layout, per_event: query(name, opts.schema, topic_id, filters, layout, bounds,
+                                                     per_event)
         self._use(Layout())
 
     def _use(self, layout: Layout) -> None:
         self.layout = layout
-        self._stmt = self._make(layout)
+        self._stmts = {False: self._make(layout, False), True: self._make(layout, True)}
         self._delimited = [4 + OPTIONAL_COLUMNS.index(c) for c in layout.delimited]
 
-    def fetch(self, cur: Any, params: dict[str, Any], topic: str, partition: int | None,
-              schema: pa.Schema) -> tuple[pa.RecordBatch | None, Cursor | None]:
-        """The record batch of one chunk (``None`` if empty) and, for ordered chunks, its last cursor."""
+    def fetch(self, cur: Any, params: dict[str, Any], topic: str, partition: int | None, schema: pa.Schema,
+              per_event: bool = False) -> tuple[list[pa.RecordBatch], Cursor | None, int, int]:
+        """The record batches of one chunk (none if it is empty; more than one only past
+        ``BATCH_BYTES``), for ordered chunks its last cursor, and its events and bytes.
+
+        Raises :class:`psycopg.Error` (see :func:`too_large`) when a value of the query would pass
+        PostgreSQL's size limit: the caller then asks for less at once.
+        """
         while True:
-            row = concat_rows(cur.execute(self._stmt, params).fetchall(), self._delimited)
-            batch, last, needs = decode_chunk(row, topic, partition, schema, self.layout)
+            rows = cur.execute(self._stmts[per_event], params).fetchall()
+            runs: list[list[Any]] = [[]]
+            run_bytes = size = 0
+            for row in rows:
+                row_bytes = sum(len(v) for v in row if v is not None)
+                if runs[-1] and run_bytes + row_bytes > BATCH_BYTES:
+                    runs.append([])
+                    run_bytes = 0
+                runs[-1].append(row)
+                run_bytes += row_bytes
+                size += row_bytes
+            batches: list[pa.RecordBatch] = []
+            last: Cursor | None = None
+            needs: dict[str, str] = {}
+            for run in runs:
+                batch, last, needs = decode_chunk(concat_rows(run, self._delimited), topic, partition, schema,
+                                                  self.layout)
+                if needs:
+                    break
+                if batch is not None:
+                    batches.append(batch)
             if not needs:
-                return batch, last
+                return batches, last, sum(b.num_rows for b in batches), size
             self._use(self.layout.with_needs(needs))
 
 
@@ -329,19 +374,27 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     if split.end[0] < split.fence - 1 or split.end[1] != _db.MAX_POSITION:
         bound_parts.append(UPPER_BOUND)
     chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters, sql.SQL(" ").join(bound_parts))
+    limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
         while True:
-            batch, last = chunks.fetch(cur, {**base, "xid": str(cursor[0]), "position": cursor[1],
-                                             "limit": opts.batch_size}, split.topic, split.partition,
-                                       arrow_schema)
-            if batch is None or last is None:
+            try:
+                batches, last, events, size = chunks.fetch(
+                    cur, {**base, "xid": str(cursor[0]), "position": cursor[1], "limit": limit}, split.topic,
+                    split.partition, arrow_schema)
+            except psycopg.Error as exc:
+                if not too_large(exc) or limit == 1:
+                    raise
+                limit = max(1, limit // 2)  # events too large for one aggregate: fewer at once
+                continue
+            if last is None:
                 return
-            yield batch
+            yield from batches
             cursor = last
-            if batch.num_rows < opts.batch_size:
+            if events < limit:
                 return
+            limit = max(1, min(opts.batch_size, int(events * CHUNK_BYTES / max(1, size))))
 
 
 def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
@@ -374,10 +427,26 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         for r in split.pages:
-            for a in range(r.first_page, r.end_page, r.pages_per_chunk):
-                b = min(a + r.pages_per_chunk, r.end_page)
+            group_cap, per_event = r.pages_per_group, False
+            chunk = max(1, r.pages_per_chunk // FIRST_CHUNK_SHARE)
+            a = r.first_page
+            while a < r.end_page:
+                b = min(a + chunk, r.end_page)
                 page_params = {"lo": r.lo, "hi": r.hi, "first_page": a, "end_page": b,
-                               "group": r.pages_per_group}
-                batch, _ = chunks.fetch(cur, {**params, **page_params}, split.topic, None, arrow_schema)
-                if batch is not None:
-                    yield batch
+                               "group": min(group_cap, chunk)}
+                try:
+                    batches, _, _, size = chunks.fetch(cur, {**params, **page_params}, split.topic, None,
+                                                       arrow_schema, per_event)
+                except psycopg.Error as exc:
+                    if not too_large(exc) or per_event:
+                        raise
+                    # a page group too large for one aggregate: fewer pages at once, then one row per event
+                    if chunk > 1 or group_cap > 1:
+                        chunk = group_cap = max(1, min(chunk, group_cap) // 2)
+                    else:
+                        per_event = True
+                    continue
+                yield from batches
+                a, per_event = b, per_event and size >= BATCH_BYTES  # pages of huge events go on per event
+                chunk = max(1, min(r.pages_per_chunk, int((b - page_params["first_page"]) * CHUNK_BYTES
+                                                          / max(1, size))))

@@ -103,10 +103,12 @@ SCAN_UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= ((%(end_xids)s::text[])[e
 
 
 def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Composable | None = None,
-          layout: Layout | None = None, bounds: sql.Composable | None = None) -> sql.Composed:
+          layout: Layout | None = None, bounds: sql.Composable | None = None,
+          per_event: bool = False) -> sql.Composed:
     """The query ``name`` for ``schema``, the event table and sequence of ``topic_id``, ``filters``
     (a composed SQL fragment of pushed-down conditions, each starting with ``AND``) and, for chunk
-    queries, the ``layout`` of the optional columns and the cursor ``bounds``."""
+    queries, the ``layout`` of the optional columns, the cursor ``bounds`` and, for page scans, whether
+    to return one row per event instead of one per page group."""
     layout = layout or Layout()
     params: dict[str, sql.Composable] = {"schema": sql.Identifier(schema)}
     if topic_id is not None:
@@ -122,6 +124,8 @@ def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Comp
         params["lengths"] = lengths(alias, layout)
     if "{optional}" in body:
         params["optional"] = optional(alias, layout)
+    if "{per_event}" in body:
+        params["per_event"] = sql.SQL("GROUP BY e.ctid" if per_event else "")
     if "{counts}" in body:
         params["counts"] = counts(alias)
     return sql.SQL(body).format(**params)

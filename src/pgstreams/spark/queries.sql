@@ -29,7 +29,7 @@ SELECT {schema}.read_fence()::text::bigint;
 SELECT id, name, partitions, segment_size FROM {schema}.topics WHERE name = ANY(%s);
 
 -- name: attached_segments
-SELECT s.lo, s.hi, pg_relation_size(c.oid) / current_setting('block_size')::bigint
+SELECT s.lo, s.hi, pg_relation_size(c.oid) / current_setting('block_size')::bigint, pg_table_size(c.oid)
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
   JOIN {schema}.segments s ON s.topic_id = %(topic_id)s AND c.relname = 'topic_' || s.topic_id || '_s' || s.segment
@@ -108,7 +108,9 @@ DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now
 -- chunk queries, then the topic partition of each event (int4 big-endian). The rows of a chunk,
 -- concatenated column by column, are decoded by pgstreams.spark._arrow.decode_chunk. Aggregating group
 -- by group keeps each aggregate small: PostgreSQL reuses its memory from group to group instead of
--- growing (and, at the end of each query, giving back) buffers as large as the whole chunk.
+-- growing (and, at the end of each query, giving back) buffers as large as the whole chunk. For events
+-- too large to aggregate a page's worth at once, the per-event placeholder groups by ctid instead (one
+-- row per event).
 SELECT a.* FROM generate_series(%(first_page)s::int, %(end_page)s::int - 1, %(group)s::int) AS g(page)
  CROSS JOIN LATERAL (
 SELECT string_agg(int8send(e.position), '') AS positions,
@@ -124,7 +126,8 @@ SELECT string_agg(int8send(e.position), '') AS positions,
    AND e.position >= %(lo)s AND e.position < %(hi)s
    AND e.xid < %(fence)s::text::xid8
    {bounds}
-   {filters}) a
+   {filters}
+   {per_event}) a
  WHERE a.positions IS NOT NULL;
 
 -- name: chunk_ordered

@@ -105,6 +105,39 @@ def test_failing_events_go_to_the_dead_letter_topic_and_the_group_moves_on(
     assert worker.stats.dead_lettered == 3
 
 
+def test_attempts_on_a_failing_event_carry_over_to_the_next_owner(client: pgstreams.Client) -> None:
+    """A member that fails an event twice and leaves hands its partition over with the attempts so far:
+    the next owner spends only the remaining ones before dead-lettering it."""
+    client.create_topic("t", 1)
+    client.publish_many("t", [{"value": v} for v in (0, 1, 2)])
+    calls: Counter[int] = Counter()
+
+    def handle(ev: pgstreams.Event) -> None:
+        calls[ev.value] += 1
+        if ev.value == 1:
+            raise ValueError("always")
+
+    def attempts() -> int | None:
+        rows = pgstreams.group_status(client, "g", "t")
+        return rows[0].retry_attempts if rows else None
+
+    # the first member retries at once, then waits a minute: it leaves after two attempts
+    slow = RetryPolicy(max_attempts=4, backoff=0.01, multiplier=6000, max_backoff=60, jitter=0)
+    first = Worker(client, install_signal_handlers=False)
+    first.subscribe("t", "g", handle, retry=slow, heartbeat_interval=0.2, session_timeout=1.5)
+    with running(first):
+        until(lambda: attempts() == 2, what="two attempts by the first member")
+    assert calls[1] == 2
+    second = Worker(client, install_signal_handlers=False)
+    second.subscribe("t", "g", handle, retry=RetryPolicy(max_attempts=4, backoff=0.01, jitter=0),
+                     heartbeat_interval=0.2, session_timeout=1.5)
+    with running(second):
+        until(lambda: caught_up(client), what="the group to move on")
+    assert calls == Counter({0: 1, 1: 4, 2: 1}), "four attempts in all, not four more"
+    dlt = dead_letters(client)
+    assert [e.value for e in dlt] == [1] and dlt[0].headers[W.DLT_ATTEMPTS] == "4"
+
+
 def test_a_failing_event_pauses_only_its_partition(client: pgstreams.Client) -> None:
     client.create_topic("t", 2)
     client.publish_many("t", [{"value": i, "partition": i % 2} for i in range(20)])

@@ -441,6 +441,14 @@ class _Runner(Service):
                      self.sub.topic, sorted(desired), gained, lost)
         self.paused = {p: t for p, t in self.paused.items() if p in desired}
         self.fails = {k: v for k, v in self.fails.items() if k[0] in desired}
+        if gained and self.member is not None:
+            # attempts on an event that failed under a previous owner count here too: a hand-over (or a
+            # crash-looping member) does not give a poison event a fresh set of attempts
+            with self.client.connection() as conn:
+                for p, position, attempts in conn.execute(self.client._q("retry_states"),
+                                                          (self.sub.group, self.meta.id, gained)):
+                    key = (int(p), int(position))
+                    self.fails[key] = max(self.fails.get(key, 0), int(attempts))
         self.flagged |= set(gained)
         self.current = dict(desired)
         self.stats.add(rebalances=1)

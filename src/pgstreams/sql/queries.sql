@@ -215,6 +215,12 @@ UPDATE {schema}.leases
    SET retry_state = %s, retry_position = %s, retry_attempts = %s, last_error = %s, error_at = now()
  WHERE group_name = %s AND topic_id = %s AND partition = %s AND owner = %s;
 
+-- name: retry_states
+-- The failing event each partition was stuck on under its previous owner, and its attempts so far.
+SELECT partition, retry_position, retry_attempts FROM {schema}.leases
+ WHERE group_name = %s AND topic_id = %s AND partition = ANY(%s) AND retry_state IS NOT NULL
+   AND retry_position IS NOT NULL AND retry_attempts IS NOT NULL;
+
 -- name: clear_retry_state
 UPDATE {schema}.leases SET retry_state = NULL, retry_position = NULL, retry_attempts = NULL
  WHERE group_name = %s AND topic_id = %s AND partition = ANY(%s) AND retry_state IS NOT NULL;

@@ -15,7 +15,9 @@ on the same rows with the same number of partitions, streaming throughput, and t
   ``maxEventsPerTrigger`` into the ``noop`` sink, from the query's start to its end.
 
 Spark runs ``local[*]`` on this machine. The benchmark creates its own database on the server (``--dsn``,
-else ``$PGSTREAMS_DSN``, else the embedded server; this machine only) and drops it at the end.
+else ``$PGSTREAMS_DSN``; loopback only) and drops it at the end. Without either it starts a throw-away
+PostgreSQL on 127.0.0.1 with the embedded server's binaries (the JDBC driver needs TCP, and the embedded
+server listens on a Unix socket only) and removes it at the end.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from ._common import (
     print_results,
     scratch_database,
     server_dsn,
+    temporary_tcp_server,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -171,8 +175,8 @@ def timed(df: Any) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table."""
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dsn", help="server to use (default $PGSTREAMS_DSN, else the embedded server); "
-                                  "a scratch database is created on it")
+    ap.add_argument("--dsn", help="server to use, over TCP (default $PGSTREAMS_DSN, else a throw-away server "
+                                  "on 127.0.0.1); a scratch database is created on it")
     ap.add_argument("--events", type=int, default=2_000_000, help="events in the topic (default 2,000,000)")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of the topic (default 4)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds of each batch read, best kept (default 3)")
@@ -184,8 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = ap.parse_args(argv)
     console = Console()
-    target = server_dsn(args.dsn)
-    jdbc_url(make_conninfo(target, dbname="postgres"))  # refuse a Unix socket before any work
+    with ExitStack() as stack:
+        if args.dsn or os.environ.get("PGSTREAMS_DSN"):
+            target = server_dsn(args.dsn)
+            jdbc_url(make_conninfo(target, dbname="postgres"))  # refuse a Unix socket before any work
+        else:
+            console.print("no DSN given: starting a throw-away PostgreSQL on 127.0.0.1 (the JDBC baseline "
+                          "needs TCP; the embedded server listens on a Unix socket)")
+            target = server_dsn(stack.enter_context(temporary_tcp_server()))
+        return run(args, target, console)
+
+
+def run(args: argparse.Namespace, target: str, console: Console) -> int:
+    """Run the benchmark against the server of ``target``; print its table; 0 if every floor holds."""
     jar = ensure_jdbc()
     started = time.perf_counter()
     info = machine(target)

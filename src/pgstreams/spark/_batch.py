@@ -360,7 +360,9 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
                pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
     """The events of ``split`` in read order as record batches of at most ``opts.batch_size`` rows.
 
-    Chunks are queried through :class:`_Chunks` (optional columns added once found in use).
+    Chunks are queried through :class:`_Chunks` (optional columns added once found in use), sized by
+    bytes as well as events (see ``CHUNK_BYTES``); a chunk PostgreSQL refuses for size is asked again for
+    half the events.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -399,11 +401,14 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
 
 def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
               pushed: Pushed | None = None) -> Iterator[pa.RecordBatch]:
-    """The events of a multi-partition page scan as record batches, one per chunk of pages.
+    """The events of a multi-partition page scan as record batches, one per chunk of pages (more when a
+    chunk passes ``BATCH_BYTES``).
 
-    Each chunk is one ``scan_pages`` query: PostgreSQL aggregates every column of the chunk's events into
-    one byte string, which :func:`decode_chunk` wraps into Arrow arrays (numpy, no loop over rows);
-    optional columns are added through :class:`_Chunks` once found in use.
+    Each chunk is one ``scan_pages`` query: PostgreSQL aggregates every column of the events of each group
+    of pages into one byte string, which :func:`decode_chunk` wraps into Arrow arrays (numpy, no loop over
+    rows); optional columns are added through :class:`_Chunks` once found in use. Chunks are sized by
+    bytes as well as events (see ``CHUNK_BYTES``); a chunk PostgreSQL refuses for size (see
+    :func:`too_large`) is read again in smaller page groups, then one row per event.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 

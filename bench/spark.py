@@ -10,7 +10,9 @@ on the same rows with the same number of partitions, streaming throughput, and t
 * batch: ``spark.read.format("pgstreams")`` and ``spark.read.format("jdbc")`` (PostgreSQL JDBC driver from
   the Debian package ``libpostgresql-jdbc-java``, installed by ``bench/ensure_jdbc.sh``) over the same
   rows, the JDBC read split on ``position`` into as many partitions as the pgstreams read has; each
-  materialises every column (``write.format("noop")``); alternated, best of ``--rounds``;
+  materialises every column (``write.format("noop")``); alternated, best of ``--rounds``; with the
+  CPU-seconds each read took per process kind (Spark's JVM, the Python processes, and the rest:
+  PostgreSQL's backends, the kernel, anything else running), read from ``/proc``;
 * streaming: ``spark.readStream.format("pgstreams")`` with ``trigger(availableNow=True)`` and
   ``maxEventsPerTrigger`` into the ``noop`` sink, from the query's start to its end.
 
@@ -32,6 +34,7 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import psycopg
@@ -172,6 +175,44 @@ def timed(df: Any) -> float:
     return time.perf_counter() - t0
 
 
+Snapshot = tuple[dict[int, tuple[str, float]], float]
+
+
+def cpu_snapshot() -> Snapshot | None:
+    """CPU-seconds used so far by every process (pid: name, user + system) and by the whole machine (busy
+    time: user, nice, system, irq, softirq); ``None`` where ``/proc`` is missing."""
+    stat = Path("/proc/stat")
+    if not stat.exists():
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    procs: dict[int, tuple[str, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+        procs[int(entry.name)] = (name, (int(fields[11]) + int(fields[12])) / hz)
+    values = [int(v) for v in stat.read_text().splitlines()[0].split()[1:]]
+    return procs, (values[0] + values[1] + values[2] + values[5] + values[6]) / hz
+
+
+def cpu_split(before: Snapshot | None, after: Snapshot | None) -> dict[str, float] | None:
+    """CPU-seconds between two snapshots: the Spark JVM, the Python processes (Spark's Python workers and
+    this driver) and the rest (PostgreSQL's backends, the kernel's network work, anything else running)."""
+    if before is None or after is None:
+        return None
+    split = {"JVM": 0.0, "Python": 0.0}
+    for pid, (name, used) in after[0].items():
+        kind = "JVM" if name == "java" else "Python" if name.startswith(("python", "pyspark")) else None
+        if kind:
+            split[kind] += used - before[0].get(pid, (name, 0.0))[1]
+    split["PostgreSQL and rest"] = max(0.0, after[1] - before[1] - split["JVM"] - split["Python"])
+    return split
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print its table."""
     ap = argparse.ArgumentParser(prog="python -m bench.spark", description=__doc__.split("\n\n")[0])
@@ -236,14 +277,21 @@ def run(args: argparse.Namespace, target: str, console: Console) -> int:
                                  f"expected {args.events}")
             timed(pg), timed(jdbc)  # warm up: Python workers, JIT, caches
             best = {"pgstreams": float("inf"), "jdbc": float("inf")}
+            cpu: dict[str, list[dict[str, float]]] = {"pgstreams": [], "jdbc": []}
             copy_rate, copy_tool = 0.0, ""
             for r in range(args.rounds):
                 order = (("pgstreams", pg), ("jdbc", jdbc))
                 for name, df in order if r % 2 == 0 else order[::-1]:
+                    before = cpu_snapshot()
                     seconds = timed(df)
+                    split = cpu_split(before, cpu_snapshot())
                     best[name] = min(best[name], seconds)
+                    used = ""
+                    if split is not None:
+                        cpu[name].append(split)
+                        used = "; CPU-s " + ", ".join(f"{k} {v:.2f}" for k, v in split.items())
                     console.print(f"round {r + 1}: {name} {seconds:.2f} s "
-                                  f"({args.events / seconds:,.0f} events/s)")
+                                  f"({args.events / seconds:,.0f} events/s{used})")
                 rate, copy_tool = raw_copy_out(dsn, tid, lo, hi, n_parts)
                 copy_rate = max(copy_rate, rate)
             stream_rate, batches = stream(spark, dsn, args.trigger, args.events)
@@ -263,6 +311,16 @@ def run(args: argparse.Namespace, target: str, console: Console) -> int:
     console.print(f"machine: {info['cpu']}, {info['cores']} cores, {info['ram']} RAM; PostgreSQL "
                   f"{info['postgresql']}; Python {info['python']}; load before the run {info['load']}; "
                   f"took {time.perf_counter() - started:.0f} s")
+    cpu_rows = []
+    for name, splits in cpu.items():
+        if splits:
+            kinds = [median([s[k] for s in splits]) for k in splits[0]]
+            total = median([sum(s.values()) for s in splits])
+            cpu_rows.append(f"| {name} | " + " | ".join(f"{v:.2f}" for v in [*kinds, total]) + " |")
+    if cpu_rows:
+        head = "| read | " + " | ".join(cpu["pgstreams"][0]) + " | total |\n|---|---:|---:|---:|---:|\n"
+        console.print("CPU-seconds per batch read, median of the rounds:")
+        console.print(head + "\n".join(cpu_rows), markup=False, highlight=False, soft_wrap=True)
     if args.markdown:
         console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
     return 0 if all(m.ok is not False for m in rows) else 1

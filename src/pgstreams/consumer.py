@@ -84,6 +84,10 @@ def _check_start(start: object) -> Start:
     raise InvalidArgument(f"start must be 'earliest', 'latest' or an aware datetime, not {start!r}")
 
 
+#: Reads of the partitions' heads when a running transaction caps them (see ``_start_cursors``).
+_HEAD_READS = 3
+
+
 def _capped(x: int | None, pos: int | None, fence: int | None) -> Cursor:
     """The cursor ``(x, pos)`` (the origin if ``None``), but not past ``(fence, 0)``: ``fence`` is the
     oldest transaction still in progress when the cursor was read, whose events commit later with a
@@ -169,8 +173,15 @@ class Consumer:
         if self.start == "earliest":
             return dict.fromkeys(parts, _ORIGIN)
         cur = conn.cursor(row_factory=tuple_row)
-        heads = {p: _capped(x, pos, f) for p, x, pos, f in
-                 cur.execute(self._client._q("head_cursors", tid), (parts,)).fetchall()}
+        heads: dict[int, Cursor] = {}
+        for _ in range(_HEAD_READS):
+            rows = cur.execute(self._client._q("head_cursors", tid), (parts,)).fetchall()
+            heads = {p: _capped(x, pos, f) for p, x, pos, f in rows}
+            # capped: a transaction was running when the head was read. One of another database that ended
+            # while this statement ran is indistinguishable from one of ours: read again (a new snapshot no
+            # longer holds it) before settling for the cap, which re-delivers the events above it.
+            if all(heads[p] == (int(x or 0), int(pos or 0)) for p, x, pos, _f in rows):
+                break
         if self.start == "latest":
             return heads
         assert isinstance(self.start, datetime)

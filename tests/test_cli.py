@@ -93,6 +93,17 @@ def test_migrate_and_status(empty_dsn: str) -> None:
     assert "applied" in ok(empty_dsn, "migrate", "--schema", "other_schema")
     with psycopg.connect(empty_dsn) as conn:
         assert conn.execute("SELECT to_regclass('other_schema.topics') IS NOT NULL").fetchone() == (True,)
+    # a schema migrated by a newer pgstreams: reported, nothing applied, exit 0
+    future = max(m["version"] for m in done) + 1
+    with psycopg.connect(empty_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgstreams.migrations (version, name) VALUES (%s, 'later')", (future,))
+    status = json.loads(ok(empty_dsn, "migrate", "--status", "--json"))
+    assert [(m["version"], m["known"]) for m in status][-1] == (future, False)
+    assert all(m["known"] for m in status[:-1])
+    p = cli(empty_dsn, "migrate", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout) == {"schema": "pgstreams", "applied": [],
+                                                         "version": future, "unknown": [future]}
+    assert f"holds migrations {future}" in p.stderr and "newer" in p.stderr
 
 
 def test_topics_lifecycle(dsn: str) -> None:

@@ -110,3 +110,22 @@ def test_a_failing_migration_is_rolled_back_as_a_whole(dsn: str, monkeypatch: py
     with pytest.raises(psycopg.Error):
         pgstreams.connect(dsn)  # connecting retries it, and fails the same way
     assert _recorded(dsn) == SHIPPED
+
+
+def test_a_schema_migrated_by_a_newer_pgstreams_is_reported(dsn: str,
+                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """A migration recorded in the schema but not shipped with this pgstreams is listed as unknown by
+    status and warned about by migrate, which applies nothing."""
+    future = SHIPPED[-1] + 1
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO pgstreams.migrations (version, name) VALUES (%s, 'from_the_future')",
+                     (future,))
+        rows = _migrate.status(conn)
+        assert [(r.version, r.known) for r in rows] == [*((v, True) for v in SHIPPED), (future, False)]
+        assert rows[-1].name == "from_the_future" and rows[-1].applied_at is not None
+        assert _migrate.unknown_versions(conn) == [future]
+        with caplog.at_level("WARNING", logger="pgstreams.migrate"):
+            assert _migrate.migrate(conn) == []
+    assert any(f"migrations {future}" in r.getMessage() and "newer pgstreams" in r.getMessage()
+               for r in caplog.records)
+    assert _recorded(dsn) == [*SHIPPED, future]

@@ -316,8 +316,8 @@ def migrate_command(
         if status:
             rows = _migrate.status(conn, schema)
             if as_json:
-                print_json([{"version": r.version, "name": r.name, "applied_at": iso(r.applied_at)}
-                            for r in rows])
+                print_json([{"version": r.version, "name": r.name, "applied_at": iso(r.applied_at),
+                             "known": r.known} for r in rows])
                 return
             from rich.table import Table
 
@@ -326,19 +326,26 @@ def migrate_command(
             table.add_column("name")
             table.add_column("applied at")
             for r in rows:
-                table.add_row(str(r.version), r.name,
+                table.add_row(str(r.version), r.name if r.known else f"{r.name} [red](not shipped with this "
+                              "pgstreams: applied by a newer one)[/]",
                               _short_time(r.applied_at) if r.applied_at else "[yellow]pending[/]")
             out_console().print(table)
             return
         applied = _migrate.migrate(conn, schema)
+        unknown = _migrate.unknown_versions(conn, schema)
     latest = max((m.version for m in _migrate.available()), default=0)
+    if unknown:
+        err_console().print(f"[yellow]warning:[/] schema {schema!r} holds migrations "
+                            f"{', '.join(map(str, unknown))}, newer than this pgstreams knows (up to "
+                            f"{latest}): a newer pgstreams migrated it; upgrade this one")
+    version = max([latest, *unknown])
     if as_json:
-        print_json({"schema": schema, "applied": applied, "version": latest})
+        print_json({"schema": schema, "applied": applied, "version": version, "unknown": unknown})
     elif applied:
         out_console().print(f"schema {schema!r}: applied migrations {', '.join(map(str, applied))} "
-                            f"(now at version {latest})")
+                            f"(now at version {version})")
     else:
-        out_console().print(f"schema {schema!r} is up to date (version {latest})")
+        out_console().print(f"schema {schema!r} is up to date (version {version})")
 
 
 # -- topics ------------------------------------------------------------------------------------------

@@ -3,11 +3,14 @@
 Migrations are the numbered ``.sql`` files under ``pgstreams/sql/migrations`` (``0001_initial.sql``, ...),
 rendered for the target schema. Each is applied in its own transaction and recorded in
 ``<schema>.migrations``; concurrent migrators are serialised by a transaction-level advisory lock, so
-any number of processes may call :func:`migrate` at start-up.
+any number of processes may call :func:`migrate` at start-up. A schema holding migrations this version
+does not ship (migrated by a newer pgstreams) is reported: :func:`status` lists them as unknown and
+:func:`migrate` logs a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -19,6 +22,8 @@ from psycopg import sql
 from ._names import check_schema
 
 _FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")
+log = logging.getLogger(__name__)
+_warned: set[tuple[object, ...]] = set()  # (server, database, schema, versions) warned about once
 
 
 @dataclass(frozen=True)
@@ -32,11 +37,16 @@ class Migration:
 
 @dataclass(frozen=True)
 class MigrationStatus:
-    """Whether a migration is applied in a schema, and when (``applied_at`` is ``None`` if pending)."""
+    """Whether a migration is applied in a schema, and when (``applied_at`` is ``None`` if pending).
+
+    ``known`` is ``False`` for a migration applied in the schema that this version of pgstreams does not
+    ship (the schema was migrated by a newer pgstreams).
+    """
 
     version: int
     name: str
     applied_at: datetime | None
+    known: bool = True
 
 
 def available() -> list[Migration]:
@@ -85,10 +95,32 @@ def applied_versions(conn: psycopg.Connection, schema: str) -> dict[int, datetim
     return {int(v): t for v, t in rows}
 
 
+def _applied(conn: psycopg.Connection, schema: str) -> dict[int, tuple[str, datetime]]:
+    if not applied_versions(conn, schema):
+        return {}
+    rows = conn.execute(
+        sql.SQL("SELECT version, name, applied_at FROM {}.migrations").format(sql.Identifier(schema))
+    ).fetchall()
+    return {int(v): (str(n), t) for v, n, t in rows}
+
+
 def status(conn: psycopg.Connection, schema: str = "pgstreams") -> list[MigrationStatus]:
-    """Every shipped migration with the time it was applied in ``schema`` (``None`` if pending)."""
-    done = applied_versions(conn, schema)
-    return [MigrationStatus(m.version, m.name, done.get(m.version)) for m in available()]
+    """Every shipped migration with the time it was applied in ``schema`` (``None`` if pending), then
+    those applied in ``schema`` that this version does not ship (``known=False``), in version order."""
+    done = _applied(conn, schema)
+    shipped = available()
+    out = [MigrationStatus(m.version, m.name, done[m.version][1] if m.version in done else None)
+           for m in shipped]
+    versions = {m.version for m in shipped}
+    out.extend(MigrationStatus(v, n, t, known=False) for v, (n, t) in done.items() if v not in versions)
+    return sorted(out, key=lambda r: r.version)
+
+
+def unknown_versions(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
+    """Versions applied in ``schema`` that this version of pgstreams does not ship (a newer one migrated
+    it); empty normally."""
+    shipped = {m.version for m in available()}
+    return sorted(v for v in applied_versions(conn, schema) if v not in shipped)
 
 
 def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
@@ -116,4 +148,11 @@ def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
                 (mig.version, mig.name),
             )
             applied.append(mig.version)
+    unknown = unknown_versions(conn, schema)
+    key = (conn.info.host, conn.info.port, conn.info.dbname, schema, tuple(unknown))
+    if unknown and key not in _warned:
+        _warned.add(key)
+        log.warning("schema %r holds migrations %s that this pgstreams does not ship: a newer pgstreams "
+                    "migrated it; upgrade this one before relying on it", schema,
+                    ", ".join(map(str, unknown)))
     return applied

@@ -7,12 +7,13 @@ import math
 import random
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 
 import pgstreams
 from pgstreams_ml import metrics as M
 from pgstreams_ml import registry
-from pgstreams_ml._util import wait_until
+from pgstreams_ml._util import read_committed, wait_until
 from pgstreams_ml.config import Topology, setup
 from pgstreams_ml.domain import FEATURE_NAMES, REGIME_BEFORE
 from pgstreams_ml.enrichment import EnrichmentStore, apply_updates, enrichment_worker
@@ -253,12 +254,7 @@ def _impressions(client: pgstreams.Client, topo: Topology, ids: range) -> None:
 
 
 def _predictions(client: pgstreams.Client, topo: Topology) -> list[pgstreams.Event]:
-    c = client.consumer(topo.predictions_topic, "test-reader")
-    c.seek_to_beginning()
-    out = []
-    while got := c.poll(10_000, timeout=0.0):
-        out.extend(got)
-    return out
+    return read_committed(client, topo.predictions_topic, "test-reader")
 
 
 def test_scorer_waits_for_a_model_skips_unknown_users_and_is_idempotent(
@@ -304,3 +300,19 @@ def test_scorer_group_reloads_when_another_model_is_deployed(
     assert {by_model[n] for n in by_model if n > 40} == {m2}
     assert sum(s.counts["scored"] for _, s in workers) == 72
     assert sum(s.reloads for _, s in workers) >= 2
+
+
+def test_read_committed_waits_for_events_behind_the_visibility_fence(
+        client: pgstreams.Client, dsn: str) -> None:
+    """Events committed while an older transaction of the database still runs are behind the visibility
+    fence: an empty poll there is not the end of the topic. ``read_committed`` keeps reading (here until
+    its deadline, then says how far it got) instead of returning part of the topic."""
+    client.create_topic("fenced", 2)
+    client.publish_many("fenced", [{"value": i} for i in range(5)])
+    with psycopg.connect(dsn) as holder:
+        holder.execute("SELECT pg_current_xact_id()")  # a transaction with an id, left open
+        client.publish_many("fenced", [{"value": i} for i in range(5, 12)])
+        with pytest.raises(TimeoutError, match=r"read 5 of the 12 events of topic 'fenced'"):
+            read_committed(client, "fenced", "reader", timeout=1.5)
+        holder.rollback()
+    assert sorted(e.value for e in read_committed(client, "fenced", "reader")) == list(range(12))

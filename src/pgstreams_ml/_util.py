@@ -8,6 +8,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from pgstreams.errors import InvalidArgument
 
@@ -78,3 +79,28 @@ def wait_until(
         if time.monotonic() >= deadline or (stop is not None and stop()):
             return False
         time.sleep(interval)
+
+
+def read_committed(client: Any, topic: str, group: str, timeout: float = 120.0) -> list[Any]:
+    """Every event of ``topic`` committed when the call starts (and any committed meanwhile), read from
+    the beginning as ``group`` (rewound first).
+
+    An empty poll does not end the read: the visibility fence can trail committed events for a moment
+    (a transaction still running in the database, or one of another database ending while a poll looks),
+    so the read goes on until it holds as many events as the topic held at the start, then takes whatever
+    else is visible. Raises ``TimeoutError`` naming the topic when that takes longer than ``timeout``.
+    """
+    expected = client.describe_topic(topic).events
+    consumer = client.consumer(topic, group)
+    consumer.seek_to_beginning()
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < expected:
+        got = consumer.poll(max_events=10_000, timeout=1.0)
+        out.extend(got)
+        if not got and time.monotonic() > deadline:
+            raise TimeoutError(f"read {len(out)} of the {expected} events of topic {topic!r} "
+                               f"in {timeout:.0f} s")
+    while got := consumer.poll(max_events=10_000, timeout=0.0):
+        out.extend(got)
+    return out

@@ -13,6 +13,7 @@ import pgstreams
 
 from . import _sql
 from . import metrics as M
+from ._util import read_committed
 from .config import Topology
 
 
@@ -48,14 +49,7 @@ class Reconciliation:
 
 
 def _read_all(client: pgstreams.Client, topic: str, group: str) -> list[pgstreams.Event]:
-    consumer = client.consumer(topic, group)
-    consumer.seek_to_beginning()
-    out: list[pgstreams.Event] = []
-    while True:
-        got = consumer.poll(max_events=10_000, timeout=0.0)
-        if not got:
-            return out
-        out.extend(got)
+    return read_committed(client, topic, group)
 
 
 def reconcile(client: pgstreams.Client, topo: Topology, audit_group: str = "ml-audit") -> Reconciliation:

@@ -168,32 +168,28 @@ def read_topic_local(
     client (group ``group``, rewound first). For small topics: tests, debugging, notebooks."""
     import json as _json
 
-    consumer = client.consumer(topic, group)
-    consumer.seek_to_beginning()
+    from ._util import read_committed
+
     rows = []
-    while True:
-        got = consumer.poll(max_events=10_000, timeout=0.0)
-        if not got:
-            break
-        for e in got:
-            v = e.value
-            if isinstance(v, str):
-                v = v.encode()
-            elif not isinstance(v, (bytes, bytearray)):
-                v = _json.dumps(v).encode()
-            rows.append(
-                (
-                    e.topic,
-                    e.partition,
-                    e.position,
-                    e.key,
-                    bytes(v),
-                    dict(e.headers),
-                    e.event_type,
-                    e.event_id,
-                    e.correlation_id,
-                    e.causation_id,
-                    e.created_at,
-                )
+    for e in read_committed(client, topic, group):
+        v = e.value
+        if isinstance(v, str):
+            v = v.encode()
+        elif not isinstance(v, (bytes, bytearray)):
+            v = _json.dumps(v).encode()
+        rows.append(
+            (
+                e.topic,
+                e.partition,
+                e.position,
+                e.key,
+                bytes(v),
+                dict(e.headers),
+                e.event_type,
+                e.event_id,
+                e.correlation_id,
+                e.causation_id,
+                e.created_at,
             )
+        )
     return spark.createDataFrame(rows, TOPIC_DDL)

@@ -171,25 +171,6 @@ def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: 
     return batch, last, {}
 
 
-def _headers_from_text(arr: pa.Array, typ: pa.DataType) -> pa.Array:
-    """The headers column from a string array of JSON object texts (NULL stays NULL; one ``json.loads``)."""
-    n = len(arr)
-    count = n - arr.null_count
-    if count == 0:
-        return pa.nulls(n, typ)
-    compact = pa.concat_arrays([arr.drop_null()]) if arr.null_count else pa.concat_arrays([arr])
-    offsets = np.frombuffer(compact.buffers()[1], dtype=np.int32, count=count + 1)
-    data = np.frombuffer(compact.buffers()[2], dtype=np.uint8, count=int(offsets[-1]))[int(offsets[0]):]
-    rel = offsets[1:-1] - offsets[0]
-    joined = np.insert(data, rel, ord(","))
-    parsed = pa.array(json.loads(b"[" + joined.tobytes() + b"]"), type=typ)
-    if count == n:
-        return parsed
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    index = np.cumsum(valid, dtype=np.int64) - 1
-    return parsed.take(pa.array(index, mask=~valid))
-
-
 # --------------------------------------------------------------------------------------------------------
 # writing
 

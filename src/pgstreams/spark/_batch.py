@@ -38,12 +38,10 @@ from ._options import (
 )
 from ._sql import (
     DELIMITER,
-    LOWER_BOUND,
     OPTIONAL_COLUMNS,
     SCAN_LOWER_BOUND,
     SCAN_PARTITIONS,
     SCAN_UPPER_BOUND,
-    UPPER_BOUND,
     Layout,
     query,
     table_regclass,
@@ -297,15 +295,20 @@ class _Chunks:
     the rest of the read keeps that form."""
 
     def __init__(self, opts: ReadOptions, name: str, topic_id: int, filters: sql.Composable,
-                 bounds: sql.Composable) -> None:
+                 bounds: sql.Composable | None = None) -> None:
         self._make = lambda layout, per_event: query(name, opts.schema, topic_id, filters, layout, bounds,
                                                      per_event)
         self._use(Layout())
 
     def _use(self, layout: Layout) -> None:
         self.layout = layout
-        self._stmts = {False: self._make(layout, False), True: self._make(layout, True)}
+        self._stmts: dict[bool, sql.Composed] = {}
         self._delimited = [4 + OPTIONAL_COLUMNS.index(c) for c in layout.delimited]
+
+    def _stmt(self, per_event: bool) -> sql.Composed:
+        if per_event not in self._stmts:
+            self._stmts[per_event] = self._make(self.layout, per_event)
+        return self._stmts[per_event]
 
     def fetch(self, cur: Any, params: dict[str, Any], topic: str, partition: int | None, schema: pa.Schema,
               per_event: bool = False) -> tuple[list[pa.RecordBatch], Cursor | None, int, int]:
@@ -316,7 +319,7 @@ class _Chunks:
         PostgreSQL's size limit: the caller then asks for less at once.
         """
         while True:
-            rows = cur.execute(self._stmts[per_event], params).fetchall()
+            rows = cur.execute(self._stmt(per_event), params).fetchall()
             runs: list[list[Any]] = [[]]
             run_bytes = size = 0
             for row in rows:
@@ -370,12 +373,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     filters, fparams = (pushed or Pushed()).sql()
     base = {"partition": split.partition, "fence": str(split.fence),
             "end_xid": str(split.end[0]), "end_position": split.end[1], **fparams}
-    bound_parts = []
-    if split.start != ORIGIN:
-        bound_parts.append(LOWER_BOUND)
-    if split.end[0] < split.fence - 1 or split.end[1] != _db.MAX_POSITION:
-        bound_parts.append(UPPER_BOUND)
-    chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters, sql.SQL(" ").join(bound_parts))
+    chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters)
     limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
@@ -452,6 +450,5 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
                         per_event = True
                     continue
                 yield from batches
+                chunk = max(1, min(r.pages_per_chunk, int((b - a) * CHUNK_BYTES / max(1, size))))
                 a, per_event = b, per_event and size >= BATCH_BYTES  # pages of huge events go on per event
-                chunk = max(1, min(r.pages_per_chunk, int((b - page_params["first_page"]) * CHUNK_BYTES
-                                                          / max(1, size))))

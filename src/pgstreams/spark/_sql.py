@@ -55,15 +55,19 @@ class Layout:
                       tuple(c for c in OPTIONAL_COLUMNS if form.get(c) == "by_length"))
 
 
+def _column(alias: str, column: str) -> sql.Composable:
+    return sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
+
+
 def _ref(alias: str, column: str) -> sql.Composable:
-    ref: sql.Composable = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(column)])
+    """A column as a chunk query aggregates it (headers as JSON text)."""
+    ref = _column(alias, column)
     return sql.Composed([ref, sql.SQL("::text")]) if column == "headers" else ref
 
 
 def lengths(alias: str, layout: Layout) -> sql.Composable:
     """The per-row lengths expression of a chunk query: value, then the ``by_length`` columns."""
-    value = sql.SQL(".").join([sql.Identifier(alias), sql.Identifier("value")])
-    parts: list[sql.Composable] = [_LENGTH.format(value)]
+    parts: list[sql.Composable] = [_LENGTH.format(_column(alias, "value"))]
     parts.extend(_LENGTH.format(_ref(alias, c)) for c in layout.by_length)
     return sql.SQL(" || ").join(parts)
 
@@ -85,13 +89,9 @@ def optional(alias: str, layout: Layout) -> sql.Composable:
 
 def counts(alias: str) -> sql.Composable:
     """The counts of values of the optional columns of a chunk (int8 big-endian each, in order)."""
-    return sql.SQL(" || ").join(sql.SQL("int8send(count({}))").format(
-        sql.SQL(".").join([sql.Identifier(alias), sql.Identifier(c)])) for c in OPTIONAL_COLUMNS)
+    return sql.SQL(" || ").join(sql.SQL("int8send(count({}))").format(_column(alias, c))
+                                for c in OPTIONAL_COLUMNS)
 
-
-#: The cursor conditions of a page chunk, used only when the range is not the whole visible partition.
-LOWER_BOUND = sql.SQL("AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s)")
-UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= (%(end_xid)s::text::xid8, %(end_position)s)")
 
 #: The conditions of a multi-partition page scan (``scan_pages``): only some topic partitions, and cursors
 #: per topic partition (arrays indexed by ``partition + 1``), each used only when needed.

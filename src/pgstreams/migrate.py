@@ -10,6 +10,7 @@ does not ship (migrated by a newer pgstreams) is reported: :func:`status` lists 
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass
@@ -50,14 +51,19 @@ class MigrationStatus:
 
 
 def available() -> list[Migration]:
-    """All migrations shipped with this version of pgstreams, in version order."""
+    """All migrations shipped with this version of pgstreams, in version order (read once per process)."""
+    return list(_shipped())
+
+
+@functools.cache
+def _shipped() -> tuple[Migration, ...]:
     out = []
     folder = resources.files("pgstreams") / "sql" / "migrations"
     for entry in folder.iterdir():
         m = _FILE_RE.fullmatch(entry.name)
         if m:
             out.append(Migration(int(m.group(1)), m.group(2), entry.read_text("utf-8")))
-    return sorted(out, key=lambda x: x.version)
+    return tuple(sorted(out, key=lambda x: x.version))
 
 
 def render(text: str, schema: str) -> str:
@@ -81,8 +87,8 @@ def _ensure_table(conn: psycopg.Connection, schema: str) -> None:
     )
 
 
-def applied_versions(conn: psycopg.Connection, schema: str) -> dict[int, datetime]:
-    """Versions applied in ``schema`` with their time; empty if the schema has none."""
+def _applied(conn: psycopg.Connection, schema: str) -> dict[int, tuple[str, datetime]]:
+    """Migrations applied in ``schema``: version -> (name, time); empty if the schema has none."""
     check_schema(schema)
     exists = conn.execute(
         "SELECT to_regclass(format('%%I.migrations', %s::text)) IS NOT NULL", (schema,)
@@ -90,18 +96,14 @@ def applied_versions(conn: psycopg.Connection, schema: str) -> dict[int, datetim
     if not exists or not exists[0]:
         return {}
     rows = conn.execute(
-        sql.SQL("SELECT version, applied_at FROM {}.migrations").format(sql.Identifier(schema))
-    ).fetchall()
-    return {int(v): t for v, t in rows}
-
-
-def _applied(conn: psycopg.Connection, schema: str) -> dict[int, tuple[str, datetime]]:
-    if not applied_versions(conn, schema):
-        return {}
-    rows = conn.execute(
         sql.SQL("SELECT version, name, applied_at FROM {}.migrations").format(sql.Identifier(schema))
     ).fetchall()
     return {int(v): (str(n), t) for v, n, t in rows}
+
+
+def applied_versions(conn: psycopg.Connection, schema: str) -> dict[int, datetime]:
+    """Versions applied in ``schema`` with their time; empty if the schema has none."""
+    return {v: t for v, (_name, t) in _applied(conn, schema).items()}
 
 
 def status(conn: psycopg.Connection, schema: str = "pgstreams") -> list[MigrationStatus]:
@@ -120,7 +122,7 @@ def unknown_versions(conn: psycopg.Connection, schema: str = "pgstreams") -> lis
     """Versions applied in ``schema`` that this version of pgstreams does not ship (a newer one migrated
     it); empty normally."""
     shipped = {m.version for m in available()}
-    return sorted(v for v in applied_versions(conn, schema) if v not in shipped)
+    return sorted(v for v in _applied(conn, schema) if v not in shipped)
 
 
 def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
@@ -130,7 +132,8 @@ def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
     """
     check_schema(schema)
     applied: list[int] = []
-    for mig in available():
+    shipped = available()
+    for mig in shipped:
         with conn.transaction():
             _lock(conn, schema)
             _ensure_table(conn, schema)
@@ -148,7 +151,13 @@ def migrate(conn: psycopg.Connection, schema: str = "pgstreams") -> list[int]:
                 (mig.version, mig.name),
             )
             applied.append(mig.version)
-    unknown = unknown_versions(conn, schema)
+    unknown: list[int] = []
+    if shipped:  # the migrations table exists now (every migration above made sure of it)
+        with conn.transaction():
+            rows = conn.execute(
+                sql.SQL("SELECT version FROM {}.migrations WHERE version <> ALL(%s) ORDER BY version").format(
+                    sql.Identifier(schema)), ([m.version for m in shipped],)).fetchall()
+        unknown = [int(v) for (v,) in rows]
     key = (conn.info.host, conn.info.port, conn.info.dbname, schema, tuple(unknown))
     if unknown and key not in _warned:
         _warned.add(key)

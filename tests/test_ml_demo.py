@@ -37,8 +37,7 @@ def test_demo_help_and_bad_options_through_the_cli() -> None:
 
 @pytest.mark.timeout(900)
 def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Path) -> None:
-    if importlib.util.find_spec("pgstreams.spark") is None:
-        pytest.skip("pgstreams.spark (the Spark data source) is not installed")
+    assert importlib.util.find_spec("pgstreams.spark") is not None, "pgstreams.spark is not installed"
     reports = tmp_path / "reports"
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, COLUMNS="200")
     proc = subprocess.run(

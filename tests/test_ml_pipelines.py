@@ -271,8 +271,7 @@ def test_training_rejects_bad_ranges(world: World) -> None:
 def test_clean_query_is_exactly_once_across_runs_and_restarts(
     server_dsn: str, template_db: str, spark: Any, tmp_path: Path
 ) -> None:
-    if not register_source(spark):
-        pytest.skip("pgstreams.spark (the Spark data source) is not installed")
+    assert register_source(spark), "pgstreams.spark (the Spark data source) is not installed"
     with _database(server_dsn, template_db) as dsn, pgstreams.connect(dsn) as client:
         topo = Topology(partitions=2)
         setup(client, topo)

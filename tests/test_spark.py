@@ -91,14 +91,14 @@ def run_available_now(spark: SparkSession, dsn: str, topic: str, checkpoint: Pat
 
 
 def visible(dsn: str, timeout: float = 120.0) -> None:
-    """Wait until every transaction committed so far is below the visibility fence (other sessions on
-    the server may hold it back for a moment)."""
+    """Wait until every transaction committed so far is below the read fence (other sessions of the
+    database may hold it back for a moment)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
         assert row is not None
         mark = int(row[0])
-        wait_for("the visibility fence", lambda: int(conn.execute(
-            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint").fetchone()[0]) > mark, timeout)
+        wait_for("the read fence", lambda: int(conn.execute(
+            "SELECT pgstreams.read_fence()::text::bigint").fetchone()[0]) > mark, timeout)
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> None:
@@ -392,6 +392,26 @@ def test_long_open_producer_transactions_lose_nothing(spark: SparkSession, dsn: 
         finally:
             q.stop()
         assert sorted(got) == sorted(expected)
+
+
+def test_a_transaction_open_in_another_database_does_not_hold_a_streaming_read_back(
+        spark: SparkSession, dsn: str, empty_dsn: str, tmp_path: Path) -> None:
+    with pgstreams.connect(dsn) as client, psycopg.connect(empty_dsn) as other:
+        client.create_topic("busy", 2)
+        client.publish_many("busy", [{"value": f"before-{i}"} for i in range(20)])
+        # a write transaction of another database on the same server, open during the whole query: it
+        # holds the server-wide snapshot xmin back, but it cannot write this database's events
+        xid = int(other.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
+        client.publish_many("busy", [{"value": f"after-{i}"} for i in range(30)])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                       .fetchone()[0])
+        assert xmin <= xid, "the other database's transaction does not hold the server-wide xmin back"
+        batches = run_available_now(spark, dsn, "busy", tmp_path / "ck", wait=False, group="spark-busy")
+        values = sorted(bytes(r["value"]).decode() for _, rows in batches for r in rows)
+        assert values == sorted([*(f"before-{i}" for i in range(20)), *(f"after-{i}" for i in range(30))])
+        assert sum(s.lag for s in client.describe_group("spark-busy", "busy")) == 0
+        other.rollback()
 
 
 def test_max_events_per_trigger_is_honoured_and_group_lag_reaches_zero(

@@ -52,6 +52,11 @@ class Topology:
         )
 
     @property
+    def monitor_clicks_group(self) -> str:
+        """The group of the monitor query's read of the clean topic: ``<monitor_group>.clicks``."""
+        return f"{self.monitor_group}.clicks"
+
+    @property
     def groups(self) -> tuple[str, ...]:
         """Every stream group of the application."""
         return (
@@ -60,6 +65,7 @@ class Topology:
             self.clean_group,
             self.join_group,
             self.monitor_group,
+            self.monitor_clicks_group,
         )
 
 

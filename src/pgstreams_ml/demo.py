@@ -401,13 +401,14 @@ class Demo:
         return self._summarise()
 
     def _drain(self, tick: Callable[[], None]) -> None:
-        """Wait until the worker groups have no lag and every query saw no new data three polls in a row."""
+        """Wait until every group (the workers' and the Spark queries' mirrored progress) has no lag and every
+        query saw no new data three polls in a row. The lag counts every committed event, so a query whose
+        source has not yet been let past an event (the visibility fence) still counts as busy."""
+        groups = self.topo.groups
         quiet = [0]
 
         def drained() -> bool:
-            busy = any(
-                self._lag(g) not in (0, None) for g in (self.topo.scorer_group, self.topo.enrichment_group)
-            )
+            busy = any(self._lag(g) not in (0, None) for g in groups)
             for q in self.queries.values():
                 prog = q.lastProgress
                 if prog is None or prog.get("numInputRows", 0) > 0 or q.status.get("isDataAvailable"):

@@ -389,7 +389,7 @@ def build_monitor_query(
             spark,
             dsn,
             topo.clean_topic,
-            group=f"{topo.monitor_group}.clicks",
+            group=topo.monitor_clicks_group,
             pgstreams_schema=topo.pgstreams_schema,
         ).load()
     )

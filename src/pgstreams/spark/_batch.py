@@ -184,9 +184,7 @@ class BatchReader(DataSourceReader):
             _db.check_server(conn)
             metas = [m for m in _db.topics(conn, opts.schema, opts.topics, "topics")
                      if self.pushed.keeps_topic(m.name)]
-            fence_row = conn.execute(query("read_fence", opts.schema)).fetchone()
-            assert fence_row is not None
-            fence_xid = int(fence_row[0])
+            fence_xid = _db.fence(conn, opts.schema)
             plans: list[tuple[_db.TopicMeta, int, Cursor, Cursor]] = []
             for meta in metas:
                 parts = [p for p in range(meta.partitions) if self.pushed.keeps_partition(p)]

@@ -51,18 +51,19 @@ def ensure_migrated(conn: psycopg.Connection, schema: str) -> None:
                              f"{str(exc).strip()} (run `pgstreams migrate`)") from exc
 
 
-def check_server(conn: psycopg.Connection) -> int:
-    """Check the database encoding (UTF8 is required) and return the current visibility fence."""
+def check_server(conn: psycopg.Connection) -> None:
+    """Check the database encoding (UTF8 is required)."""
     row = conn.execute(query("server_info", "pgstreams")).fetchone()
     assert row is not None
     if str(row[0]).upper() not in ("UTF8", "UTF-8"):
         raise ConfigurationError(f"pgstreams.spark needs a UTF8 database, this one is {row[0]}")
-    return int(row[1])
 
 
-def fence(conn: psycopg.Connection) -> int:
-    """``pg_snapshot_xmin(pg_current_snapshot())``: every transaction below it has ended."""
-    row = conn.execute(query("fence", "pgstreams")).fetchone()
+def fence(conn: psycopg.Connection, schema: str) -> int:
+    """The read fence of ``schema`` (``read_fence()``): every transaction of this database below it has
+    ended, so no event can appear below it any more. Transactions of other databases on the same server
+    do not hold it back (they cannot write this database's events)."""
+    row = conn.execute(query("read_fence", schema)).fetchone()
     assert row is not None
     return int(row[0])
 

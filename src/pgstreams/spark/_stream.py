@@ -6,8 +6,8 @@ this event"::
     {"clicks": {"0": {"xid": 7412, "position": 1733}, "1": {"xid": 7410, "position": 1730}}}
 
 The end offset of a micro-batch is, per partition, the cursor of an event whose transaction id is below
-``pg_snapshot_xmin(pg_current_snapshot())`` at planning time: every transaction below that fence has
-ended, so no event can later appear at or before that cursor. A transaction that commits later has a
+the read fence (``read_fence()``) at planning time: every transaction of the database below that fence
+has ended, so no event can later appear at or before that cursor. A transaction that commits later has a
 transaction id at or above the fence, hence a cursor beyond every end offset handed out so far: it is
 read by a later micro-batch, never skipped. Replaying a batch from the checkpoint reads the same
 ``(start, end]`` ranges and so the same events.
@@ -102,7 +102,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._metas
 
     def _heads(self, conn: psycopg.Connection) -> Offsets:
-        fence_xid = _db.fence(conn)
+        fence_xid = _db.fence(conn, self.opts.schema)
         return {m.name: _db.heads(conn, self.opts.schema, m, range(m.partitions), fence_xid)
                 for m in self._topics(conn)}
 
@@ -110,7 +110,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict:
         """Where a new query starts: ``startingTimestamp``, else ``startingOffsets`` (default earliest)."""
         def run(conn: psycopg.Connection) -> Offsets:
-            fence_xid = _db.fence(conn)
+            fence_xid = _db.fence(conn, self.opts.schema)
             out: Offsets = {}
             for m in self._topics(conn):
                 parts = list(range(m.partitions))

@@ -15,14 +15,11 @@
 -- them into Arrow arrays without a loop over rows.
 
 -- name: server_info
-SELECT current_setting('server_encoding'), pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
-
--- name: fence
-SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint;
+SELECT current_setting('server_encoding');
 
 -- name: read_fence
--- The batch read's visibility fence: every transaction of this database below it has ended (a long
--- transaction in another database does not hold it back).
+-- The visibility fence of batch reads and of streaming offsets: every transaction of this database below
+-- it has ended (a long transaction in another database does not hold it back).
 SELECT {schema}.read_fence()::text::bigint;
 
 -- name: topics_by_name

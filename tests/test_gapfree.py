@@ -116,3 +116,31 @@ def test_event_of_transaction_opened_earlier_is_not_skipped(client: pgstreams.Cl
     assert sorted(e.value for e in got) == ["fast", "slow"]
     assert consumer.commit(got) is CommitOutcome.STORED
     assert consumer.poll(timeout=0.2) == []
+
+
+def test_a_transaction_open_in_another_database_holds_back_neither_polls_nor_a_latest_start(
+    client: pgstreams.Client, dsn: str, empty_dsn: str
+) -> None:
+    """Transactions of another database on the same server cannot write this database's events: they hold
+    the server-wide snapshot xmin back, but not the read fence of polls, nor the head a ``latest`` start
+    is placed at."""
+    client.create_topic("t", 1)
+    client.publish("t", "old")
+    with psycopg.connect(empty_dsn) as other:
+        xid = int(other.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
+        latest = client.consumer("t", "from-latest", start="latest")
+        client.publish("t", "new")
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                       .fetchone()[0])
+        assert xmin <= xid, "the other database's transaction does not hold the server-wide xmin back"
+        # both events are polled while the other transaction is still open
+        consumer = client.consumer("t", "from-earliest")
+        got: list[str] = []
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += [e.value for e in consumer.poll(timeout=0.5)]
+        assert got == ["old", "new"]
+        # the latest start was not capped at the other transaction: "old" is not delivered again
+        assert [e.value for e in latest.poll(timeout=2)] == ["new"]
+        other.rollback()

@@ -90,18 +90,13 @@ ON CONFLICT DO NOTHING;
 SELECT partition, xid::text::bigint, position FROM {schema}.checkpoints
  WHERE group_name = %s AND topic_id = %s AND partition = ANY(%s) ORDER BY partition;
 
--- Start cursors (head_cursors, time_cursors, position_cursor) also return the fence: the oldest
--- transaction still in progress in the same snapshot, except those known to run in another database
--- (NULL if none). Its events will commit with a smaller id than events already visible, so a cursor
--- placed beyond (fence, 0) would skip them: the caller caps the cursor there.
+-- Start cursors (head_cursors, time_cursors, position_cursor) also return the read fence of the same
+-- snapshot: the oldest transaction still in progress, except those known to run in another database (the
+-- snapshot's xmax if none). Its events will commit with a smaller id than events already visible, so a
+-- cursor placed beyond (fence, 0) would skip them: the caller caps the cursor there.
 
 -- name: head_cursors
-WITH f AS (
-    SELECT min(x) AS fence FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-     WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.backend_xid = xid(x)
-                          AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))
-)
+WITH f AS (SELECT {schema}.read_fence() AS fence)
 SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
   FROM unnest(%s::int[]) AS c(p) CROSS JOIN f
   LEFT JOIN LATERAL (
@@ -110,12 +105,7 @@ SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
   ) h ON true;
 
 -- name: time_cursors
-WITH f AS (
-    SELECT min(x) AS fence FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-     WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.backend_xid = xid(x)
-                          AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))
-)
+WITH f AS (SELECT {schema}.read_fence() AS fence)
 SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
   FROM unnest(%s::int[]) AS c(p) CROSS JOIN f
   LEFT JOIN LATERAL (
@@ -125,12 +115,7 @@ SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
 
 -- name: position_cursor
 -- The first event in read order among those at or after a position: every one of them is read again.
-WITH f AS (
-    SELECT min(x) AS fence FROM pg_snapshot_xip(pg_current_snapshot()) AS x
-     WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a
-                        WHERE a.backend_xid = xid(x)
-                          AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database()))
-)
+WITH f AS (SELECT {schema}.read_fence() AS fence)
 SELECT h.xid::text::bigint, h.position, f.fence::text::bigint
   FROM f LEFT JOIN LATERAL (
       SELECT e.xid, e.position FROM {table} e WHERE e.partition = %s AND e.position >= %s

@@ -101,6 +101,12 @@ def visible(dsn: str, timeout: float = 120.0) -> None:
             "SELECT pgstreams.read_fence()::text::bigint").fetchone()[0]) > mark, timeout)
 
 
+def spark_filters(df: Any) -> list[str]:
+    """The ``Filter`` nodes of ``df``'s executed plan (filters that Spark evaluates itself)."""
+    plan = df._jdf.queryExecution().executedPlan().toString()
+    return [line for line in plan.splitlines() if line.lstrip(" +-*:()0123456789").startswith("Filter ")]
+
+
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -244,14 +250,18 @@ def test_batch_read_splits_partitions_and_honours_offsets_and_pushed_filters(
     assert sorted(r.position for r in df.select("position").collect()) == positions
 
     only_p1 = df.where("partition = 1 AND position >= 100 AND position < 2500")
-    plan = only_p1._jdf.queryExecution().executedPlan().toString()
-    assert "partition" in plan and "position" in plan
+    # pushed filters are evaluated by PostgreSQL only: Spark's plan keeps no Filter of its own
+    assert not spark_filters(only_p1)
     assert sorted(r.position for r in only_p1.select("position").collect()) == [
         w[1] for w in want if w[0] == 1 and 100 <= w[1] < 2500]
+    # a filter the source does not take stays in Spark's plan, without the part it took
+    kept = spark_filters(df.where("value = X'7631' AND partition = 1"))
+    assert len(kept) == 1 and "value" in kept[0] and "partition" not in kept[0], kept
 
     late = max(w[10] for w in want) - timedelta(microseconds=1)
     recent = df.where(df.created_at > late.astimezone(timezone.utc).replace(tzinfo=None))
-    assert recent.count() == sum(1 for w in want if w[10] > late)
+    assert not spark_filters(recent)
+    assert recent.count() == sum(1 for w in want if w[10] > late) > 0
 
     # positions: start at (inclusive) and stop before (exclusive), per partition; cursors are exclusive
     p0 = [w for w in want if w[0] == 0]
@@ -433,6 +443,54 @@ def test_max_events_per_trigger_is_honoured_and_group_lag_reaches_zero(
                                  group="spark-capped")
         assert [len(rows) for _, rows in more if rows] == [30]
         assert sum(s.lag for s in client.describe_group("spark-capped")) == 0
+
+
+def test_several_topics_and_latest_and_group_starts(spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    """Option ``topics`` (a comma list) in batch and streaming reads; a stream started at ``latest`` reads
+    only what comes later; one started at ``group`` goes on from that group's checkpoints."""
+
+    def stream_once(checkpoint: str, **options: str) -> list[tuple[str, str]]:
+        got: list[tuple[str, str]] = []
+
+        def collect(df: Any, _batch_id: int) -> None:
+            got.extend((r.topic, bytes(r.value).decode()) for r in df.select("topic", "value").collect())
+
+        r = spark.readStream.format("pgstreams").option("dsn", dsn).option("topics", "ta, tb")
+        for k, v in options.items():
+            r = r.option(k, v)
+        q = (r.load().writeStream.foreachBatch(collect)
+             .option("checkpointLocation", str(tmp_path / checkpoint)).trigger(availableNow=True).start())
+        assert q.awaitTermination(180), "the availableNow query did not finish"
+        assert q.exception() is None
+        return sorted(got)
+
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("ta", 2)
+        client.create_topic("tb", 1)
+        client.create_topic("tc", 1)
+        client.publish_many("ta", [{"value": f"a{i}", "key": f"k{i}"} for i in range(50)])
+        client.publish_many("tb", [{"value": f"b{i}"} for i in range(30)])
+        client.publish("tc", "not read")
+        visible(dsn)
+        batch = (spark.read.format("pgstreams").option("dsn", dsn).option("topics", "ta,tb").load()
+                 .select("topic", "value").collect())
+        first = sorted([*(("ta", f"a{i}") for i in range(50)), *(("tb", f"b{i}") for i in range(30))])
+        assert sorted((r.topic, bytes(r.value).decode()) for r in batch) == first
+
+        assert stream_once("all", group="multi") == first
+        assert sum(s.lag for s in client.describe_group("multi")) == 0
+        assert {s.topic for s in client.describe_group("multi")} == {"ta", "tb"}
+        assert stream_once("latest", startingOffsets="latest") == []
+
+        client.publish_many("ta", [{"value": f"a-late{i}", "key": f"k{i}"} for i in range(5)])
+        client.publish("tb", "b-late")
+        visible(dsn)
+        later = sorted([*(("ta", f"a-late{i}") for i in range(5)), ("tb", "b-late")])
+        assert sum(s.lag for s in client.describe_group("multi")) == 6
+        assert stream_once("latest", startingOffsets="latest") == later
+        # a new query (new checkpoint) started from the group's checkpoints reads only what the group lacks
+        assert stream_once("from-group", startingOffsets="group", group="multi") == later
+        assert sum(s.lag for s in client.describe_group("multi")) == 0
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ def raw_copy_out(dsn: str, tid: int, lo: int, hi: int, connections: int) -> tupl
 
 def spark_session(jar: str) -> Any:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # everything on loopback
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver and its services on loopback
     from pyspark.sql import SparkSession
 
     spark = (SparkSession.builder.master("local[*]").appName("pgstreams-bench")
@@ -151,7 +151,6 @@ def spark_session(jar: str) -> Any:
              .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
              .config("spark.sql.session.timeZone", "UTC")
              .config("spark.driver.memory", "2g")
-             .config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
              .config("spark.jars", jar).config("spark.driver.extraClassPath", jar)
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")

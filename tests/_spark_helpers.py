@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 #: Settings of every SparkSession of the tests: no UI, two shuffle partitions and default parallelism
-#: (``local[2]``), the driver on loopback only, no empty micro-batches, Python workers reused, UTC session
-#: time zone, and a driver JVM that starts fast (client compiler only, serial GC: the tests' jobs are small).
+#: (``local[2]``), no empty micro-batches, Python workers reused, UTC session time zone, and a driver JVM
+#: that starts fast (client compiler only, serial GC: the tests' jobs are small).
 SPARK_CONF: dict[str, str] = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.ui.enabled": "false",
@@ -26,14 +26,12 @@ SPARK_CONF: dict[str, str] = {
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     "spark.python.worker.reuse": "true",
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.bindAddress": "127.0.0.1",
-    "spark.driver.host": "127.0.0.1",
 }
 
 
 def session(app: str, **extra: str) -> Any:
     """A local SparkSession (``local[2]``) with :data:`SPARK_CONF` plus ``extra`` settings, its log level
-    ERROR and ``format("pgstreams")`` registered."""
+    ERROR, ``format("pgstreams")`` registered and the driver on loopback (``$SPARK_LOCAL_IP``, unless set)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

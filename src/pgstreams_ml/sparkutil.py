@@ -26,14 +26,17 @@ def spark_session(
 
     ``master`` defaults to ``$SPARK_MASTER`` or ``local[2]``. The web UI is off, the session time zone is
     UTC, shuffles use ``shuffle_partitions`` (default 4) partitions, and Python workers run this
-    interpreter unless ``PYSPARK_PYTHON`` says otherwise. A local master binds the driver to 127.0.0.1
-    (unless ``$SPARK_LOCAL_IP`` is set; it is set to 127.0.0.1 otherwise). ``conf`` adds settings.
+    interpreter unless ``PYSPARK_PYTHON`` says otherwise. A local master keeps the driver on 127.0.0.1
+    (``$SPARK_LOCAL_IP``, unless already set). ``conf`` adds settings.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    chosen = master or os.environ.get("SPARK_MASTER", "local[2]")
+    if chosen.startswith("local"):
+        # a local session talks to itself only; the driver JVM reads this when it starts
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    chosen = master or os.environ.get("SPARK_MASTER", "local[2]")
     builder = (
         SparkSession.builder.master(chosen)
         .appName(app_name)
@@ -46,12 +49,6 @@ def spark_session(
         .config("spark.network.timeout", "300s")
         .config("spark.driver.memory", os.environ.get("PGSTREAMS_SPARK_MEMORY", "2g"))
     )
-    if chosen.startswith("local") and not os.environ.get("SPARK_LOCAL_IP"):
-        # a local session talks to itself only: keep the driver on loopback (the variable is read when the
-        # JVM starts, the settings when the session is created)
-        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-        for key in ("spark.driver.bindAddress", "spark.driver.host"):
-            builder = builder.config(key, "127.0.0.1")
     for k, v in (conf or {}).items():
         builder = builder.config(k, v)
     spark = builder.getOrCreate()

@@ -12,7 +12,7 @@ import pytest
 from psycopg import sql
 
 import pgstreams
-from pgstreams._queries import query
+from pgstreams.storage import core_query as query
 
 EVENTS = 1_000_000
 PARTITIONS = 4

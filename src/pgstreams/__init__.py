@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .client import DEFAULT_SEGMENT_SIZE, Client, connect
 from .consumer import Consumer, ConsumerTransaction
 from .errors import (
@@ -31,6 +30,7 @@ from .models import (
     TopicDescription,
     TopicInfo,
 )
+from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
 
 if TYPE_CHECKING:

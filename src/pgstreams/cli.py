@@ -35,10 +35,10 @@ from psycopg.conninfo import conninfo_to_dict
 
 import pgstreams
 from pgstreams import migrate as _migrate
-from pgstreams._names import check_group, check_partitions, check_schema, check_topic
 from pgstreams.client import resolve_dsn
 from pgstreams.consumer import Consumer, Start
 from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
+from pgstreams.names import check_group, check_partitions, check_schema, check_topic
 
 if TYPE_CHECKING:  # rich is imported by the commands that print with it: startup stays light
     from rich.console import Console

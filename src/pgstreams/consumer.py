@@ -22,9 +22,9 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ._codec import decode_value
-from ._names import check_group
 from .errors import InvalidArgument, TopicNotFound
 from .models import CommitOutcome, Event
+from .names import check_group
 
 if TYPE_CHECKING:
     from .client import Client, _TopicMeta

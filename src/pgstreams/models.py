@@ -5,8 +5,11 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
+
+#: Default number of positions per storage segment of a topic.
+DEFAULT_SEGMENT_SIZE = 1_000_000
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,13 @@ class PublishResult:
 @dataclass(frozen=True)
 class TopicInfo:
     """A topic's definition: name, partition count, creation time (aware, UTC), ``segment_size``
-    (positions per storage segment, default 1,000,000) and ``config`` (per-topic settings, default empty)."""
+    (positions per storage segment, default :data:`DEFAULT_SEGMENT_SIZE`) and ``config`` (per-topic
+    settings; no setting is defined yet, so it is empty)."""
 
     name: str
     partitions: int
     created_at: datetime
-    segment_size: int = 1_000_000
+    segment_size: int = DEFAULT_SEGMENT_SIZE
     config: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -101,7 +105,7 @@ class TopicDescription:
 
 
 class CommitOutcome(enum.Enum):
-    """What storing a checkpoint did (seed 003).
+    """What storing a checkpoint given the expected previous one did.
 
     - ``STORED``: the new position is stored.
     - ``IGNORED``: that position (or a later one) was already stored by this consumer: nothing changed.
@@ -123,10 +127,32 @@ class CommitOutcome(enum.Enum):
         return self in (CommitOutcome.STORED, CommitOutcome.IGNORED)
 
 
+def _json_value(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.astimezone(timezone.utc).isoformat()
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
 @dataclass(frozen=True)
 class GroupPartitionStatus:
-    """A group's progress on one partition: its checkpoint position (``None`` before any event),
-    the partition head, and the lag (events after the checkpoint)."""
+    """A group's state on one partition of a topic: the one status model, behind
+    :meth:`Client.describe_group`, :func:`pgstreams.group_status` and ``pgstreams groups describe``.
+
+    ``checkpoint`` is the last committed position (``None`` before any), ``head`` the position of the
+    partition's last event in read order (``None`` when empty), ``lag`` the events after the checkpoint,
+    ``updated_at`` when the checkpoint last moved (aware, UTC; also as ``checkpoint_at``).
+
+    For groups run by workers: ``owner`` is the member holding the partition's lease (``None``: unowned)
+    and ``pending_owner`` the member waiting for it, ``epoch`` the lease's epoch and ``acquired_at`` when
+    it was taken; ``last_heartbeat`` is the owner's; ``stale`` is true when the owner missed its session
+    timeout (or is gone) and the lease is about to expire. ``retry_state`` is ``"retrying"`` while the
+    owner retries the event at ``retry_position`` (after ``retry_attempts`` failures, the last one
+    ``last_error`` at ``error_at``), ``"blocked"`` when its retries are spent and no dead-letter topic
+    takes it (the group retries it forever), else ``None``. Every one of these defaults to ``None``
+    (``stale`` to false).
+    """
 
     group: str
     topic: str
@@ -135,6 +161,53 @@ class GroupPartitionStatus:
     head: int | None
     lag: int
     updated_at: datetime
+    owner: str | None = None
+    pending_owner: str | None = None
+    epoch: int | None = None
+    acquired_at: datetime | None = None
+    last_heartbeat: datetime | None = None
+    stale: bool = False
+    retry_state: str | None = None
+    retry_position: int | None = None
+    retry_attempts: int | None = None
+    last_error: str | None = None
+    error_at: datetime | None = None
+
+    @property
+    def checkpoint_at(self) -> datetime:
+        """When the checkpoint last moved (the same as ``updated_at``)."""
+        return self.updated_at
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC)."""
+        return {k: _json_value(v) for k, v in self.__dict__.items()}
+
+
+#: The status of a group's partition as the membership functions name it: the same model.
+PartitionStatus = GroupPartitionStatus
+
+
+@dataclass(frozen=True)
+class MemberInfo:
+    """A registered member of a group on a topic, with the partitions it owns. Times are aware, in UTC;
+    ``heartbeat_interval`` and ``session_timeout`` are seconds; ``stale`` is true once the member missed
+    its session timeout."""
+
+    group: str
+    topic: str
+    member_id: str
+    host: str | None
+    pid: int | None
+    registered_at: datetime
+    last_heartbeat: datetime
+    heartbeat_interval: float
+    session_timeout: float
+    stale: bool
+    partitions: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC, partitions as a list)."""
+        return {k: _json_value(v) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)

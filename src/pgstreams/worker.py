@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from ._names import check_topic
 from ._services import Service, ServiceFailed, Supervisor
 from .consumer import Consumer, Start, _check_start
 from .errors import InvalidArgument, TopicConflict, TopicNotFound
@@ -53,6 +52,7 @@ from .groups import (
     new_member_id,
 )
 from .models import CommitOutcome, Event
+from .names import check_topic
 
 if TYPE_CHECKING:
     from .client import Client, _TopicMeta
@@ -326,7 +326,7 @@ def _make_subscription(client: Client, topic: str, group: str, handler: object, 
         raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
     config = BatchConfig(min_events, max_events, max_wait)
     meta = client._topic(topic)
-    from ._names import check_group
+    from .names import check_group
 
     check_group(group)
     if member and (heartbeat_interval is not None or session_timeout is not None):

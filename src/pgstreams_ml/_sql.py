@@ -13,7 +13,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from pgstreams._names import check_schema
+from pgstreams.names import check_schema
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 _FILE_RE = re.compile(r"(\d{4})_([a-z0-9_]+)\.sql")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pgstreams
-from pgstreams._names import check_group, check_partitions, check_schema, check_topic
+from pgstreams.names import check_group, check_partitions, check_schema, check_topic
 
 from . import _sql
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
-from .._names import check_group, check_schema, check_topic
 from ..errors import InvalidArgument, InvalidName
+from ..names import check_group, check_schema, check_topic
 
 #: Offsets JSON value meaning "before the first event" (as in Kafka's source).
 EARLIEST = -2

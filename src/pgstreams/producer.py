@@ -1,0 +1,247 @@
+"""Publishing: validating and encoding events, choosing partitions, storing them through the storage layer.
+
+Keys pick partitions with :func:`pgstreams.partitioner.partition_for_key`; events without key or partition
+go round-robin from a random partition per topic and client. Single events are inserted straight through
+libpq on a pooled connection; batches are one COPY (all or none).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from ._codec import KIND_BYTES, check_headers, check_optional_str, encode_value
+from .errors import InvalidArgument
+from .models import Message, PublishResult
+from .partitioner import partition_for_key
+from .storage import EventRow, Segments, Store, StoredAt, TopicRecord
+
+_MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
+# Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).
+_key_partition = functools.lru_cache(maxsize=16384)(partition_for_key)
+
+
+@dataclass
+class TopicState:
+    """What a client keeps per topic while publishing: the topic's row, its segments as last seen, the
+    round-robin counter of keyless events, and when ``publish_many`` reads the sequence again."""
+
+    record: TopicRecord
+    segments: Segments
+    round_robin: Iterator[int]
+    copies_until_check: int = 0  # events publish_many may still COPY before it re-checks the segments ahead
+    copied_lower_bound: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
+
+    @classmethod
+    def of(cls, record: TopicRecord) -> TopicState:
+        """A fresh state for ``record``."""
+        return cls(record, Segments(record.id, record.segment_size, covered=record.segments_end),
+                   itertools.count(random.randrange(record.partitions)))
+
+    @property
+    def id(self) -> int:
+        """The topic's id."""
+        return self.record.id
+
+    @property
+    def name(self) -> str:
+        """The topic's name."""
+        return self.record.name
+
+    @property
+    def partitions(self) -> int:
+        """The topic's partition count."""
+        return self.record.partitions
+
+
+def _bad_text(s: str) -> str | None:
+    """Why PostgreSQL text cannot hold ``s`` (a NUL character, an unpaired surrogate), else ``None``."""
+    if "\x00" in s:
+        return "contains a NUL character"
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:
+            return "is not valid Unicode (unpaired surrogate)"
+    return None
+
+
+def choose_partition(state: TopicState, key: str | None, partition: object) -> int:
+    """The partition of an event: ``partition`` if given (checked), else the key's, else round-robin."""
+    if partition is not None:
+        if isinstance(partition, bool) or not isinstance(partition, int):
+            raise InvalidArgument(f"partition must be an integer, not {type(partition).__name__}")
+        if not 0 <= partition < state.partitions:
+            raise InvalidArgument(
+                f"partition {partition} out of range for topic {state.name!r} (0 to {state.partitions - 1})")
+        return partition
+    if key is not None:
+        return _key_partition(key, state.partitions)
+    return next(state.round_robin) % state.partitions
+
+
+def event_row(state: TopicState, value: Any, key: object, headers: object, partition: object,
+              event_type: object, event_id: object, correlation_id: object, causation_id: object) -> EventRow:
+    """Validate and encode one event (raises :class:`InvalidArgument` naming the bad field)."""
+    # runs once per event in publish_many: the checks of absent fields are skipped inline
+    if key is not None:
+        if not isinstance(key, str):
+            raise InvalidArgument(f"key must be a string or None, not {type(key).__name__}")
+        if why := _bad_text(key):
+            raise InvalidArgument(f"key {key!r} {why}")
+    hdrs = None if headers is None else check_headers(headers)
+    if hdrs:
+        for k, v in hdrs.items():
+            if why := _bad_text(k) or _bad_text(v):
+                raise InvalidArgument(f"header {k!r}: {v!r} {why}")
+    if event_type is None and event_id is None and correlation_id is None and causation_id is None:
+        et = eid = cid = sid = None
+    else:
+        et = check_optional_str("event_type", event_type)
+        eid = check_optional_str("event_id", event_id)
+        cid = check_optional_str("correlation_id", correlation_id)
+        sid = check_optional_str("causation_id", causation_id)
+        for name, text in (("event_type", et), ("event_id", eid), ("correlation_id", cid),
+                           ("causation_id", sid)):
+            if text is not None and (why := _bad_text(text)):
+                raise InvalidArgument(f"{name} {text!r} {why}")
+    if partition is None and key is not None:
+        p = _key_partition(key, state.partitions)
+    else:
+        p = choose_partition(state, key, partition)
+    if type(value) is bytes:
+        kind, payload = KIND_BYTES, value
+    else:
+        try:
+            kind, payload = encode_value(value)
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(f"value is not valid Unicode (unpaired surrogate): {exc}") from None
+    return EventRow(p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid)
+
+
+def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
+               ) -> tuple[list[EventRow], bool]:
+    """Validate and encode a batch; also say whether any event has an event id."""
+    if isinstance(events, (Message, Mapping, str, bytes)) or not isinstance(events, Iterable):
+        raise InvalidArgument(
+            f"events must be an iterable of Message objects or dicts, not {type(events).__name__}")
+    rows = []
+    has_ids = False
+    for i, ev in enumerate(events):
+        if isinstance(ev, Message):
+            fields: Mapping[str, Any] = ev.__dict__
+        elif isinstance(ev, Mapping):
+            unknown = set(ev) - _MESSAGE_FIELDS
+            if unknown:
+                raise InvalidArgument(f"event {i}: unknown field(s) {sorted(unknown)}")
+            if "value" not in ev:
+                raise InvalidArgument(f"event {i}: missing 'value'")
+            fields = ev
+        else:
+            raise InvalidArgument(f"event {i}: expected a Message or a dict, not {type(ev).__name__}")
+        try:
+            row = event_row(state, fields["value"], fields.get("key"), fields.get("headers"),
+                            fields.get("partition"), fields.get("event_type"), fields.get("event_id"),
+                            fields.get("correlation_id"), fields.get("causation_id"))
+        except InvalidArgument as exc:
+            raise InvalidArgument(f"event {i}: {exc}") from None
+        has_ids = has_ids or row.event_id is not None
+        rows.append(row)
+    return rows, has_ids
+
+
+@dataclass
+class Producer:
+    """Publishes for a client: ``store`` is its storage, ``topic`` resolves a name to its state
+    (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds) and ``announce``
+    schedules a wake-up notification of a topic after a commit."""
+
+    store: Store
+    topic: Callable[..., TopicState]
+    announce: Callable[[int], None]
+    channel: str
+
+    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None
+                ) -> PublishResult:
+        """Publish one event (see :meth:`pgstreams.Client.publish`)."""
+        state = self.topic(topic)
+        row = event_row(state, *row_args)
+        events = self.store.events
+        ex = self.store.executor
+        if conn is not None:
+            if not isinstance(conn, psycopg.Connection):
+                raise InvalidArgument(f"conn must be a psycopg Connection, not {type(conn).__name__}")
+            stored = events.insert(conn, state.id, row)
+            events.notify(conn, self.channel, str(state.id))
+        else:
+            pool = ex.pool
+            assert pool is not None
+            # getconn/putconn: the connection() context manager costs as much again on this path
+            c = pool.getconn()
+            try:
+                stored = self._insert_pooled(c, topic, state, row)
+                if stored.position >= state.segments.stats_from:
+                    state.segments.check_stats(ex, stored.position, c)
+            finally:
+                pool.putconn(c)
+            self.announce(state.id)
+        state.segments.ensure_room(ex, stored.position)
+        return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+        events = self.store.events
+        try:
+            return events.insert_pooled(c, state.id, row)
+        except psycopg.errors.UndefinedTable:
+            fresh = self.topic(topic, refresh=True, conn=c)
+            return events.insert_pooled(c, fresh.id, row)
+        except psycopg.errors.CheckViolation:
+            # the position fell beyond the last segment: add segments and retry once
+            state.segments.ensure_room_after(self.store.executor, 0, c)
+            return events.insert_pooled(c, state.id, row)
+
+    def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
+        """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
+        state = self.topic(topic)
+        rows, has_ids = event_rows(state, events)
+        if not rows:
+            return 0
+        pool = self.store.executor.pool
+        assert pool is not None
+        with pool.connection() as conn:
+            stored = self._copy(conn, state, rows, has_ids)
+        self.announce(state.id)
+        return stored
+
+    def _copy(self, conn: psycopg.Connection, state: TopicState, rows: list[EventRow], has_ids: bool) -> int:
+        # Reading the sequence to keep segments ahead costs a round trip: do it once every 1/16 segment
+        # of events; if other clients' events outran it, the COPY fails (no segment for a position)
+        # and is retried once after adding segments.
+        ex = self.store.executor
+        segments = state.segments
+        last = -1
+        if state.copies_until_check <= 0:
+            state.copies_until_check = max(1, state.record.segment_size // 16)
+            last = segments.ensure_room_after(ex, len(rows), conn)
+        state.copies_until_check -= len(rows)
+        try:
+            stored = self.store.events.copy(conn, state.id, rows, has_ids)
+        except psycopg.errors.CheckViolation:
+            segments.ensure_room_after(ex, len(rows), conn)
+            stored = self.store.events.copy(conn, state.id, rows, has_ids)
+        # positions of other clients' events only move the true last position further: this is a lower
+        # bound, read again with the segments every 1/16 segment
+        if last >= 0:
+            state.copied_lower_bound = last + len(rows)
+        elif state.copied_lower_bound >= 0:
+            state.copied_lower_bound += len(rows)
+        if state.copied_lower_bound >= segments.stats_from:
+            segments.check_stats(ex, state.copied_lower_bound, conn)
+        return stored

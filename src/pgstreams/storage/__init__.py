@@ -1,0 +1,64 @@
+"""The storage layer: the only part of pgstreams that knows tables, segment names and SQL.
+
+- :mod:`.queries`: named-query files and the one loader (:class:`QuerySet`), shared by the core, the
+  Spark data source and applications;
+- :mod:`.migrations`: the one migration runner (:class:`MigrationSet`) for every namespace;
+- :mod:`.naming`: how a topic is stored (:class:`TopicTables`);
+- :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
+- typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
+  :class:`CheckpointStore`, :class:`GroupStore`, gathered by :class:`Store`.
+"""
+
+from __future__ import annotations
+
+from psycopg_pool import ConnectionPool
+
+from .checkpoints import CheckpointStore
+from .events import Cursor, EventRow, EventStore, StoredAt
+from .executor import CORE_QUERIES, Executor, core_query
+from .groups import GroupStore, LeaseRow
+from .migrations import CORE, Migration, MigrationSet, MigrationStatus
+from .naming import TopicTables
+from .queries import QueryNotFound, QuerySet, render_script
+from .topics import Segments, TopicRecord, TopicStore
+
+__all__ = [
+    "CORE",
+    "CORE_QUERIES",
+    "CheckpointStore",
+    "Cursor",
+    "EventRow",
+    "EventStore",
+    "Executor",
+    "GroupStore",
+    "LeaseRow",
+    "Migration",
+    "MigrationSet",
+    "MigrationStatus",
+    "QueryNotFound",
+    "QuerySet",
+    "Segments",
+    "Store",
+    "StoredAt",
+    "TopicRecord",
+    "TopicStore",
+    "TopicTables",
+    "core_query",
+    "render_script",
+]
+
+
+class Store:
+    """Every typed operation on one schema, over one executor (``pool`` may be ``None`` when every call
+    passes its connection)."""
+
+    def __init__(self, pool: ConnectionPool | None, schema: str) -> None:
+        self.executor = Executor(pool, schema)
+        self.schema = schema
+        self.topics = TopicStore(self.executor)
+        self.events = EventStore(self.executor)
+        self.checkpoints = CheckpointStore(self.executor)
+        self.groups = GroupStore(self.executor)
+
+    def __repr__(self) -> str:
+        return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -1,0 +1,63 @@
+"""Typed operations on stream-group checkpoints: one cursor per (group, topic, partition)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import psycopg
+
+from ..models import CommitOutcome
+from .events import Cursor
+from .executor import Executor
+
+
+def _xids(cursors: Mapping[int, Cursor], partitions: Sequence[int]) -> list[str]:
+    return [str(cursors[p][0]) for p in partitions]
+
+
+def _positions(cursors: Mapping[int, Cursor], partitions: Sequence[int]) -> list[int]:
+    return [cursors[p][1] for p in partitions]
+
+
+class CheckpointStore:
+    """Checkpoints of one schema."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.ex = executor
+
+    def load(self, conn: psycopg.Connection, group: str, topic_id: int, partitions: Sequence[int]
+             ) -> dict[int, Cursor]:
+        """The checkpoints of ``group`` on these partitions (partitions without one are absent)."""
+        rows = self.ex.all("load_checkpoints", (group, topic_id, list(partitions)), conn=conn)
+        return {int(p): (int(x), int(pos)) for p, x, pos in rows}
+
+    def create(self, conn: psycopg.Connection, group: str, topic_id: int, starts: Mapping[int, Cursor]
+               ) -> None:
+        """Create the checkpoints of ``starts`` that do not exist yet (existing ones win)."""
+        ps = sorted(starts)
+        self.ex.run("init_checkpoints", (group, topic_id, ps, _xids(starts, ps), _positions(starts, ps)),
+                    conn=conn)
+
+    def store(self, conn: psycopg.Connection, group: str, topic_id: int, targets: Mapping[int, Cursor],
+              expected: Mapping[int, Cursor], lease: tuple[str, Mapping[int, int]] | None = None
+              ) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
+
+        With ``lease`` (member id, lease epoch per partition) a partition whose lease the member no longer
+        holds under that epoch is refused (:attr:`CommitOutcome.FENCED`).
+        """
+        ps = sorted(targets)
+        args = (ps, _xids(targets, ps), _positions(targets, ps), _xids(expected, ps),
+                _positions(expected, ps))
+        if lease is None:
+            rows = self.ex.all("store_checkpoints", (group, topic_id, *args), conn=conn)
+        else:
+            member, epochs = lease
+            rows = self.ex.all("store_checkpoints_fenced",
+                               (group, topic_id, member, *args, [epochs.get(p, -1) for p in ps]), conn=conn)
+        return {int(p): CommitOutcome(code) for p, code in rows}
+
+    def seek(self, group: str, topic_id: int, cursors: Mapping[int, Cursor]) -> None:
+        """Set the checkpoints to ``cursors`` (they may move backwards)."""
+        ps = sorted(cursors)
+        self.ex.run("seek_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)))

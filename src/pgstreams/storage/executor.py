@@ -1,0 +1,84 @@
+"""The sync executor: runs the named queries of one schema on pooled (or the caller's) connections.
+
+Typed operations (:mod:`.topics`, :mod:`.events`, :mod:`.checkpoints`, :mod:`.groups`) build on it; an
+async executor over an async pool can offer the same methods without touching their callers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import RowFactory, tuple_row
+from psycopg_pool import ConnectionPool
+
+from .naming import TopicTables
+from .queries import QuerySet
+
+#: The named queries of the core (``pgstreams/storage/sql/queries/*.sql``).
+CORE_QUERIES = QuerySet("pgstreams.storage", "sql", "queries")
+
+Params = Sequence[Any] | dict[str, Any] | None
+
+
+@functools.lru_cache(maxsize=4096)
+def core_query(name: str, schema: str, topic_id: int | None = None) -> sql.Composed:
+    """Core query ``name`` for ``schema`` and, for per-topic queries, the storage of ``topic_id``."""
+    if topic_id is None:
+        return CORE_QUERIES.get(name, schema)
+    return CORE_QUERIES.render(name, schema, TopicTables(schema, topic_id).identifiers)
+
+
+class Executor:
+    """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on a connection the
+    caller passes (which may be inside the caller's transaction). Without a pool (``None``, for processes
+    that hold plain connections, such as Spark tasks) every call must pass its connection."""
+
+    def __init__(self, pool: ConnectionPool | None, schema: str) -> None:
+        self.pool = pool
+        self.schema = schema
+
+    def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
+        """Core query ``name`` rendered for this schema (and topic)."""
+        return core_query(name, self.schema, topic_id)
+
+    def tables(self, topic_id: int) -> TopicTables:
+        """The storage names of a topic in this schema."""
+        return TopicTables(self.schema, topic_id)
+
+    @contextmanager
+    def connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
+        """``conn`` if given, else a pooled autocommit connection for the block."""
+        if conn is not None:
+            yield conn
+            return
+        if self.pool is None:
+            raise RuntimeError("this executor has no pool: pass the connection to use")
+        with self.pool.connection() as pooled:
+            yield pooled
+
+    def one(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
+            topic_id: int | None = None, row: RowFactory[Any] = tuple_row, prepare: bool | None = None
+            ) -> Any:
+        """The first row of query ``name`` (``None`` when there is none)."""
+        with self.connection(conn) as c:
+            return c.cursor(row_factory=row).execute(self.query(name, topic_id), params,
+                                                     prepare=prepare).fetchone()
+
+    def all(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
+            topic_id: int | None = None, row: RowFactory[Any] = tuple_row, prepare: bool | None = None,
+            binary: bool = False) -> list[Any]:
+        """Every row of query ``name``."""
+        with self.connection(conn) as c:
+            return c.cursor(row_factory=row, binary=binary).execute(
+                self.query(name, topic_id), params, prepare=prepare).fetchall()
+
+    def run(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
+            topic_id: int | None = None) -> int:
+        """Run query ``name`` for its effect; return the number of rows it affected."""
+        with self.connection(conn) as c:
+            return c.execute(self.query(name, topic_id), params).rowcount

@@ -1,0 +1,51 @@
+"""How a topic is stored: the one place that knows the names of its table, segments and sequence.
+
+A topic with id ``N`` keeps its events in ``<schema>.topic_N``, partitioned by range of position into
+segments ``<schema>.topic_N_s<k>`` (positions ``[k * segment_size, (k + 1) * segment_size)``), and numbers
+them from the sequence ``<schema>.topic_N_seq``. The SQL functions of the migrations that create and
+extend this storage (``create_topic_storage``, ``ensure_segments``) follow the same scheme.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from psycopg import sql
+
+
+@dataclass(frozen=True)
+class TopicTables:
+    """The storage names of topic ``topic_id`` in ``schema``."""
+
+    schema: str
+    topic_id: int
+
+    @property
+    def base(self) -> str:
+        """The bare name of the event table (``topic_<id>``)."""
+        return f"topic_{int(self.topic_id)}"
+
+    @property
+    def table(self) -> sql.Identifier:
+        """The event table (partitioned by position into segments)."""
+        return sql.Identifier(self.schema, self.base)
+
+    @property
+    def sequence(self) -> sql.Identifier:
+        """The sequence that numbers the topic's positions."""
+        return sql.Identifier(self.schema, f"{self.base}_seq")
+
+    @property
+    def sequence_regclass(self) -> str:
+        """The sequence's qualified, quoted name as a text value for ``::regclass`` (``nextval(%s)``)."""
+        return f'"{self.schema}"."{self.base}_seq"'
+
+    def segment(self, index: int) -> sql.Identifier:
+        """Segment ``index`` of the event table."""
+        return sql.Identifier(self.schema, f"{self.base}_s{int(index)}")
+
+    @functools.cached_property
+    def identifiers(self) -> dict[str, sql.Composable]:
+        """The placeholders of per-topic queries: ``{table}`` and ``{seq}``."""
+        return {"table": self.table, "seq": self.sequence}

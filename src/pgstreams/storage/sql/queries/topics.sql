@@ -1,0 +1,43 @@
+-- Named queries: topics. {schema} is the pgstreams schema and {table} / {seq} a topic's event table
+-- and position sequence (quoted identifiers, see pgstreams.storage.naming); values are always bound
+-- parameters. Literal braces are doubled.
+
+-- name: topic_by_name
+SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
+       (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end
+  FROM {schema}.topics t WHERE t.name = %s;
+
+-- name: list_topics
+SELECT id, name, partitions, segment_size, config, created_at FROM {schema}.topics ORDER BY name;
+
+-- name: insert_topic
+INSERT INTO {schema}.topics (name, partitions, segment_size, config) VALUES (%s, %s, %s, %s)
+ON CONFLICT (name) DO NOTHING RETURNING id;
+
+-- name: create_topic_storage
+SELECT {schema}.create_topic_storage(%s);
+
+-- name: ensure_segments
+SELECT {schema}.ensure_segments(%s, %s);
+
+-- name: analyze_segment
+SELECT {schema}.analyze_segment(%s, %s);
+
+-- name: delete_topic
+DELETE FROM {schema}.topics WHERE name = %s RETURNING id;
+
+-- name: partition_stats
+-- Events stored (the lag of a cursor before every event) and head of each partition.
+SELECT p.p, pp.lag, pp.head
+  FROM generate_series(0, %s - 1) AS p(p)
+ CROSS JOIN LATERAL {schema}.partition_progress(%s, p.p, '0'::xid8, 0) pp
+ ORDER BY p.p;
+
+-- name: sequence_last_value
+SELECT last_value FROM {seq};
+
+-- name: drop_topic_storage
+DROP TABLE IF EXISTS {table} CASCADE;
+
+-- name: drop_topic_sequence
+DROP SEQUENCE IF EXISTS {seq};

@@ -83,7 +83,7 @@ def publish(dsn: str, events: int, partitions: int, console: Console) -> tuple[i
                  "key": key(i), "event_type": "impression",
                  "headers": {"source": "bench"} if i % 10 == 0 else None}
                 for i in range(start, min(events, start + batch))])
-        tid = client._topic(TOPIC).id
+        tid = client.topic_record(TOPIC).id
         with client.connection() as conn:
             row = conn.execute(sql.SQL("SELECT min(position), max(position) FROM {}").format(
                 sql.Identifier("pgstreams", f"topic_{tid}"))).fetchone()

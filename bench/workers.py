@@ -208,7 +208,7 @@ def measure_failover(client: pgstreams.Client, db: str, hb: float, session: floa
     """Seconds from a SIGKILL to the first / the last of the dead member's partitions consumed again."""
     firsts: list[float] = []
     lasts: list[float] = []
-    tid = client._topic("fo").id
+    tid = client.topic_record("fo").id
     rnd = random.Random()
     with fleet(db, "fo", "fo", hb, session) as f, Producer(db, "fo"):
         for _ in range(4):
@@ -240,7 +240,7 @@ def measure_fair_share(client: pgstreams.Client, db: str, hb: float, session: fl
                        console: Console) -> list[float]:
     """Seconds from a new member's registration to its owning ceil(12 / 4) = 3 leases (database clock)."""
     out: list[float] = []
-    tid = client._topic("fs").id
+    tid = client.topic_record("fs").id
     with fleet(db, "fs", "fs", hb, session) as f, Producer(db, "fs"):
         for _ in range(3):
             f.start()

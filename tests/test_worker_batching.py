@@ -15,6 +15,7 @@ from contextlib import contextmanager
 import pytest
 
 import pgstreams
+from pgstreams.storage import EventRow
 from pgstreams import BatchConfig, InvalidArgument, Worker
 from pgstreams.worker import BatchAssembler
 
@@ -204,13 +205,13 @@ def test_notifications_wake_the_worker_before_the_poll_interval(dsn: str) -> Non
 def test_polling_finds_events_that_sent_no_notification(dsn: str) -> None:
     with pgstreams.connect(dsn, poll_interval=0.2) as client:
         client.create_topic("t", 1)
-        tid = client._topic("t").id
+        tid = client.topic_record("t").id
         seen: list[str] = []
         worker = Worker(client, install_signal_handlers=False)
         worker.subscribe("t", "g", lambda ev: seen.append(ev.value), partitions=[0])
         with running(worker):
             until(lambda: worker.stats.polls >= 1, what="a poll")
             with client.connection() as conn:  # a plain INSERT: no pg_notify
-                conn.execute(client._q("insert_event", tid),
-                             (0, "s", None, b"quiet", None, None, None, None, None))
+                client.store.events.insert(conn, tid, EventRow(0, "s", None, b"quiet", None, None, None, None,
+                                                               None))
             until(lambda: seen == ["quiet"], timeout=5, what="the polled event")

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 import pytest
 
 import pgstreams
-from pgstreams.storage import EventRow
 from pgstreams import BatchConfig, InvalidArgument, Worker
+from pgstreams.storage import EventRow
 from pgstreams.worker import BatchAssembler
 
 

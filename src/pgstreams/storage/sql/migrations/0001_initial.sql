@@ -178,7 +178,7 @@ BEGIN
 END;
 $$;
 
--- Store a checkpoint given the expected previous one (seed 003). Returns
+-- Store a checkpoint given the expected previous one. Returns
 -- 1 stored, 0 ignored (already stored / would move backwards), 2 further (stored is beyond expected),
 -- 3 older (stored is behind expected).
 CREATE FUNCTION {schema}.store_checkpoint(

@@ -1,4 +1,4 @@
--- Group membership (seeds 001 and 002): per-group configuration, members with heartbeats and session
+-- Group membership: per-group configuration, members with heartbeats and session
 -- timeouts, partition leases (claim, steal, hand-over, expiry) with fencing epochs, and the
 -- consumer_group_status view. Rendered with the target schema as {schema}; literal braces are doubled.
 
@@ -12,7 +12,7 @@ CREATE TABLE {schema}.group_config (
     updated_at            timestamptz NOT NULL DEFAULT now()
 );
 
--- Live members of a group on a topic (seed 001 consumer_registrations). A member whose last heartbeat is
+-- Live members of a group on a topic . A member whose last heartbeat is
 -- older than its session timeout is stale; the next balancing run of any member deletes it.
 CREATE TABLE {schema}.members (
     group_name            text        NOT NULL,
@@ -28,7 +28,7 @@ CREATE TABLE {schema}.members (
 );
 CREATE INDEX members_topic_idx ON {schema}.members (topic_id);
 
--- One lease per (group, topic, partition) (seed 002). Only `owner` may process the partition. A member
+-- One lease per (group, topic, partition). Only `owner` may process the partition. A member
 -- that wants it sets `new_owner`; the owner hands it over after its batch in hand (release_leases).
 -- `epoch` grows on every change of owner: a commit names the epoch it was processed under, and
 -- store_checkpoint_fenced refuses it once the lease has moved on. The retry_* columns say that the
@@ -91,7 +91,7 @@ LANGUAGE sql STABLE AS $$
        AND (l.owner = p_member OR l.new_owner = p_member);
 $$;
 
--- Heartbeat (seed 001 update_consumer_heartbeat), returning the member's leases.
+-- Heartbeat, returning the member's leases.
 CREATE FUNCTION {schema}.member_heartbeat(
     p_group text, p_topic_id integer, p_member text,
     OUT alive boolean, OUT owned integer[], OUT epochs bigint[], OUT leaving integer[], OUT incoming integer[]
@@ -105,9 +105,8 @@ BEGIN
 END;
 $$;
 
--- Balancing run of one member (seed 002 obtain_leases + expire_leases), serialised per group and topic:
---  1. members whose heartbeat is older than their session timeout are deleted (seed 001
---     cleanup_stale_consumers); their leases go to the member waiting for them if it is alive, else
+-- Balancing run of one member (claim, steal and expire leases), serialised per group and topic:
+--  1. members whose heartbeat is older than their session timeout are deleted; their leases go to the member waiting for them if it is alive, else
 --     become unowned, with a new epoch (the old owner's late commits are fenced);
 --  2. with N partitions and M live members, lo = floor(N/M) and hi = ceil(N/M) (the fair share):
 --     the member claims unowned partitions while it holds fewer than hi;
@@ -307,7 +306,7 @@ $$;
 
 -- Per group, topic and partition: the owner and the member waiting for it, the owner's last heartbeat,
 -- whether the owner is stale (missed its session timeout, or gone), the checkpoint, head and lag, and
--- whether the group is stuck retrying an event there (seed 001 consumer_group_status).
+-- whether the group is stuck retrying an event there.
 CREATE VIEW {schema}.consumer_group_status AS
 SELECT k.group_name, t.name AS topic, k.topic_id, k.partition,
        l.owner, l.new_owner AS pending_owner, l.epoch, l.acquired_at,

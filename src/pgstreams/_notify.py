@@ -20,7 +20,7 @@ from collections.abc import Callable
 import psycopg
 from psycopg import pq
 
-from .storage.naming import notification_channel
+from .storage import notification_channel
 
 log = logging.getLogger("pgstreams.notify")
 

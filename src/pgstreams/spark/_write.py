@@ -33,8 +33,7 @@ from pyspark.sql.types import (
 )
 
 from ..errors import InvalidArgument
-from ..storage import Segments, TopicRecord
-from ..storage.naming import notification_channel
+from ..storage import Segments, TopicRecord, notification_channel
 from . import _db
 from ._arrow import Partitioner, encode_copy
 from ._options import WriteOptions
@@ -150,8 +149,8 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
             if stored:
                 events_store.notify(conn, notification_channel(opts.schema), str(meta.id))
         if stored:
-            # positions first + 1 .. first + events at least: later ones belong to the same segments or
-            # to the next, which a later write checks
+            # the rows hold positions above first, the last one at least first + events (other writers'
+            # rows may lie in between): the segments of that range are the ones this task filled
             segments.check_stats_between(ex, first + 1, first + events, side)
     return TaskCommit(sink_id, batch_id, task_partition, events, stored, False)
 

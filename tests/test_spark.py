@@ -28,6 +28,7 @@ import _spark_helpers
 import pgstreams
 import pgstreams.spark as pgspark
 from pgstreams.spark._arrow import Partitioner
+from pgstreams.storage import TopicTables
 
 # one xdist group: under ``--dist loadgroup`` every test of this module shares one worker and one JVM
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
@@ -526,6 +527,27 @@ def test_batch_write_publishes_rows_with_keys_partitions_headers_and_event_ids(
         binary.write.format("pgstreams").option("dsn", dsn).option("topic", "out").mode("append").save()
         visible(dsn)
         assert [e.value for e in check.poll(10, timeout=2)] == [b"\x00\x01\\\n"]
+
+
+def segment_has_stats(dsn: str, topic: str, index: int) -> bool:
+    """Whether segment ``index`` of ``topic`` has column statistics (of its ``partition`` column)."""
+    tables = TopicTables("pgstreams", topic_id(dsn, topic))
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT EXISTS (SELECT 1 FROM pg_stats WHERE schemaname = %s AND tablename = %s"
+                           " AND attname = 'partition')", (tables.schema, f"{tables.segment_prefix}{index}")
+                           ).fetchone()
+    return bool(row and row[0])
+
+
+def test_batch_write_gives_a_new_segment_column_statistics(spark: SparkSession, dsn: str) -> None:
+    """Without statistics a new segment looks empty to the planner and a poll sorts whole partitions: a
+    Spark write, like every writer, ANALYZEs the segments it filled enough once its rows are committed."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("analysed", 2)
+    assert not segment_has_stats(dsn, "analysed", 0)
+    df = spark.range(5000).selectExpr("CAST(id AS string) AS value", "CAST(id % 97 AS string) AS key")
+    df.write.format("pgstreams").option("dsn", dsn).option("topic", "analysed").mode("append").save()
+    assert segment_has_stats(dsn, "analysed", 0)
 
 
 def test_vectorised_partitioner_matches_partition_for_key() -> None:

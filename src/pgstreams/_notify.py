@@ -20,6 +20,8 @@ from collections.abc import Callable
 import psycopg
 from psycopg import pq
 
+from .storage import notification_channel
+
 log = logging.getLogger("pgstreams.notify")
 
 #: Seconds a client's notifier waits after a notification before it sends the next one; commits in
@@ -29,8 +31,8 @@ MIN_INTERVAL = 0.005
 
 
 def channel(schema: str) -> str:
-    """The notification channel of a schema."""
-    return f"pgstreams.{schema}"
+    """The notification channel of a schema (named by the storage layer)."""
+    return notification_channel(schema)
 
 
 class Notifier:

@@ -21,6 +21,7 @@ from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
+from ..storage import TopicRecord, TopicTables
 from . import _db
 from ._arrow import decode_chunk
 from ._filters import Pushed, push
@@ -43,8 +44,8 @@ from ._sql import (
     SCAN_PARTITIONS,
     SCAN_UPPER_BOUND,
     Layout,
+    chunk_query,
     query,
-    table_regclass,
 )
 
 #: Below this many events a partition range is read through the read-order index.
@@ -107,7 +108,7 @@ class ScanSplit(InputPartition):
     pages: tuple[PageRange, ...]
 
 
-def resolve_cursor(conn: Any, opts: ReadOptions, topic: _db.TopicMeta, partitions: Sequence[int],
+def resolve_cursor(conn: Any, opts: ReadOptions, topic: TopicRecord, partitions: Sequence[int],
                    spec_of: dict[int, Spec], fence_xid: int, *, ending: bool) -> dict[int, Cursor]:
     """Turn per-partition specs into cursors under ``fence_xid``.
 
@@ -185,7 +186,7 @@ class BatchReader(DataSourceReader):
             metas = [m for m in _db.topics(conn, opts.schema, opts.topics, "topics")
                      if self.pushed.keeps_topic(m.name)]
             fence_xid = _db.fence(conn, opts.schema)
-            plans: list[tuple[_db.TopicMeta, int, Cursor, Cursor]] = []
+            plans: list[tuple[TopicRecord, int, Cursor, Cursor]] = []
             for meta in metas:
                 parts = [p for p in range(meta.partitions) if self.pushed.keeps_partition(p)]
                 if not parts:
@@ -216,7 +217,7 @@ class BatchReader(DataSourceReader):
                     splits.extend(self._scan_splits(meta, scans[meta.id], fence_xid, segments, per_partition))
         return splits
 
-    def _scan_splits(self, meta: _db.TopicMeta, cursors: dict[int, tuple[Cursor, Cursor]], fence_xid: int,
+    def _scan_splits(self, meta: TopicRecord, cursors: dict[int, tuple[Cursor, Cursor]], fence_xid: int,
                      segments: list[tuple[int, int, int, int, int]], per_partition: int) -> list[ScanSplit]:
         """Split the pages of the topic's segments into ranges, each read in one pass for every topic
         partition of ``cursors``: at least ``per_partition`` ranges per topic partition read."""
@@ -255,15 +256,15 @@ class BatchReader(DataSourceReader):
                                      fence_xid, tuple(ranges)))
         return out
 
-    def _segments(self, conn: Any, meta: _db.TopicMeta) -> list[tuple[int, int, int, int, int]]:
+    def _segments(self, conn: Any, meta: TopicRecord) -> list[tuple[int, int, int, int, int]]:
         """``(lo, hi, pages, events, stored bytes)`` of the topic's attached segments within the pushed
         position bounds."""
         lo_bound, hi_bound = self.pushed.position_bounds()
+        tables = TopicTables(self.opts.schema, meta.id)
         rows = conn.execute(query("attached_segments", self.opts.schema),
-                            {"topic_id": meta.id,
-                             "parent": table_regclass(self.opts.schema, meta.id)}).fetchall()
-        last = conn.execute(query("last_position", self.opts.schema, meta.id)).fetchone()
-        last_pos = int(last[0]) if last else 0
+                            {"topic_id": meta.id, "parent": tables.table_regclass,
+                             "segment_prefix": tables.segment_prefix}).fetchall()
+        last_pos = _db.store(self.opts.schema).topics.last_position(meta.id, conn)
         out = []
         for lo, hi, pages, stored in rows:
             lo, hi, pages = int(lo), int(hi), int(pages)
@@ -294,8 +295,8 @@ class _Chunks:
 
     def __init__(self, opts: ReadOptions, name: str, topic_id: int, filters: sql.Composable,
                  bounds: sql.Composable | None = None) -> None:
-        self._make = lambda layout, per_event: query(name, opts.schema, topic_id, filters, layout, bounds,
-                                                     per_event)
+        self._make = lambda layout, per_event: chunk_query(name, opts.schema, topic_id, filters, layout,
+                                                           bounds, per_event)
         self._use(Layout())
 
     def _use(self, layout: Layout) -> None:

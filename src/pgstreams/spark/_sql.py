@@ -1,22 +1,18 @@
-"""Named SQL queries of the Spark data source, loaded once from ``queries.sql`` beside this module."""
+"""Named SQL queries of the Spark data source (``queries.sql`` beside this module), loaded and rendered by
+the storage layer's loader with a topic's storage names from :class:`pgstreams.storage.TopicTables`, and
+the SQL fragments a chunk query is composed of."""
 
 from __future__ import annotations
 
 import functools
-import re
 from dataclasses import dataclass
-from importlib import resources
 
 from psycopg import sql
 
-_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+from ..storage import QuerySet, TopicTables
 
-
-@functools.cache
-def _load() -> dict[str, str]:
-    text = (resources.files("pgstreams.spark") / "queries.sql").read_text("utf-8")
-    parts = _NAME_RE.split(text)
-    return {name: body.strip().rstrip(";") for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+#: The queries of ``queries.sql``.
+QUERIES = QuerySet("pgstreams.spark", "queries.sql")
 
 
 #: The optional columns of a chunk query, in the order of its result columns.
@@ -102,19 +98,28 @@ SCAN_UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= ((%(end_xids)s::text[])[e
                            "(%(end_positions)s::int8[])[e.partition + 1])")
 
 
-def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Composable | None = None,
-          layout: Layout | None = None, bounds: sql.Composable | None = None,
-          per_event: bool = False) -> sql.Composed:
-    """The query ``name`` for ``schema``, the event table and sequence of ``topic_id``, ``filters``
-    (a composed SQL fragment of pushed-down conditions, each starting with ``AND``) and, for chunk
-    queries, the ``layout`` of the optional columns, the cursor ``bounds`` and, for page scans, whether
-    to return one row per event instead of one per page group."""
+def query(name: str, schema: str) -> sql.Composed:
+    """The query ``name`` for ``schema`` (cached)."""
+    return QUERIES.get(name, schema)
+
+
+@functools.lru_cache(maxsize=4096)
+def topic_query(name: str, schema: str, topic_id: int) -> sql.Composed:
+    """The query ``name`` for ``schema`` and the storage of topic ``topic_id`` (cached)."""
+    return QUERIES.render(name, schema, TopicTables(schema, topic_id).identifiers)
+
+
+def chunk_query(name: str, schema: str, topic_id: int, filters: sql.Composable | None = None,
+                layout: Layout | None = None, bounds: sql.Composable | None = None,
+                per_event: bool = False) -> sql.Composed:
+    """The chunk query ``name`` (``scan_pages`` or ``chunk_ordered``) for ``schema``, the storage of
+    ``topic_id``, ``filters`` (a composed SQL fragment of pushed-down conditions, each starting with
+    ``AND``), the ``layout`` of the optional columns, the cursor ``bounds`` and, for page scans, whether
+    to return one row per event instead of one per page group. Not cached (fragments are not hashable):
+    a reader renders each form it uses once."""
     layout = layout or Layout()
-    params: dict[str, sql.Composable] = {"schema": sql.Identifier(schema)}
-    if topic_id is not None:
-        params["table"] = sql.Identifier(schema, f"topic_{int(topic_id)}")
-        params["seq"] = sql.Identifier(schema, f"topic_{int(topic_id)}_seq")
-    body = _load()[name]
+    params: dict[str, sql.Composable] = dict(TopicTables(schema, topic_id).identifiers)
+    body = QUERIES.text(name)
     if "{filters}" in body:
         params["filters"] = filters if filters is not None else sql.SQL("")
     if "{bounds}" in body:
@@ -128,9 +133,4 @@ def query(name: str, schema: str, topic_id: int | None = None, filters: sql.Comp
         params["per_event"] = sql.SQL("GROUP BY e.ctid" if per_event else "")
     if "{counts}" in body:
         params["counts"] = counts(alias)
-    return sql.SQL(body).format(**params)
-
-
-def table_regclass(schema: str, topic_id: int) -> str:
-    """The quoted, qualified name of a topic's event table, as a ``regclass`` literal value."""
-    return f'"{schema}"."topic_{int(topic_id)}"'
+    return QUERIES.render(name, schema, params)

@@ -29,10 +29,10 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..storage import TopicRecord
 from . import _db
 from ._batch import Split, read_split, resolve_cursor, specs
 from ._options import ORIGIN, Cursor, ReadOptions
-from ._sql import query
 
 Offsets = dict[str, dict[int, Cursor]]
 
@@ -76,7 +76,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self.schema = schema
         self._conn: psycopg.Connection | None = None
-        self._metas: list[_db.TopicMeta] | None = None
+        self._metas: list[TopicRecord] | None = None
         self._target: Offsets | None = None
         self._mirrored: Offsets | None = None
 
@@ -96,7 +96,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._conn = None
             return fn(self._connection())
 
-    def _topics(self, conn: psycopg.Connection) -> list[_db.TopicMeta]:
+    def _topics(self, conn: psycopg.Connection) -> list[TopicRecord]:
         if self._metas is None:
             self._metas = _db.topics(conn, self.opts.schema, self.opts.topics, "topics")
         return self._metas
@@ -153,7 +153,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ends
         return to_json(self._run(run))
 
-    def _limit(self, conn: psycopg.Connection, metas: dict[str, _db.TopicMeta], starts: Offsets,
+    def _limit(self, conn: psycopg.Connection, metas: dict[str, TopicRecord], starts: Offsets,
                ends: Offsets, max_rows: int) -> Offsets:
         available: dict[tuple[str, int], int] = {}
         for t, meta in metas.items():
@@ -208,12 +208,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
         def run(conn: psycopg.Connection) -> None:
             metas = {m.name: m for m in self._topics(conn)}
+            checkpoints = _db.store(self.opts.schema).checkpoints
             with conn.transaction():
                 for t, parts in offsets.items():
-                    ps = sorted(parts)
-                    conn.execute(query("set_group_checkpoints", self.opts.schema),
-                                 (group, metas[t].id, ps, [str(parts[p][0]) for p in ps],
-                                  [parts[p][1] for p in ps]))
+                    checkpoints.mirror(conn, group, metas[t].id, parts)
         self._run(run)
         self._mirrored = offsets
 

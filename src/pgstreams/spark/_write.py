@@ -15,7 +15,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import psycopg
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -33,13 +32,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from .. import _queries as core_queries
-from .._notify import channel
 from ..errors import InvalidArgument
+from ..storage import Segments, TopicRecord, notification_channel
 from . import _db
 from ._arrow import Partitioner, encode_copy
 from ._options import WriteOptions
-from ._sql import query
+from ._sql import query, topic_query
 
 #: Columns a written DataFrame may have, with what each must be.
 ACCEPTED = ("value", "key", "headers", "partition", "event_type", "event_id", "correlation_id",
@@ -102,11 +100,21 @@ def _select(batch: pa.RecordBatch, used: list[str]) -> pa.RecordBatch:
     return batch.select(names) if len(names) != batch.num_columns else batch
 
 
-def write_task(opts: WriteOptions, meta: _db.TopicMeta, used: list[str], sink_id: str, batch_id: int,
+def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: str, batch_id: int,
                task_partition: int, batches: Iterator[pa.RecordBatch]) -> TaskCommit:
-    """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``."""
+    """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``.
+
+    Segments for the next rows are added before each batch on a separate autocommit connection (``side``),
+    so the task's transaction holds no lock on new segments; once committed, the segments the rows went
+    to get column statistics if they have none yet (as every writer does, see
+    :class:`pgstreams.storage.Segments`).
+    """
     has_ids = "event_id" in used
+    storage = _db.store(opts.schema)
+    ex, events_store = storage.executor, storage.events
+    segments = Segments(meta.id, meta.segment_size, covered=meta.segments_end)
     with _db.connect(opts.dsn) as conn, _db.connect(opts.dsn) as side:
+        first = -1  # the last position handed out before the task's first row: every row comes after it
         with conn.transaction():
             cur = conn.cursor()
             if cur.execute(query("claim_sink_task", opts.schema),
@@ -116,12 +124,11 @@ def write_task(opts: WriteOptions, meta: _db.TopicMeta, used: list[str], sink_id
                 return TaskCommit(sink_id, batch_id, task_partition, 0, 0, True)
             partitioner = Partitioner(meta.partitions, random.randrange(meta.partitions))
             if has_ids:
-                cur.execute(core_queries.query("staging_table", opts.schema))
-                copy_stmt = query("copy_staging", opts.schema)
+                events_store.create_staging(conn)
+                copy_stmt = ex.query("copy_staging")
             else:
-                copy_stmt = query("copy_events", opts.schema, meta.id)
+                copy_stmt = topic_query("copy_events", opts.schema, meta.id)
             events = 0
-            hi = 0
             with cur.copy(copy_stmt) as cp:
                 for batch in batches:
                     n = batch.num_rows
@@ -129,31 +136,23 @@ def write_task(opts: WriteOptions, meta: _db.TopicMeta, used: list[str], sink_id
                         continue
                     payload = encode_copy(_select(batch, used), partitioner,
                                           ordinal=events if has_ids else None)
-                    hi = _ensure_room(side, opts.schema, meta, n, hi)
+                    last = segments.ensure_room_after(ex, n, side)
+                    if first < 0:
+                        first = last
                     cp.write(payload)
                     events += n
             stored = events
             if has_ids and events:
-                cur.execute(core_queries.query("insert_staged", opts.schema, meta.id),
-                            {"topic_id": meta.id, "seq": core_queries.seq_name(opts.schema, meta.id)})
-                stored = cur.rowcount
+                stored = events_store.insert_staged(conn, meta.id)
             cur.execute(query("record_sink_task", opts.schema),
                         (events, stored, sink_id, batch_id, task_partition))
             if stored:
-                cur.execute(query("notify", opts.schema), (channel(opts.schema), str(meta.id)))
+                events_store.notify(conn, notification_channel(opts.schema), str(meta.id))
+        if stored:
+            # the rows hold positions above first, the last one at least first + events (other writers'
+            # rows may lie in between): the segments of that range are the ones this task filled
+            segments.check_stats_between(ex, first + 1, first + events, side)
     return TaskCommit(sink_id, batch_id, task_partition, events, stored, False)
-
-
-def _ensure_room(side: psycopg.Connection, schema: str, meta: _db.TopicMeta, n: int, hi: int) -> int:
-    """Make sure segments exist for the next ``n`` positions plus one segment of headroom (created on a
-    separate autocommit connection, so the task's transaction holds no lock on new segments)."""
-    row = side.execute(query("last_position", schema, meta.id)).fetchone()
-    last = int(row[0]) if row else 0
-    upto = last + n + meta.segment_size
-    if upto < hi:
-        return hi
-    got = side.execute(core_queries.query("ensure_segments", schema, meta.id), (meta.id, upto)).fetchone()
-    return int(got[0]) if got and got[0] is not None else hi
 
 
 def _task() -> tuple[int, str | None, str | None]:
@@ -175,7 +174,7 @@ class BatchWriter(DataSourceArrowWriter):
     """The writer of ``df.write.format("pgstreams")``: each task publishes its rows atomically, and a
     retried task publishes nothing twice. A job that fails keeps the events of the tasks that finished."""
 
-    def __init__(self, opts: WriteOptions, meta: _db.TopicMeta, used: list[str]) -> None:
+    def __init__(self, opts: WriteOptions, meta: TopicRecord, used: list[str]) -> None:
         self.opts = opts
         self.meta = meta
         self.used = used
@@ -198,7 +197,7 @@ class BatchWriter(DataSourceArrowWriter):
 class StreamWriter(DataSourceStreamArrowWriter):
     """The writer of ``df.writeStream.format("pgstreams")``: exactly-once per micro-batch task."""
 
-    def __init__(self, opts: WriteOptions, meta: _db.TopicMeta, used: list[str]) -> None:
+    def __init__(self, opts: WriteOptions, meta: TopicRecord, used: list[str]) -> None:
         self.opts = opts
         self.meta = meta
         self.used = used

@@ -1,5 +1,6 @@
--- Named queries of the Spark data source. {schema} is the pgstreams schema, {table} a topic's event table
--- (quoted identifiers), {filters} a conjunction of pushed-down filters ("AND ..." fragments from
+-- Named queries of the Spark data source, loaded by pgstreams.storage.QuerySet. {schema} is the pgstreams
+-- schema, {table} a topic's event table (quoted identifiers; a topic's storage names come from
+-- pgstreams.storage.TopicTables), {filters} a conjunction of pushed-down filters ("AND ..." fragments from
 -- pgstreams.spark._filters, or nothing); values are always bound parameters.
 --
 -- The "chunk" queries return one row of column-wise aggregates: the positions (int8, big-endian), the
@@ -17,24 +18,13 @@
 -- name: server_info
 SELECT current_setting('server_encoding');
 
--- name: read_fence
--- The visibility fence of batch reads and of streaming offsets: every transaction of this database below
--- it has ended (a long transaction in another database does not hold it back).
-SELECT {schema}.read_fence()::text::bigint;
-
--- name: topics_by_name
-SELECT id, name, partitions, segment_size FROM {schema}.topics WHERE name = ANY(%s);
-
 -- name: attached_segments
 SELECT s.lo, s.hi, pg_relation_size(c.oid) / current_setting('block_size')::bigint, pg_table_size(c.oid)
   FROM pg_inherits i
   JOIN pg_class c ON c.oid = i.inhrelid
-  JOIN {schema}.segments s ON s.topic_id = %(topic_id)s AND c.relname = 'topic_' || s.topic_id || '_s' || s.segment
+  JOIN {schema}.segments s ON s.topic_id = %(topic_id)s AND c.relname = %(segment_prefix)s::text || s.segment
  WHERE i.inhparent = %(parent)s::regclass
  ORDER BY s.lo;
-
--- name: last_position
-SELECT last_value FROM {seq};
 
 -- name: heads
 SELECT c.p, h.xid::text::bigint, h.position
@@ -87,17 +77,6 @@ SELECT c.p, h.xid::text::bigint, h.position
        ORDER BY e.xid, e.position LIMIT 1
   ) h ON true
  ORDER BY c.p;
-
--- name: group_checkpoints
-SELECT partition, xid::text::bigint, position FROM {schema}.checkpoints
- WHERE group_name = %s AND topic_id = %s ORDER BY partition;
-
--- name: set_group_checkpoints
-INSERT INTO {schema}.checkpoints AS k (group_name, topic_id, partition, xid, position)
-SELECT %s, %s, c.p, c.x::xid8, c.pos FROM unnest(%s::int[], %s::text[], %s::bigint[]) AS c(p, x, pos)
-ON CONFLICT (group_name, topic_id, partition)
-DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now()
- WHERE (k.xid, k.position) IS DISTINCT FROM (excluded.xid, excluded.position);
 
 -- name: scan_pages
 -- The events of a range of heap pages of one segment, every wanted topic partition in one pass: one row
@@ -163,11 +142,3 @@ DELETE FROM {schema}.spark_sink_tasks WHERE sink_id = %s;
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
 FROM STDIN;
-
--- name: copy_staging
-COPY pgstreams_staging (ord, partition, kind, key, value, headers, event_type, event_id, correlation_id,
-                        causation_id)
-FROM STDIN;
-
--- name: notify
-SELECT pg_notify(%s, %s);

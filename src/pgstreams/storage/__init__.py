@@ -3,7 +3,7 @@
 - :mod:`.queries`: named-query files and the one loader (:class:`QuerySet`), shared by the core, the
   Spark data source and applications;
 - :mod:`.migrations`: the one migration runner (:class:`MigrationSet`) for every namespace;
-- :mod:`.naming`: how a topic is stored (:class:`TopicTables`);
+- :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
   :class:`CheckpointStore`, :class:`GroupStore`, gathered by :class:`Store`.
@@ -18,7 +18,7 @@ from .events import Cursor, EventRow, EventStore, StoredAt
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
-from .naming import TopicTables
+from .naming import TopicTables, notification_channel
 from .queries import QueryNotFound, QuerySet, render_script
 from .topics import Segments, TopicRecord, TopicStore
 
@@ -44,6 +44,7 @@ __all__ = [
     "TopicStore",
     "TopicTables",
     "core_query",
+    "notification_channel",
     "render_script",
 ]
 

@@ -61,3 +61,11 @@ class CheckpointStore:
         """Set the checkpoints to ``cursors`` (they may move backwards)."""
         ps = sorted(cursors)
         self.ex.run("seek_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)))
+
+    def mirror(self, conn: psycopg.Connection, group: str, topic_id: int, cursors: Mapping[int, Cursor]
+               ) -> None:
+        """Set the checkpoints to ``cursors`` like :meth:`seek`, on ``conn`` (in the caller's transaction,
+        if one is open); a checkpoint already there is left untouched, its ``updated_at`` too."""
+        ps = sorted(cursors)
+        self.ex.run("mirror_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)),
+                    conn=conn)

@@ -176,6 +176,13 @@ class EventStore:
         self.ex.one("notify", (channel, payload), conn=conn)
 
     # -- reading -----------------------------------------------------------------------------------------
+    def read_fence(self, conn: psycopg.Connection) -> int:
+        """The read fence (``read_fence()``, see 0001_initial.sql): every transaction of this database
+        below it has ended, so no event can appear below it any more."""
+        row = self.ex.one("read_fence", conn=conn)
+        assert row is not None
+        return int(row[0])
+
     def poll(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int],
              cursors: Sequence[Cursor], limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit + 1`` events after the cursors, below the read fence, partition by partition in

@@ -3,7 +3,8 @@
 A topic with id ``N`` keeps its events in ``<schema>.topic_N``, partitioned by range of position into
 segments ``<schema>.topic_N_s<k>`` (positions ``[k * segment_size, (k + 1) * segment_size)``), and numbers
 them from the sequence ``<schema>.topic_N_seq``. The SQL functions of the migrations that create and
-extend this storage (``create_topic_storage``, ``ensure_segments``) follow the same scheme.
+extend this storage (``create_topic_storage``, ``ensure_segments``) follow the same scheme. Consumers of a
+schema wait for its events on the notification channel ``pgstreams.<schema>``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,11 @@ import functools
 from dataclasses import dataclass
 
 from psycopg import sql
+
+
+def notification_channel(schema: str) -> str:
+    """The channel on which publishers of ``schema`` announce topics that received events."""
+    return f"pgstreams.{schema}"
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,11 @@ class TopicTables:
         return sql.Identifier(self.schema, self.base)
 
     @property
+    def table_regclass(self) -> str:
+        """The event table's qualified, quoted name as a text value for ``::regclass``."""
+        return f'"{self.schema}"."{self.base}"'
+
+    @property
     def sequence(self) -> sql.Identifier:
         """The sequence that numbers the topic's positions."""
         return sql.Identifier(self.schema, f"{self.base}_seq")
@@ -41,9 +52,14 @@ class TopicTables:
         """The sequence's qualified, quoted name as a text value for ``::regclass`` (``nextval(%s)``)."""
         return f'"{self.schema}"."{self.base}_seq"'
 
+    @property
+    def segment_prefix(self) -> str:
+        """The bare name of segment ``k`` without ``k`` (segment names are this prefix and the number)."""
+        return f"{self.base}_s"
+
     def segment(self, index: int) -> sql.Identifier:
         """Segment ``index`` of the event table."""
-        return sql.Identifier(self.schema, f"{self.base}_s{int(index)}")
+        return sql.Identifier(self.schema, f"{self.segment_prefix}{int(index)}")
 
     @functools.cached_property
     def identifiers(self) -> dict[str, sql.Composable]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -48,6 +49,11 @@ class TopicStore:
         """The topic named ``name``, ``None`` if there is none."""
         row = self.ex.one("topic_by_name", (name,), conn=conn, row=dict_row)
         return None if row is None else _record(row)
+
+    def find(self, names: Sequence[str], conn: psycopg.Connection | None = None) -> dict[str, TopicRecord]:
+        """The topics among ``names`` that exist, by name (one query)."""
+        rows = self.ex.all("topics_by_names", (list(names),), conn=conn, row=dict_row)
+        return {r["name"]: _record(r) for r in rows}
 
     def all(self) -> list[TopicRecord]:
         """Every topic, by name."""
@@ -114,6 +120,14 @@ class Segments:
         last = TopicStore(ex).last_position(self.topic_id, conn)
         self.ensure_room(ex, last + count, conn)
         return last
+
+    def check_stats_between(self, ex: Executor, first: int, last: int,
+                            conn: psycopg.Connection | None = None) -> None:
+        """:meth:`check_stats` for each segment holding positions ``[first, last]`` (a writer that stored a
+        range in one go, which may span segments), at the last of them in each segment."""
+        size = self.segment_size
+        for index in range(first // size, last // size + 1):
+            self.check_stats(ex, min(last, (index + 1) * size - 1), conn)
 
     def check_stats(self, ex: Executor, position: int, conn: psycopg.Connection | None = None) -> None:
         """Make sure the segment holding ``position`` has column statistics (a round trip once per segment

@@ -204,23 +204,3 @@ SELECT count(*) FROM {schema}.online_metrics WHERE complete AND degraded;
 
 -- name: last_ledger_seq
 SELECT max(seq) FROM {schema}.sim_ledger;
-
--- name: migration_lock
-SELECT pg_advisory_xact_lock(hashtext('pgstreams_ml.migrate'), hashtext(%s));
-
--- name: create_schema
-CREATE SCHEMA IF NOT EXISTS {schema};
-
--- name: create_migrations_table
-CREATE TABLE IF NOT EXISTS {schema}.migrations (
-    version integer PRIMARY KEY, name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now()
-);
-
--- name: migration_done
-SELECT 1 FROM {schema}.migrations WHERE version = %s;
-
--- name: record_migration
-INSERT INTO {schema}.migrations (version, name) VALUES (%s, %s);
-
--- name: drop_schema
-DROP SCHEMA IF EXISTS {schema} CASCADE;

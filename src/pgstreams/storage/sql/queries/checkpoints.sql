@@ -23,6 +23,13 @@ SELECT %s, %s, c.p, c.x::xid8, c.pos FROM unnest(%s::int[], %s::text[], %s::bigi
 ON CONFLICT (group_name, topic_id, partition)
 DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now();
 
+-- name: mirror_checkpoints
+INSERT INTO {schema}.checkpoints AS k (group_name, topic_id, partition, xid, position)
+SELECT %s, %s, c.p, c.x::xid8, c.pos FROM unnest(%s::int[], %s::text[], %s::bigint[]) AS c(p, x, pos)
+ON CONFLICT (group_name, topic_id, partition)
+DO UPDATE SET xid = excluded.xid, position = excluded.position, updated_at = now()
+ WHERE (k.xid, k.position) IS DISTINCT FROM (excluded.xid, excluded.position);
+
 -- name: store_checkpoints_fenced
 SELECT c.p, {schema}.store_checkpoint_fenced(%s, %s, c.p, c.x::xid8, c.pos, c.ex::xid8, c.epos, %s, c.ep)
   FROM unnest(%s::int[], %s::text[], %s::bigint[], %s::text[], %s::bigint[], %s::bigint[])

@@ -98,6 +98,11 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
  ) e
  LIMIT %(total)s;
 
+-- name: read_fence
+-- The visibility fence of batch reads and of streaming offsets: every transaction of this database below
+-- it has ended (a long transaction in another database does not hold it back).
+SELECT {schema}.read_fence()::text::bigint;
+
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
 FROM STDIN (FORMAT BINARY);

@@ -7,6 +7,11 @@ SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
        (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end
   FROM {schema}.topics t WHERE t.name = %s;
 
+-- name: topics_by_names
+SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
+       (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end
+  FROM {schema}.topics t WHERE t.name = ANY(%s);
+
 -- name: list_topics
 SELECT id, name, partitions, segment_size, config, created_at FROM {schema}.topics ORDER BY name;
 

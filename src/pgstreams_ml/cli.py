@@ -403,19 +403,7 @@ def run_command(command: str, args: Sequence[str]) -> None:
 
 
 def main() -> None:
-    """``python -m pgstreams_ml``: run with the core command line's error reporting."""
-    from pgstreams import cli as core
+    """``python -m pgstreams_ml``: run with the core command line's error reporting and exit codes."""
+    from pgstreams.cli import run_app
 
-    command = typer.main.get_command(app)
-    try:
-        rv = command.main(args=sys.argv[1:], prog_name="python -m pgstreams_ml", standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - reported as one line with the core exit codes
-        code, message = core._exit_code_of(exc)
-        if message is not None:
-            sys.stderr.write(f"error: {core._one_line(message)}\n")
-        sys.exit(code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    sys.exit(run_app(app, sys.argv[1:], "python -m pgstreams_ml"))

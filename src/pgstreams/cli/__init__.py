@@ -13,7 +13,10 @@ Modules: :mod:`.common` (exit codes, errors and their exit codes, the options ev
 opening the database, parsing option values), :mod:`.output` (everything printed: each model's JSON form
 and table), and one module per command group (:mod:`.migrate`, :mod:`.topics`, :mod:`.produce`,
 :mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.quickstart`), each with a ``register(app)`` that
-adds its commands to the root application :data:`app`.
+adds its commands to the root application :data:`app`; :mod:`.plugins` adds the commands of
+applications, declared as entry points of the ``pgstreams.commands`` group (:data:`COMMANDS_GROUP`): each
+names a callable that receives :data:`app` and adds its commands. :func:`run_app` runs any typer
+application with these exit codes and error messages.
 
 Adding a command: write one function that takes ``dsn: DsnOption = None`` and
 ``schema: SchemaOption = DEFAULT_SCHEMA``, opens the database with ``with open_client(dsn, schema) as
@@ -61,11 +64,13 @@ from .consume import DEFAULT_CONSUME_BATCH, DEFAULT_CONSUME_WAIT
 from .groups import groups_app, groups_describe, groups_list
 from .migrate import migrate_command
 from .output import err_console, event_json, group_table, iso, out_console, print_json, write_stdout
+from .plugins import COMMANDS_GROUP, PluginFailure, RootGroup, load_commands
 from .produce import DEFAULT_PRODUCE_BATCH
 from .topics import topics_app, topics_create, topics_delete, topics_describe, topics_list
 from .worker import worker_command
 
 __all__ = [
+    "COMMANDS_GROUP",
     "DEFAULT_CONSUME_BATCH",
     "DEFAULT_CONSUME_WAIT",
     "DEFAULT_PRODUCE_BATCH",
@@ -77,6 +82,7 @@ __all__ = [
     "CliError",
     "DsnOption",
     "JsonOption",
+    "PluginFailure",
     "SchemaOption",
     "StdoutClosed",
     "app",
@@ -89,6 +95,7 @@ __all__ = [
     "groups_describe",
     "groups_list",
     "iso",
+    "load_commands",
     "main",
     "migrate_command",
     "one_line",
@@ -120,35 +127,9 @@ _HELP = (
 
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
-                  pretty_exceptions_enable=False)
+                  pretty_exceptions_enable=False, cls=RootGroup)
 for _module in (migrate, topics, produce, consume, groups, worker, quickstart):
     _module.register(app)
-
-
-# -- the ML reference application (pgstreams[ml]) ---------------------------------------------------------
-_FORWARDED = {"allow_extra_args": True, "ignore_unknown_options": True, "help_option_names": []}
-
-
-def _ml_command(command: str, args: Sequence[str]) -> None:
-    try:
-        from pgstreams_ml.cli import run_command
-    except ImportError as exc:
-        raise CliError(f"'pgstreams {command}' needs the ML application: pip install 'pgstreams[ml]' ({exc})"
-                       ) from None
-    run_command(command, args)
-
-
-@app.command("demo", context_settings=_FORWARDED, add_help_option=False)
-def demo(ctx: typer.Context) -> None:
-    """Run the ML reference system end to end on the embedded PostgreSQL (or --dsn); see 'pgstreams demo
-    --help'. Needs the ml extra."""
-    _ml_command("demo", ctx.args)
-
-
-@app.command("sim", context_settings=_FORWARDED, add_help_option=False)
-def sim(ctx: typer.Context) -> None:
-    """Run the event simulator of the ML reference system; see 'pgstreams sim --help'. Needs the ml extra."""
-    _ml_command("sim", ctx.args)
 
 
 def _version_callback(value: bool) -> None:
@@ -197,7 +178,9 @@ def run_app(typer_app: typer.Typer, argv: Sequence[str] | None = None, prog_name
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and return the exit code."""
+    """Run the command line with ``argv`` (default: ``sys.argv[1:]``) and return the exit code; the
+    commands of applications (:data:`COMMANDS_GROUP` entry points) are added first."""
+    load_commands(app)
     return run_app(app, argv, "pgstreams")
 
 

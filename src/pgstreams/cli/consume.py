@@ -13,6 +13,7 @@ from pgstreams._names import check_group, check_topic
 from pgstreams.consumer import Consumer, Start
 
 from .common import (
+    DEFAULT_SCHEMA,
     CliError,
     DsnOption,
     SchemaOption,
@@ -67,7 +68,7 @@ def consume(
         "--wait", help="Without --follow: seconds to wait for events held back by open transactions.")
     ] = DEFAULT_CONSUME_WAIT,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Print events as JSON lines, committing the group's checkpoint after each printed batch.
 

@@ -9,7 +9,7 @@ import typer
 import pgstreams
 from pgstreams._names import check_group, check_topic
 
-from .common import DsnOption, JsonOption, SchemaOption, open_client
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
 from .output import (
     group_json,
     group_partition_json,
@@ -25,7 +25,7 @@ groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag.", no_a
 
 @groups_app.command("list")
 def groups_list(
-    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = "pgstreams"
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
 ) -> None:
     """List stream groups with the topics they read and their total lag."""
     with open_client(dsn, schema) as client:
@@ -45,7 +45,7 @@ def groups_describe(
         "--topic", "-t", help="Only this topic.", show_default=False)] = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Per topic and partition of a group: checkpoint, head and lag, and for groups run by workers the
     lease owner, its last heartbeat and whether it is stale (or the partition retries a failing event)."""

@@ -11,7 +11,7 @@ import typer
 import pgstreams
 from pgstreams._names import check_topic
 
-from .common import CliError, DsnOption, SchemaOption, open_client, parse_headers, usage_error
+from .common import DEFAULT_SCHEMA, CliError, DsnOption, SchemaOption, open_client, parse_headers, usage_error
 from .output import err_console, plural
 
 #: Lines ``produce`` publishes per transaction (``--batch-size``).
@@ -83,7 +83,7 @@ def produce(
         "--batch-size", help="Lines published per transaction.")] = DEFAULT_PRODUCE_BATCH,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print the summary on stderr.")] = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Publish one event per line of stdin (blank lines are skipped).
 

@@ -21,7 +21,7 @@ from psycopg.conninfo import conninfo_to_dict
 import pgstreams
 from pgstreams._names import check_schema
 
-from .common import DsnOption, SchemaOption, resolve
+from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve
 from .output import events_table, group_table, out_console, published_table
 
 if TYPE_CHECKING:  # rich is imported when the tour prints: startup stays light
@@ -87,7 +87,7 @@ def _read(consumer: pgstreams.Consumer, count: int, *, batch: int, deadline_s: f
     return got
 
 
-def run_quickstart(dsn: str, *, schema: str = "pgstreams", keep: bool = False,
+def run_quickstart(dsn: str, *, schema: str = DEFAULT_SCHEMA, keep: bool = False,
                    console: Console | None = None) -> QuickstartResult:
     """Run the tour on ``dsn`` (schema ``schema``, default ``"pgstreams"``), printing to ``console``
     (default: a new stdout console). Deletes its topic at the end unless ``keep`` (default false)."""
@@ -108,7 +108,7 @@ def run_quickstart(dsn: str, *, schema: str = "pgstreams", keep: bool = False,
                     pass
         result.kept = keep
     if keep:
-        opt = "" if schema == "pgstreams" else f" --schema {schema}"
+        opt = "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"
         con.print(f"\nKept topic {topic!r}. Try (with the same --dsn, if you gave one):\n"
                   f"  pgstreams topics describe {topic}{opt}\n"
                   f"  pgstreams consume {topic} --group me --max 5{opt}\n"
@@ -159,7 +159,7 @@ def quickstart(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo topic (default: delete it at the end).")
                     ] = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """A short end-to-end tour: create a topic, publish, consume with two groups, show their status."""
     check_schema(schema)

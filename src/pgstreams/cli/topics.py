@@ -9,7 +9,7 @@ import typer
 import pgstreams
 from pgstreams._names import check_partitions, check_topic
 
-from .common import DsnOption, JsonOption, SchemaOption, open_client
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
 from .output import (
     out_console,
     partitions_table,
@@ -27,15 +27,15 @@ topics_app = typer.Typer(help="Create, list, describe and delete topics.", no_ar
 @topics_app.command("create")
 def topics_create(
     name: Annotated[str, typer.Argument(
-        metavar="NAME", help="Topic name: 1 to 249 of [A-Za-z0-9._-].",
+        metavar="NAME", help=f"Topic name: 1 to {pgstreams.MAX_TOPIC_NAME} of [A-Za-z0-9._-].",
         show_default=False)],
     partitions: Annotated[int, typer.Option("--partitions", "-p", help="Number of partitions.")] = 1,
     segment_size: Annotated[int, typer.Option(
-        "--segment-size", help="Positions per storage segment (the unit retention drops).")
+        "--segment-size", help="Positions per storage segment.")
     ] = pgstreams.DEFAULT_SEGMENT_SIZE,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Create a topic. Succeeds if it already exists with the same partition count."""
     check_topic(name)
@@ -53,7 +53,7 @@ def topics_create(
 
 @topics_app.command("list")
 def topics_list(
-    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = "pgstreams"
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
 ) -> None:
     """List all topics."""
     with open_client(dsn, schema) as client:
@@ -71,7 +71,7 @@ def topics_describe(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
     as_json: JsonOption = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Show a topic with, per partition, its event count and head position."""
     check_topic(name)
@@ -91,7 +91,7 @@ def topics_delete(
     if_exists: Annotated[bool, typer.Option(
         "--if-exists", help="Succeed when the topic does not exist.")] = False,
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Delete a topic with all its events and every group checkpoint on it."""
     check_topic(name)

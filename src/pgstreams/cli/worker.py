@@ -10,9 +10,15 @@ from typing import Annotated
 import typer
 
 from pgstreams._names import check_group, check_topic
+from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
+from pgstreams.worker import BatchConfig, RetryPolicy, Worker, load_handler
 
-from .common import DsnOption, SchemaOption, open_client, parse_start, usage_error
+from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
 from .output import err_console
+
+# The defaults of the batching and retry options are those of the worker's own configuration values.
+_BATCH = BatchConfig()
+_RETRY = RetryPolicy()
 
 
 def worker_command(
@@ -23,19 +29,20 @@ def worker_command(
     group: Annotated[str, typer.Option("--group", "-g", help="Stream group to join.", show_default=False)],
     batch: Annotated[bool, typer.Option("--batch", help="Call the handler with a list of events.")] = False,
     min_events: Annotated[int, typer.Option("--min-events", help="Deliver a batch once this many events "
-                                            "are at hand.")] = 1,
-    max_events: Annotated[int, typer.Option("--max-events", help="Largest batch.")] = 100,
+                                            "are at hand.")] = _BATCH.min_events,
+    max_events: Annotated[int, typer.Option("--max-events", help="Largest batch.")] = _BATCH.max_events,
     max_wait: Annotated[float, typer.Option("--max-wait", help="Seconds after which a batch smaller than "
-                                            "--min-events is delivered anyway.")] = 1.0,
+                                            "--min-events is delivered anyway.")] = _BATCH.max_wait,
     mode: Annotated[str, typer.Option(
         "--mode", help="at-least-once (commit after the handler) or transactional (the handler gets the "
         "transaction's connection as second argument).", metavar="at-least-once|transactional")
     ] = "at-least-once",
     max_attempts: Annotated[int, typer.Option("--max-attempts", help="Deliveries of a failing event before "
-                                              "it goes to the dead-letter topic.")] = 5,
+                                              "it goes to the dead-letter topic.")] = _RETRY.max_attempts,
     backoff: Annotated[float, typer.Option("--backoff", help="Seconds before the first retry (doubling).")
-                       ] = 0.5,
-    max_backoff: Annotated[float, typer.Option("--max-backoff", help="Longest wait between retries.")] = 30.0,
+                       ] = _RETRY.backoff,
+    max_backoff: Annotated[float, typer.Option("--max-backoff", help="Longest wait between retries.")
+                           ] = _RETRY.max_backoff,
     dead_letter: Annotated[str | None, typer.Option(
         "--dead-letter", help="Dead-letter topic. Default: the group's configuration (TOPIC.dlt).",
         show_default=False)] = None,
@@ -45,22 +52,21 @@ def worker_command(
         "--from", help="Where the group starts on partitions without a checkpoint: earliest, latest or an "
         "ISO 8601 time with a zone.", metavar="earliest|latest|TIME")] = "earliest",
     heartbeat_interval: Annotated[float | None, typer.Option(
-        "--heartbeat-interval", help="Seconds between heartbeats. Default: the group's configuration (3).",
+        "--heartbeat-interval", help="Seconds between heartbeats. Default: the group's configuration "
+        f"({DEFAULT_HEARTBEAT_INTERVAL:g}).",
         show_default=False)] = None,
     session_timeout: Annotated[float | None, typer.Option(
         "--session-timeout", help="Seconds without heartbeat before this member's partitions move. Default: "
-        "the group's configuration (30).", show_default=False)] = None,
+        f"the group's configuration ({DEFAULT_SESSION_TIMEOUT:g}).", show_default=False)] = None,
     member_id: Annotated[str | None, typer.Option(
         "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
     dsn: DsnOption = None,
-    schema: SchemaOption = "pgstreams",
+    schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run a handler as a member of a group until SIGINT/SIGTERM: it gets its share of the partitions,
     retries failing events and sends them to the dead-letter topic, and on a signal finishes its batch,
     commits, gives its partitions back and exits 0."""
-    from pgstreams.worker import RetryPolicy, Worker, load_handler
-
     check_topic(topic)
     check_group(group)
     begin = parse_start(start)

@@ -136,7 +136,8 @@ def resolve(dsn: str | None) -> str:
 
 @contextmanager
 def open_client(dsn: str | None, schema: str, *, migrate: bool = True) -> Iterator[pgstreams.Client]:
-    """Connect (applying pending migrations unless ``migrate`` is false) and close on exit."""
+    """Connect to ``schema`` (applying pending migrations unless ``migrate``, default true, is false) and
+    close on exit."""
     check_schema(schema)
     client = pgstreams.connect(resolve(dsn), schema=schema, migrate=migrate)
     try:
@@ -159,7 +160,8 @@ def open_connection(dsn: str | None) -> Iterator[psycopg.Connection]:
 
 # -- option values -----------------------------------------------------------------------------------
 def parse_time(text: str, option: str = "--from") -> datetime:
-    """Parse an ISO 8601 time with a zone (``Z`` or ``+hh:mm``); naive or malformed is a usage error."""
+    """Parse an ISO 8601 time with a zone (``Z`` or ``+hh:mm``); naive or malformed is a usage error
+    naming ``option`` (default ``"--from"``)."""
     try:
         dt = datetime.fromisoformat(text.strip())
     except ValueError:

@@ -81,6 +81,61 @@ def test_help_version_and_console_script() -> None:
         assert p.returncode == 0 and pgstreams.__version__ in p.stdout
 
 
+
+# -- commands of applications (the pgstreams.commands entry point group) -------------------------------
+def _run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+def test_application_commands_come_from_entry_points() -> None:
+    listed = ok(None, "--help")
+    assert "demo" in listed and "sim" in listed  # added by the ML application's entry point
+    demo_help = ok(None, "demo", "--help")
+    for option in ("--reports", "--duration", "--seed", "--scorers", "--strict"):
+        assert option in demo_help
+    assert "--drift-at" in ok(None, "sim", "--help")
+    # the ML application's missing extra is one clear line and exit 1, not a traceback
+    script = ("import sys; sys.modules['pyspark'] = None; sys.argv = ['pgstreams', 'demo']; "
+              "from pgstreams.cli import main; main()")
+    p = _run([sys.executable, "-c", script], _env())
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: missing pyspark") and "pgstreams[ml]" in lines[0]
+    # the application's own command line reports errors as the core one does (run_app)
+    p = _run([sys.executable, "-m", "pgstreams_ml", "sim", "--duration", "soon"], _env())
+    assert p.returncode == 2 and p.stderr.startswith("error: --duration") and len(p.stderr.splitlines()) == 1
+
+
+def test_an_application_that_fails_to_load_leaves_the_other_commands_working(tmp_path: Path) -> None:
+    dist = tmp_path / "extra_commands-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: extra-commands\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(
+        "[pgstreams.commands]\nbroken = no_such_module_zz:add\nhello = hello_commands:add\n")
+    (tmp_path / "hello_commands.py").write_text(
+        "import typer\n\n"
+        "def hello(name: str = 'world') -> None:\n"
+        "    \"\"\"Greet someone.\"\"\"\n"
+        "    print(f'hello {name}')\n\n"
+        "def add(app: typer.Typer) -> None:\n"
+        "    app.command('hello')(hello)\n")
+    env = _env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    cmd = [sys.executable, "-m", "pgstreams.cli"]
+    p = _run([*cmd, "--help"], env)
+    assert p.returncode == 0 and p.stderr == ""
+    assert "Greet someone." in p.stdout and "topics" in p.stdout
+    p = _run([*cmd, "hello", "--name", "you"], env)
+    assert (p.returncode, p.stdout, p.stderr) == (0, "hello you\n", "")
+    p = _run([*cmd, "topics", "create", "--help"], env)
+    assert p.returncode == 0 and p.stderr == ""
+    # the broken one is reported, in one line, when a command it might have added is used
+    p = _run([*cmd, "nosuch"], env)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert line.startswith("error: No such command 'nosuch'") and "'broken'" in line
+    assert "no_such_module_zz" in line
+
 def test_migrate_and_status(empty_dsn: str) -> None:
     pending = json.loads(ok(empty_dsn, "migrate", "--status", "--json"))
     assert pending and all(m["applied_at"] is None for m in pending)

@@ -59,3 +59,29 @@ def test_embedded_server_starts_persists_and_is_reused(tmp_path: Path) -> None:
     assert second["all"] == sorted(["{'n': 1}", "two"])
     assert isinstance(first["dsn"], str) and isinstance(second["dsn"], str)
     wait_until(lambda: not (pgdata / "postmaster.pid").exists(), 30, "the embedded server to stop")
+
+
+QUIET = textwrap.dedent("""
+    import json, os, psycopg
+    from pgstreams.embedded import embedded_dsn
+    before = dict(os.environ)
+    dsn = embedded_dsn()
+    with psycopg.connect(dsn) as conn:
+        one = conn.execute("SELECT 1").fetchone()
+    print(json.dumps({"one": one[0], "environ_unchanged": dict(os.environ) == before,
+                      "xdg": os.environ.get("XDG_RUNTIME_DIR")}))
+""")
+
+
+@pytest.mark.slow
+def test_embedded_server_starts_without_xdg_runtime_dir_quietly_and_leaves_the_environment(
+        tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PGSTREAMS_DSN", "PGSTREAMS_TEST_DSN", "XDG_RUNTIME_DIR", "PYTHONWARNINGS")}
+    env["PGSTREAMS_HOME"] = str(home)
+    proc = subprocess.run([sys.executable, "-c", QUIET], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no warning about the unset runtime directory, nor anything else
+    assert json.loads(proc.stdout) == {"one": 1, "environ_unchanged": True, "xdg": None}
+    wait_until(lambda: not (home / "pgdata" / "postmaster.pid").exists(), 30, "the embedded server to stop")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +41,21 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
     with _lock:
         srv = _servers.get(path)
         if srv is None:
-            if not os.environ.get("XDG_RUNTIME_DIR"):
-                # pgserver asks platformdirs for a runtime dir (already on import), which warns when unset
-                runtime = home() / "run"
-                runtime.mkdir(parents=True, exist_ok=True, mode=0o700)
-                os.environ["XDG_RUNTIME_DIR"] = str(runtime)
             try:
-                import pgserver
+                with warnings.catch_warnings():
+                    # On import pgserver asks platformdirs for the user's runtime directory (for its lock
+                    # file, and for the server's socket when the data path is too long for one), and
+                    # platformdirs warns when $XDG_RUNTIME_DIR is unset (no login session: containers, CI,
+                    # cron) before using its own fallback, which serves as well.
+                    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR", category=UserWarning)
+                    import pgserver
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ConfigurationError(
                     "no DSN given (--dsn / PGSTREAMS_DSN) and the embedded server is not installed: "
                     "pip install pgserver"
                 ) from exc
+            except OSError as exc:  # pragma: no cover - no usable runtime directory (platformdirs)
+                raise ConfigurationError(f"cannot set up the embedded PostgreSQL: {exc}") from exc
             path.mkdir(parents=True, exist_ok=True)
             # Processes starting the server at once (parallel test workers, a shell and a worker) would
             # race in its first-time set-up (as root: creating the system user that runs it, initdb):

@@ -1,5 +1,6 @@
-"""Command line of the ML application: ``pgstreams demo`` and ``pgstreams sim`` (forwarded here by the core
-command line), and every part on its own with ``python -m pgstreams_ml PART``:
+"""Command line of the ML application: ``pgstreams demo`` and ``pgstreams sim`` (added to the core command
+line by :func:`add_commands`, the package's ``pgstreams.commands`` entry point), and every part on its own
+with ``python -m pgstreams_ml PART``:
 
 ``sim``, ``enrich`` and ``score`` (worker groups; start several ``score`` processes to share the
 partitions), ``clean``, ``join`` and ``monitor`` (Spark queries; ``--trigger availableNow`` processes what is
@@ -19,7 +20,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 import pgstreams
 from pgstreams.errors import ConfigurationError, InvalidArgument
@@ -139,6 +139,8 @@ def demo_command(
         timeout=timeout,
         progress=progress,
     )
+    from rich.console import Console
+
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=140)
@@ -203,6 +205,8 @@ def sim_command(
         late_rate=late,
         start=t0,
     )
+    from rich.console import Console
+
     topo = _topology(partitions)
     console = Console(stderr=True, highlight=False)
     with pgstreams.connect(dsn) as client:
@@ -393,9 +397,25 @@ def train_command(
     )
 
 
+def add_commands(root: typer.Typer) -> None:
+    """Add ``demo`` and ``sim`` to the core ``pgstreams`` command line (the ``pgstreams.commands`` entry
+    point of this package). Their work imports Spark and the rest when it runs, so the core command line
+    keeps starting without them."""
+    root.command(
+        "demo",
+        short_help="Run the ML reference system end to end on the embedded PostgreSQL (or --dsn); see "
+        "'pgstreams demo --help'. Needs the ml extra.",
+    )(demo_command)
+    root.command(
+        "sim",
+        short_help="Run the event simulator of the ML reference system; see 'pgstreams sim --help'. Needs "
+        "the ml extra.",
+    )(sim_command)
+
+
 def run_command(command: str, args: Sequence[str]) -> None:
-    """Run ``command`` with ``args`` (called by the core ``pgstreams`` command line). Errors propagate to
-    the caller, which reports them; ``--help`` prints this command's help."""
+    """Run ``command`` of this application with ``args``, as ``pgstreams COMMAND ARGS`` does. Errors
+    propagate to the caller; ``--help`` prints this command's help."""
     cmd = typer.main.get_command(app)
     rv = cmd.main(args=[command, *args], prog_name="pgstreams", standalone_mode=False)
     if isinstance(rv, int) and rv:
@@ -403,19 +423,7 @@ def run_command(command: str, args: Sequence[str]) -> None:
 
 
 def main() -> None:
-    """``python -m pgstreams_ml``: run with the core command line's error reporting."""
-    from pgstreams import cli as core
+    """``python -m pgstreams_ml``: run with the core command line's error reporting and exit codes."""
+    from pgstreams.cli import run_app
 
-    command = typer.main.get_command(app)
-    try:
-        rv = command.main(args=sys.argv[1:], prog_name="python -m pgstreams_ml", standalone_mode=False)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except Exception as exc:  # noqa: BLE001 - reported as one line with the core exit codes
-        code, message = core._exit_code_of(exc)
-        if message is not None:
-            sys.stderr.write(f"error: {core._one_line(message)}\n")
-        sys.exit(code)
-    sys.exit(rv if isinstance(rv, int) else 0)
+    sys.exit(run_app(app, sys.argv[1:], "python -m pgstreams_ml"))

@@ -9,19 +9,23 @@ run any number of times on the same database.
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated
 
 import psycopg
+import typer
 from psycopg.conninfo import conninfo_to_dict
-from rich.console import Console
-from rich.table import Table
 
 import pgstreams
+from pgstreams.names import check_schema
 
-from .cli import group_table
+from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve
+from .output import events_table, group_table, out_console, published_table
+
+if TYPE_CHECKING:  # rich is imported when the tour prints: startup stays light
+    from rich.console import Console
 
 #: Partitions of the demo topic.
 PARTITIONS = 3
@@ -83,21 +87,12 @@ def _read(consumer: pgstreams.Consumer, count: int, *, batch: int, deadline_s: f
     return got
 
 
-def _events_table(events: list[pgstreams.Event], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    table.add_column("partition", justify="right")
-    table.add_column("position", justify="right")
-    table.add_column("key")
-    table.add_column("value")
-    for ev in sorted(events, key=lambda e: (e.partition, e.position)):
-        table.add_row(str(ev.partition), str(ev.position), ev.key or "-", json.dumps(ev.value))
-    return table
-
-
-def run_quickstart(dsn: str, *, schema: str = "pgstreams", keep: bool = False,
+def run_quickstart(dsn: str, *, schema: str = DEFAULT_SCHEMA, keep: bool = False,
                    console: Console | None = None) -> QuickstartResult:
     """Run the tour on ``dsn`` (schema ``schema``, default ``"pgstreams"``), printing to ``console``
     (default: a new stdout console). Deletes its topic at the end unless ``keep`` (default false)."""
+    from rich.console import Console
+
     con = console or Console()
     topic = f"quickstart-{secrets.token_hex(4)}"
     con.rule("[bold]pgstreams quickstart")
@@ -113,7 +108,7 @@ def run_quickstart(dsn: str, *, schema: str = "pgstreams", keep: bool = False,
                     pass
         result.kept = keep
     if keep:
-        opt = "" if schema == "pgstreams" else f" --schema {schema}"
+        opt = "" if schema == DEFAULT_SCHEMA else f" --schema {schema}"
         con.print(f"\nKept topic {topic!r}. Try (with the same --dsn, if you gave one):\n"
                   f"  pgstreams topics describe {topic}{opt}\n"
                   f"  pgstreams consume {topic} --group me --max 5{opt}\n"
@@ -130,15 +125,9 @@ def _tour(client: pgstreams.Client, topic: str, con: Console) -> QuickstartResul
     con.print("\n[bold]2.[/] Publishing orders: the key (customer) picks the partition, so each "
               "customer's orders stay in order.")
     first = _orders(0, 4)
-    table = Table(title="publish(): one event per call", title_justify="left")
-    table.add_column("key")
-    table.add_column("value")
-    table.add_column("partition", justify="right")
-    table.add_column("position", justify="right")
-    for msg in first:
-        res = client.publish(topic, msg.value, key=msg.key, event_type=msg.event_type, event_id=msg.event_id)
-        table.add_row(str(msg.key), json.dumps(msg.value), str(res.partition), str(res.position))
-    con.print(table)
+    results = [client.publish(topic, msg.value, key=msg.key, event_type=msg.event_type, event_id=msg.event_id)
+               for msg in first]
+    con.print(published_table(list(zip(first, results, strict=True)), "publish(): one event per call"))
     rest = _orders(4, 8)
     stored = client.publish_many(topic, rest)
     con.print(f"publish_many(): {stored} more events in one transaction (COPY).")
@@ -148,7 +137,7 @@ def _tour(client: pgstreams.Client, topic: str, con: Console) -> QuickstartResul
               "its checkpoint after each batch.")
     billing = client.consumer(topic, GROUPS[0], start="earliest")
     got_billing = _read(billing, published, batch=100)
-    con.print(_events_table(got_billing, f"{GROUPS[0]} read {len(got_billing)} events"))
+    con.print(events_table(got_billing, f"{GROUPS[0]} read {len(got_billing)} events"))
 
     part = 5
     con.print(f"\n[bold]4.[/] Group {GROUPS[1]!r} is independent: it starts later, replays from the "
@@ -164,3 +153,19 @@ def _tour(client: pgstreams.Client, topic: str, con: Console) -> QuickstartResul
     con.print(group_table(status, title="group status after catching up"))
     return QuickstartResult(topic, published, {GROUPS[0]: len(got_billing), GROUPS[1]: len(got_analytics)},
                             status)
+
+
+def quickstart(
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo topic (default: delete it at the end).")
+                    ] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """A short end-to-end tour: create a topic, publish, consume with two groups, show their status."""
+    check_schema(schema)
+    run_quickstart(resolve(dsn), schema=schema, keep=keep, console=out_console())
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``quickstart`` to ``app``."""
+    app.command("quickstart")(quickstart)

@@ -1,0 +1,195 @@
+"""What every command shares: exit codes, errors and how they map to exit codes, the ``--dsn`` /
+``--schema`` / ``--json`` options, opening the database, and parsing of ``--from`` and ``--header`` values."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from typing import Annotated
+
+import psycopg
+import typer
+from psycopg.conninfo import conninfo_to_dict
+
+import pgstreams
+
+# The name rules live in the core's name module; checking a name before connecting makes a bad name a
+# usage error (exit 2) even when the database cannot be reached.
+from pgstreams.names import check_schema
+from pgstreams.client import resolve_dsn
+from pgstreams.consumer import Start
+from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
+
+from .output import err_console
+
+#: Exit code of a usage error (bad option, name, value or input line).
+EXIT_USAGE = 2
+#: Exit code of any other error.
+EXIT_FAILURE = 1
+#: Exit code after Ctrl-C.
+EXIT_INTERRUPTED = 130
+#: Exit code when stdout is closed early (``pgstreams consume ... | head``), as a shell reports SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+
+#: The schema commands use without ``--schema``: the default of :func:`pgstreams.connect`.
+DEFAULT_SCHEMA: str = str(inspect.signature(pgstreams.connect).parameters["schema"].default)
+
+DsnOption = Annotated[
+    str | None,
+    typer.Option("--dsn", help="PostgreSQL DSN. Default: $PGSTREAMS_DSN, else the embedded PostgreSQL.",
+                 show_default=False),
+]
+SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the pgstreams tables.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+# -- errors ------------------------------------------------------------------------------------------
+class CliError(Exception):
+    """An error reported as one line on stderr, exiting with ``exit_code`` (default 1)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILURE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class StdoutClosed(Exception):
+    """stdout was closed by its reader; the command stops quietly with exit code 141."""
+
+
+def usage_error(message: str) -> CliError:
+    """A :class:`CliError` for something the user typed wrong (exit code 2)."""
+    return CliError(message, EXIT_USAGE)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: line breaks (with the blanks around them) become ``"; "``."""
+    return re.sub(r"\s*\n\s*", "; ", str(text).strip()) or "unknown error"
+
+
+def report_error(message: str) -> None:
+    """Print ``error: MESSAGE`` (on one line, see :func:`one_line`) on stderr."""
+    try:
+        sys.stderr.write(f"error: {one_line(message)}\n")
+        sys.stderr.flush()
+    except OSError:  # pragma: no cover - stderr is gone too
+        pass
+
+
+def exit_code_of(exc: BaseException) -> tuple[int, str | None]:
+    """The exit code for an exception and the message to print (``None``: print nothing).
+
+    :class:`CliError` carries its code; :class:`pgstreams.InvalidName` / :class:`pgstreams.InvalidArgument`
+    and click's usage errors are 2; other :class:`pgstreams.PgStreamsError`, database and OS errors, and
+    anything unexpected are 1.
+    """
+    if isinstance(exc, CliError):
+        return exc.exit_code, str(exc)
+    if isinstance(exc, (InvalidName, InvalidArgument)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, PgStreamsError):
+        return EXIT_FAILURE, str(exc)
+    if isinstance(exc, psycopg.Error):
+        return EXIT_FAILURE, f"database error: {exc}"
+    if isinstance(exc, typer.TyperException):  # click's ClickException / UsageError (exit code 2)
+        code = int(getattr(exc, "exit_code", EXIT_FAILURE))
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            return code, None  # the help text was already printed
+        msg = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and code == EXIT_USAGE:
+            msg = f"{one_line(msg)} (see '{ctx.command_path} --help')"
+        return code, msg
+    if isinstance(exc, typer.Abort):
+        return EXIT_FAILURE, "aborted"
+    if isinstance(exc, OSError):
+        return EXIT_FAILURE, str(exc)
+    return EXIT_FAILURE, f"unexpected {type(exc).__name__}: {exc}"
+
+
+# -- the database ------------------------------------------------------------------------------------
+def check_dsn(dsn: str | None) -> str | None:
+    """Validate the syntax of a ``--dsn`` value (exit 2 when malformed); ``None``/empty means default."""
+    if not dsn:
+        return None
+    try:
+        conninfo_to_dict(dsn)
+    except psycopg.Error as exc:
+        raise usage_error(f"invalid --dsn: {exc}") from None
+    return dsn
+
+
+def resolve(dsn: str | None) -> str:
+    """The DSN to use: ``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server (started on demand)."""
+    given = check_dsn(dsn)
+    if given is None and not os.environ.get("PGSTREAMS_DSN"):
+        console = err_console()
+        if console.is_terminal:
+            with console.status("starting the embedded PostgreSQL..."):
+                return resolve_dsn(None)
+    return resolve_dsn(given)
+
+
+@contextmanager
+def open_client(dsn: str | None, schema: str, *, migrate: bool = True) -> Iterator[pgstreams.Client]:
+    """Connect to ``schema`` (applying pending migrations unless ``migrate``, default true, is false) and
+    close on exit."""
+    check_schema(schema)
+    client = pgstreams.connect(resolve(dsn), schema=schema, migrate=migrate)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def open_connection(dsn: str | None) -> Iterator[psycopg.Connection]:
+    """A plain autocommit psycopg connection (for commands that must not migrate implicitly)."""
+    target = resolve(dsn)
+    try:
+        conn = psycopg.connect(target, autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise CliError(f"cannot connect to PostgreSQL: {exc}") from None
+    with conn:
+        yield conn
+
+
+# -- option values -----------------------------------------------------------------------------------
+def parse_time(text: str, option: str = "--from") -> datetime:
+    """Parse an ISO 8601 time with a zone (``Z`` or ``+hh:mm``); naive or malformed is a usage error
+    naming ``option`` (default ``"--from"``)."""
+    try:
+        dt = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise usage_error(
+            f"invalid {option} value {text!r}: expected earliest, latest or an ISO 8601 time with a zone, "
+            "e.g. 2024-05-01T12:00:00Z"
+        ) from None
+    if dt.tzinfo is None or dt.utcoffset() is None:
+        raise usage_error(f"{option} time {text!r} has no time zone: add Z or an offset such as +02:00")
+    return dt.astimezone(timezone.utc)
+
+
+def parse_start(text: str) -> Start:
+    """``earliest``, ``latest`` or an aware datetime parsed from ``--from``."""
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        return word  # type: ignore[return-value]
+    return parse_time(text)
+
+
+def parse_headers(items: Sequence[str] | None) -> dict[str, str] | None:
+    """``KEY=VALUE`` strings to a headers dict (``None`` when there are none)."""
+    if not items:
+        return None
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise usage_error(f"invalid --header {item!r}: expected KEY=VALUE")
+        out[name] = value
+    return out

@@ -1,0 +1,71 @@
+"""``pgstreams groups list|describe``: stream groups' checkpoints, heads, lag and membership."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+import pgstreams
+from pgstreams.names import check_group, check_topic
+
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
+from .output import (
+    group_json,
+    group_partition_json,
+    group_table,
+    groups_table,
+    member_line,
+    out_console,
+    print_json,
+)
+
+groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag.", no_args_is_help=True)
+
+
+@groups_app.command("list")
+def groups_list(
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
+) -> None:
+    """List stream groups with the topics they read and their total lag."""
+    with open_client(dsn, schema) as client:
+        groups = client.list_groups()
+    if as_json:
+        print_json([group_json(g) for g in groups])
+    elif not groups:
+        out_console().print("no groups")
+    else:
+        out_console().print(groups_table(groups))
+
+
+@groups_app.command("describe")
+def groups_describe(
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.", show_default=False)],
+    topic: Annotated[str | None, typer.Option(
+        "--topic", "-t", help="Only this topic.", show_default=False)] = None,
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Per topic and partition of a group: checkpoint, head and lag, and for groups run by workers the
+    lease owner, its last heartbeat and whether it is stale (or the partition retries a failing event)."""
+    check_group(group)
+    if topic is not None:
+        check_topic(topic)
+    with open_client(dsn, schema) as client:
+        statuses = client.describe_group(group, topic)
+        membership = {(m.topic, m.partition): m for m in pgstreams.group_status(client, group, topic)}
+        members = pgstreams.group_members(client, group, topic)
+    if as_json:
+        print_json([group_partition_json(s, membership.get((s.topic, s.partition))) for s in statuses])
+        return
+    console = out_console()
+    console.print(group_table(statuses, membership=membership))
+    console.print(f"total lag: {sum(s.lag for s in statuses)}")
+    for m in members:
+        console.print(member_line(m))
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``groups`` commands to ``app``."""
+    app.add_typer(groups_app, name="groups")

@@ -1,0 +1,320 @@
+"""Everything the command line prints: the consoles, JSON on stdout, and for each model its JSON form and
+its rich table.
+
+JSON forms are built from the models' fields by :func:`to_json` (times as ISO 8601 in UTC with
+``+00:00``); tables show times in UTC to the second and ``-`` for what is missing.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # rich is imported by the functions that print with it: startup stays light
+    from rich.console import Console
+    from rich.table import Table
+
+    import pgstreams
+    from pgstreams.migrate import MigrationStatus
+
+#: The fields of a partition's membership status (:class:`pgstreams.PartitionStatus`) that
+#: ``groups describe --json`` adds to each partition's progress.
+MEMBERSHIP_FIELDS = ("owner", "pending_owner", "last_heartbeat", "stale", "retry_state", "retry_position",
+                     "retry_attempts", "last_error")
+
+
+# -- consoles and stdout -----------------------------------------------------------------------------
+def out_console() -> Console:
+    """The rich console for tables on stdout (160 columns wide when stdout is not a terminal and
+    ``$COLUMNS`` is unset, so piped tables do not wrap)."""
+    from rich.console import Console
+
+    console = Console(highlight=False)
+    if not console.is_terminal and not os.environ.get("COLUMNS"):
+        console = Console(highlight=False, width=160)
+    return console
+
+
+def err_console() -> Console:
+    """The rich console for progress and notes on stderr."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+def write_stdout(text: str) -> None:
+    """Write ``text`` to stdout as UTF-8 (whatever the locale) and flush."""
+    sys.stdout.flush()
+    out = getattr(sys.stdout, "buffer", None)
+    if out is None:  # pragma: no cover - stdout replaced by a text-only stream
+        sys.stdout.write(text)
+    else:
+        out.write(text.encode("utf-8"))
+        out.flush()
+
+
+def print_json(obj: object) -> None:
+    """Print ``obj`` as indented JSON (UTF-8) on stdout."""
+    write_stdout(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
+
+
+def json_line(obj: object) -> str:
+    """``obj`` as compact JSON on one line (UTF-8 text, ending with a newline)."""
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+# -- values ------------------------------------------------------------------------------------------
+def iso(dt: datetime | None) -> str | None:
+    """An aware datetime as ISO 8601 in UTC (``None`` stays ``None``)."""
+    return None if dt is None else dt.astimezone(timezone.utc).isoformat()
+
+
+def short_time(dt: datetime | None) -> str:
+    """A datetime for a table: UTC, to the second (``-`` for ``None``)."""
+    return "-" if dt is None else dt.astimezone(timezone.utc).isoformat(sep=" ", timespec="seconds")
+
+
+def cell(value: object) -> str:
+    """A table cell: ``str(value)``, or ``-`` for ``None``."""
+    return "-" if value is None else str(value)
+
+
+def plural(count: int, noun: str) -> str:
+    """``"1 partition"``, ``"3 partitions"``."""
+    return f"{count} {noun}{'s' * (count != 1)}"
+
+
+# -- JSON forms --------------------------------------------------------------------------------------
+def to_json(value: Any) -> Any:
+    """A JSON-ready copy of a model: a dataclass becomes an object of its fields in their order, a datetime
+    ISO 8601 in UTC, a mapping an object, a tuple or list an array; other values stay as they are."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return iso(value)
+    if isinstance(value, Mapping):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value
+
+
+def migration_json(status: MigrationStatus) -> dict[str, Any]:
+    """A migration's status: ``{"version", "name", "applied_at", "known"}``."""
+    out: dict[str, Any] = to_json(status)
+    return out
+
+
+def migrate_json(schema: str, applied: Sequence[int], version: int, unknown: Sequence[int]) -> dict[str, Any]:
+    """What ``migrate`` did: ``{"schema", "applied", "version", "unknown"}``."""
+    return {"schema": schema, "applied": list(applied), "version": version, "unknown": list(unknown)}
+
+
+def topic_json(info: pgstreams.TopicInfo) -> dict[str, Any]:
+    """A topic: ``{"name", "partitions", "created_at", "segment_size", "config"}``."""
+    out: dict[str, Any] = to_json(info)
+    return out
+
+
+def topic_description_json(desc: pgstreams.TopicDescription) -> dict[str, Any]:
+    """A described topic: its :func:`topic_json` with ``"events"`` and
+    ``"partition_info": [{"partition", "events", "head"}]``."""
+    return {**topic_json(desc.topic), "events": desc.events, "partition_info": to_json(desc.partition_info)}
+
+
+def group_json(group: pgstreams.GroupInfo) -> dict[str, Any]:
+    """A group: ``{"group", "topics", "lag"}``."""
+    out: dict[str, Any] = to_json(group)
+    return out
+
+
+def membership_json(status: pgstreams.PartitionStatus | None) -> dict[str, Any]:
+    """The :data:`MEMBERSHIP_FIELDS` of a partition's membership status (all ``None`` without one)."""
+    if status is None:
+        return dict.fromkeys(MEMBERSHIP_FIELDS)
+    full = to_json(status)
+    return {name: full[name] for name in MEMBERSHIP_FIELDS}
+
+
+def group_partition_json(status: pgstreams.GroupPartitionStatus,
+                         membership: pgstreams.PartitionStatus | None) -> dict[str, Any]:
+    """A group's partition for ``groups describe --json``: ``{"group", "topic", "partition", "checkpoint",
+    "head", "lag", "updated_at"}`` and the :func:`membership_json` fields."""
+    return {**to_json(status), **membership_json(membership)}
+
+
+def event_json(ev: pgstreams.Event) -> dict[str, Any]:
+    """An event as the JSON object ``consume`` prints.
+
+    ``value_type`` says how ``value`` was published: ``"json"`` (``value`` is that JSON value),
+    ``"text"`` (a JSON string) or ``"bytes"`` (``value`` is the bytes in standard base64).
+    """
+    value: Any = ev.value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        value_type = "bytes"
+        value = base64.b64encode(bytes(value)).decode("ascii")
+    elif isinstance(value, str):
+        value_type = "text"
+    else:
+        value_type = "json"
+    return {
+        "topic": ev.topic, "partition": ev.partition, "position": ev.position, "txid": ev.txid,
+        "key": ev.key, "value_type": value_type, "value": value, "headers": dict(ev.headers),
+        "event_type": ev.event_type, "event_id": ev.event_id, "correlation_id": ev.correlation_id,
+        "causation_id": ev.causation_id, "created_at": iso(ev.created_at),
+    }
+
+
+# -- tables ------------------------------------------------------------------------------------------
+def migrations_table(rows: Sequence[MigrationStatus], schema: str) -> Table:
+    """Migrations of ``schema``: version, name (flagged when not shipped with this pgstreams) and when it
+    was applied (``pending`` when not)."""
+    from rich.table import Table
+
+    table = Table(title=f"migrations in schema {schema!r}")
+    table.add_column("version", justify="right")
+    table.add_column("name")
+    table.add_column("applied at")
+    for r in rows:
+        table.add_row(str(r.version), r.name if r.known else f"{r.name} [red](not shipped with this "
+                      "pgstreams: applied by a newer one)[/]",
+                      short_time(r.applied_at) if r.applied_at else "[yellow]pending[/]")
+    return table
+
+
+def topics_table(topics: Sequence[pgstreams.TopicInfo]) -> Table:
+    """Topics: name, partition count, creation time."""
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("topic", overflow="fold")
+    table.add_column("partitions", justify="right")
+    table.add_column("created at")
+    for t in topics:
+        table.add_row(t.name, str(t.partitions), short_time(t.created_at))
+    return table
+
+
+def topic_heading(desc: pgstreams.TopicDescription) -> str:
+    """The line above a described topic's table: partitions, events, creation time."""
+    info = desc.topic
+    return (f"topic {info.name!r}: {plural(info.partitions, 'partition')}, {desc.events} events, "
+            f"created {short_time(info.created_at)}")
+
+
+def partitions_table(desc: pgstreams.TopicDescription) -> Table:
+    """A described topic's partitions: events stored and head."""
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("partition", justify="right")
+    table.add_column("events", justify="right")
+    table.add_column("head", justify="right")
+    for p in desc.partition_info:
+        table.add_row(str(p.partition), str(p.events), cell(p.head))
+    return table
+
+
+def groups_table(groups: Sequence[pgstreams.GroupInfo]) -> Table:
+    """Groups: name, the topics they read, total lag."""
+    from rich.table import Table
+
+    table = Table()
+    table.add_column("group", overflow="fold")
+    table.add_column("topics", overflow="fold")
+    table.add_column("lag", justify="right")
+    for g in groups:
+        table.add_row(g.group, ", ".join(g.topics), str(g.lag))
+    return table
+
+
+def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str | None = None,
+                membership: Mapping[tuple[str, int], pgstreams.PartitionStatus] | None = None) -> Table:
+    """A rich table of group statuses: group, topic, partition, checkpoint, head, lag, updated at; with
+    ``membership`` (the ``consumer_group_status`` rows by topic and partition) also the lease owner, its
+    last heartbeat and the partition's state (stale owner, retrying or blocked on an event)."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("group", overflow="fold")
+    table.add_column("topic", overflow="fold")
+    table.add_column("partition", justify="right")
+    table.add_column("checkpoint", justify="right")
+    table.add_column("head", justify="right")
+    table.add_column("lag", justify="right")
+    table.add_column("updated at")
+    if membership is not None:
+        table.add_column("owner", overflow="fold")
+        table.add_column("last heartbeat")
+        table.add_column("state")
+    for s in statuses:
+        lag = f"[bold yellow]{s.lag}[/]" if s.lag else "0"
+        row = [s.group, s.topic, str(s.partition), cell(s.checkpoint), cell(s.head), lag,
+               short_time(s.updated_at)]
+        if membership is not None:
+            m = membership.get((s.topic, s.partition))
+            row += [cell(m.owner) if m else "-", short_time(m.last_heartbeat if m else None),
+                    partition_state(m)]
+        table.add_row(*row)
+    return table
+
+
+def partition_state(m: pgstreams.PartitionStatus | None) -> str:
+    """The state column of :func:`group_table`: stale, handing over, retrying, blocked, ok or unowned."""
+    if m is None:
+        return "-"
+    states = []
+    if m.stale:
+        states.append("[bold red]stale[/]")
+    if m.pending_owner:
+        states.append(f"handing over to {m.pending_owner}")
+    if m.retry_state == "blocked":
+        states.append(f"[bold red]blocked[/] at {m.retry_position} after {m.retry_attempts} attempts: "
+                      f"{m.last_error}")
+    elif m.retry_state:
+        states.append(f"[yellow]retrying[/] {m.retry_position} ({m.retry_attempts} attempts): {m.last_error}")
+    if not states:
+        states.append("ok" if m.owner else "unowned")
+    return "; ".join(states)
+
+
+def member_line(m: pgstreams.MemberInfo) -> str:
+    """One registered member of a group: its partitions and last heartbeat, flagged when stale."""
+    parts = ", ".join(map(str, m.partitions)) or "none"
+    return (f"member {m.member_id} on {m.topic}: partitions {parts}; last heartbeat "
+            f"{short_time(m.last_heartbeat)}{' [bold red](stale)[/]' if m.stale else ''}")
+
+
+def published_table(published: Sequence[tuple[pgstreams.Message, pgstreams.PublishResult]], title: str
+                    ) -> Table:
+    """Messages with where they were stored: key, value (as JSON), partition, position."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("partition", justify="right")
+    table.add_column("position", justify="right")
+    for msg, res in published:
+        table.add_row(str(msg.key), json.dumps(msg.value), str(res.partition), str(res.position))
+    return table
+
+
+def events_table(events: Sequence[pgstreams.Event], title: str) -> Table:
+    """Events by partition and position: partition, position, key, value (as JSON)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    table.add_column("partition", justify="right")
+    table.add_column("position", justify="right")
+    table.add_column("key")
+    table.add_column("value")
+    for ev in sorted(events, key=lambda e: (e.partition, e.position)):
+        table.add_row(str(ev.partition), str(ev.position), ev.key or "-", json.dumps(ev.value))
+    return table

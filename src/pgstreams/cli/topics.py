@@ -1,0 +1,111 @@
+"""``pgstreams topics create|list|describe|delete``."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+import pgstreams
+from pgstreams.names import check_partitions, check_topic
+
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
+from .output import (
+    out_console,
+    partitions_table,
+    plural,
+    print_json,
+    topic_description_json,
+    topic_heading,
+    topic_json,
+    topics_table,
+)
+
+topics_app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
+
+
+@topics_app.command("create")
+def topics_create(
+    name: Annotated[str, typer.Argument(
+        metavar="NAME", help=f"Topic name: 1 to {pgstreams.MAX_TOPIC_NAME} of [A-Za-z0-9._-].",
+        show_default=False)],
+    partitions: Annotated[int, typer.Option("--partitions", "-p", help="Number of partitions.")] = 1,
+    segment_size: Annotated[int, typer.Option(
+        "--segment-size", help="Positions per storage segment.")
+    ] = pgstreams.DEFAULT_SEGMENT_SIZE,
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Create a topic. Succeeds if it already exists with the same partition count."""
+    check_topic(name)
+    check_partitions(partitions)
+    with open_client(dsn, schema) as client:
+        existed = any(t.name == name for t in client.list_topics())
+        info = client.create_topic(name, partitions, segment_size=segment_size)
+    if as_json:
+        print_json({**topic_json(info), "created": not existed})
+    elif existed:
+        out_console().print(f"topic {name!r} already exists ({plural(info.partitions, 'partition')})")
+    else:
+        out_console().print(f"created topic {name!r} ({plural(info.partitions, 'partition')})")
+
+
+@topics_app.command("list")
+def topics_list(
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
+) -> None:
+    """List all topics."""
+    with open_client(dsn, schema) as client:
+        topics = client.list_topics()
+    if as_json:
+        print_json([topic_json(t) for t in topics])
+    elif not topics:
+        out_console().print("no topics")
+    else:
+        out_console().print(topics_table(topics))
+
+
+@topics_app.command("describe")
+def topics_describe(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Show a topic with, per partition, its event count and head position."""
+    check_topic(name)
+    with open_client(dsn, schema) as client:
+        desc = client.describe_topic(name)
+    if as_json:
+        print_json(topic_description_json(desc))
+        return
+    console = out_console()
+    console.print(topic_heading(desc))
+    console.print(partitions_table(desc))
+
+
+@topics_app.command("delete")
+def topics_delete(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
+    if_exists: Annotated[bool, typer.Option(
+        "--if-exists", help="Succeed when the topic does not exist.")] = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Delete a topic with all its events and every group checkpoint on it."""
+    check_topic(name)
+    with open_client(dsn, schema) as client:
+        try:
+            client.delete_topic(name)
+        except pgstreams.TopicNotFound:
+            if not if_exists:
+                raise
+            out_console().print(f"topic {name!r} does not exist")
+            return
+    out_console().print(f"deleted topic {name!r}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``topics`` commands to ``app``."""
+    app.add_typer(topics_app, name="topics")

@@ -1,0 +1,95 @@
+"""``pgstreams worker``: run a handler as a member of a stream group (see ``docs/workers.md``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Annotated
+
+import typer
+
+from pgstreams.names import check_group, check_topic
+from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
+from pgstreams.worker import BatchConfig, RetryPolicy, Worker, load_handler
+
+from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
+from .output import err_console
+
+# The defaults of the batching and retry options are those of the worker's own configuration values.
+_BATCH = BatchConfig()
+_RETRY = RetryPolicy()
+
+
+def worker_command(
+    handler: Annotated[str, typer.Argument(
+        metavar="MODULE:FUNCTION", help="The handler, e.g. myapp.handlers:on_order (MODULE is imported with "
+        "the current directory on the path).", show_default=False)],
+    topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to consume.", show_default=False)],
+    group: Annotated[str, typer.Option("--group", "-g", help="Stream group to join.", show_default=False)],
+    batch: Annotated[bool, typer.Option("--batch", help="Call the handler with a list of events.")] = False,
+    min_events: Annotated[int, typer.Option("--min-events", help="Deliver a batch once this many events "
+                                            "are at hand.")] = _BATCH.min_events,
+    max_events: Annotated[int, typer.Option("--max-events", help="Largest batch.")] = _BATCH.max_events,
+    max_wait: Annotated[float, typer.Option("--max-wait", help="Seconds after which a batch smaller than "
+                                            "--min-events is delivered anyway.")] = _BATCH.max_wait,
+    mode: Annotated[str, typer.Option(
+        "--mode", help="at-least-once (commit after the handler) or transactional (the handler gets the "
+        "transaction's connection as second argument).", metavar="at-least-once|transactional")
+    ] = "at-least-once",
+    max_attempts: Annotated[int, typer.Option("--max-attempts", help="Deliveries of a failing event before "
+                                              "it goes to the dead-letter topic.")] = _RETRY.max_attempts,
+    backoff: Annotated[float, typer.Option("--backoff", help="Seconds before the first retry (doubling).")
+                       ] = _RETRY.backoff,
+    max_backoff: Annotated[float, typer.Option("--max-backoff", help="Longest wait between retries.")
+                           ] = _RETRY.max_backoff,
+    dead_letter: Annotated[str | None, typer.Option(
+        "--dead-letter", help="Dead-letter topic. Default: the group's configuration (TOPIC.dlt).",
+        show_default=False)] = None,
+    no_dead_letter: Annotated[bool, typer.Option(
+        "--no-dead-letter", help="No dead-letter topic: retry a failing event forever.")] = False,
+    start: Annotated[str, typer.Option(
+        "--from", help="Where the group starts on partitions without a checkpoint: earliest, latest or an "
+        "ISO 8601 time with a zone.", metavar="earliest|latest|TIME")] = "earliest",
+    heartbeat_interval: Annotated[float | None, typer.Option(
+        "--heartbeat-interval", help="Seconds between heartbeats. Default: the group's configuration "
+        f"({DEFAULT_HEARTBEAT_INTERVAL:g}).",
+        show_default=False)] = None,
+    session_timeout: Annotated[float | None, typer.Option(
+        "--session-timeout", help="Seconds without heartbeat before this member's partitions move. Default: "
+        f"the group's configuration ({DEFAULT_SESSION_TIMEOUT:g}).", show_default=False)] = None,
+    member_id: Annotated[str | None, typer.Option(
+        "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Run a handler as a member of a group until SIGINT/SIGTERM: it gets its share of the partitions,
+    retries failing events and sends them to the dead-letter topic, and on a signal finishes its batch,
+    commits, gives its partitions back and exits 0."""
+    check_topic(topic)
+    check_group(group)
+    begin = parse_start(start)
+    level = getattr(logging, log_level.upper(), None)
+    if log_level.lower() not in ("debug", "info", "warning", "error") or not isinstance(level, int):
+        raise usage_error(f"--log-level must be debug, info, warning or error, not {log_level!r}")
+    if no_dead_letter and dead_letter:
+        raise usage_error("--dead-letter and --no-dead-letter exclude each other")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    fn = load_handler(handler)
+    retry = RetryPolicy(max_attempts=max_attempts, backoff=backoff, max_backoff=max_backoff)
+    logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    with open_client(dsn, schema) as client:
+        worker = Worker(client, member_id=member_id)
+        worker.subscribe(topic, group, fn, batch=batch, min_events=min_events, max_events=max_events,
+                         max_wait=max_wait, mode=mode, retry=retry,  # type: ignore[arg-type]
+                         dead_letter=False if no_dead_letter else dead_letter, start=begin,
+                         heartbeat_interval=heartbeat_interval, session_timeout=session_timeout)
+        worker.run()
+        err_console().print(f"worker {worker.member_id} stopped: {worker.stats.snapshot()}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``worker`` to ``app``."""
+    app.command("worker")(worker_command)

@@ -217,8 +217,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        self._notifier.close()
-        self._listener.close()
+        self._notifier.stop(5)  # sends what is pending first
+        self._listener.stop(5)
         self._pool.close()
 
     def __enter__(self) -> Client:

@@ -38,8 +38,8 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from ._names import check_group, check_topic
-from ._services import Service
 from .errors import InvalidArgument
+from .services import Service
 
 if TYPE_CHECKING:
     from .client import Client

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import psycopg
 
 from ._names import check_topic
-from ._services import Service, ServiceFailed, Supervisor
 from .consumer import Consumer, Start, _check_start
 from .errors import InvalidArgument, TopicConflict, TopicNotFound
 from .groups import (
@@ -53,6 +52,7 @@ from .groups import (
     new_member_id,
 )
 from .models import CommitOutcome, Event
+from .services import Service, ServiceFailed, Supervisor
 
 if TYPE_CHECKING:
     from .client import Client, _TopicMeta

@@ -628,8 +628,9 @@ class Client:
         progress is skipped: while one of this database is open, ``"latest"`` and a time may also
         deliver some events committed just before the start.
         """
-        from .consumer import Consumer
+        from .consumer import Consumer, create_checkpoints
 
+        create_checkpoints(self, topic, group, start=start)
         return Consumer(self, topic, group, start=start)
 
     # -- groups --------------------------------------------------------------------------------------

@@ -1,0 +1,56 @@
+"""Retry states in the group status: the one place the runtime's own SQL runs (table ``leases``)."""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING
+
+from .handlers import MAX_MESSAGE
+from .retry import RetryState
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+
+class RetryStateStore:
+    """The retry state of a group member's partitions, as ``consumer_group_status`` shows it.
+
+    :meth:`take_over` reads the attempts recorded under a previous owner, :meth:`record` sets a failing
+    event's state, :meth:`committed` clears it once the partition moved on. It remembers the partitions
+    whose state may be set, so committing on the others costs no statement.
+    """
+
+    def __init__(self, client: Client, group: str, topic_id: int, member_id: str) -> None:
+        self._client = client
+        self._group = group
+        self._topic_id = topic_id
+        self._member_id = member_id
+        self._flagged: set[int] = set()
+
+    def take_over(self, partitions: Collection[int]) -> list[tuple[int, int, int]]:
+        """The failing event each of ``partitions`` was stuck on under its previous owner, as
+        ``(partition, position, attempts)``."""
+        self._flagged |= set(partitions)
+        if not partitions:
+            return []
+        with self._client.connection() as conn:
+            rows = conn.execute(self._client._q("retry_states"),
+                                (self._group, self._topic_id, sorted(partitions))).fetchall()
+        return [(int(p), int(position), int(attempts)) for p, position, attempts in rows]
+
+    def record(self, partition: int, position: int, attempts: int, error: str, state: RetryState) -> None:
+        """The event at ``position`` failed ``attempts`` times (the last with ``error``)."""
+        self._flagged.add(partition)
+        with self._client.connection() as conn:
+            conn.execute(self._client._q("set_retry_state"),
+                         (state, position, attempts, error[:MAX_MESSAGE], self._group, self._topic_id,
+                          partition, self._member_id))
+
+    def committed(self, partitions: Collection[int]) -> None:
+        """Events of ``partitions`` were committed: their retry state is over."""
+        done = set(partitions) & self._flagged
+        if done:
+            with self._client.connection() as conn:
+                conn.execute(self._client._q("clear_retry_state"),
+                             (self._group, self._topic_id, sorted(done)))
+        self._flagged -= done

@@ -16,6 +16,7 @@ import pytest
 
 import pgstreams
 from pgstreams import CommitOutcome, InvalidArgument
+from pgstreams.consumer import LeaseClaim, StreamReader, create_checkpoints
 from pgstreams.groups import GroupMember
 
 
@@ -55,6 +56,13 @@ def settle(members: list[GroupMember], rounds: int = 5) -> None:
                 m.release({p: leases.owned[p] for p in leases.leaving})
         for m in members:
             m.refresh()
+
+
+def fenced_commit(client: pgstreams.Client, reader: StreamReader, events: list[pgstreams.Event],
+                  lease: LeaseClaim) -> CommitOutcome:
+    """Commit ``events`` as a member holding ``lease`` does."""
+    with client.connection() as conn:
+        return reader.commit(conn, reader.targets(events), lease)
 
 
 def owners(client: pgstreams.Client, group: str = "g") -> dict[int, str | None]:
@@ -136,24 +144,24 @@ def test_fenced_commit_does_not_move_the_checkpoint(client: pgstreams.Client) ->
         client.publish("t", i, partition=0)
     a, b = member(client, "a", session=0.4, hb=0.1), member(client, "b", session=0.4, hb=0.1)
     a.register()
-    consumer = pgstreams.Consumer(client, "t", "g", partitions=[0])
-    consumer._fence = ("a", {0: a.leases.owned[0]})
+    consumer = create_checkpoints(client, "t", "g", partitions=[0])
+    lease = LeaseClaim("a", {0: a.leases.owned[0]})
     events = consumer.poll(3, timeout=2)
-    assert consumer.commit(events) is CommitOutcome.STORED
+    assert fenced_commit(client, consumer, events, lease) is CommitOutcome.STORED
     events = consumer.poll(3, timeout=2)
     assert len(events) == 3
     b.register()
     # a stops heartbeating; b expires it and takes partition 0
     until(lambda: (b.heartbeat(), 0 in b.balance().owned)[1], 5, "b owns partition 0")
     before = {s.partition: s.checkpoint for s in pgstreams.group_status(client, "g")}
-    assert consumer.commit(events) is CommitOutcome.FENCED
+    assert fenced_commit(client, consumer, events, lease) is CommitOutcome.FENCED
     assert consumer.last_outcomes == {0: CommitOutcome.FENCED}
     after = {s.partition: s.checkpoint for s in pgstreams.group_status(client, "g")}
     assert after == before
     # b, the owner, commits fine; a consumer that is not a member is not fenced at all
-    cb = pgstreams.Consumer(client, "t", "g", partitions=[0])
-    cb._fence = ("b", {0: b.leases.owned[0]})
-    assert cb.commit(cb.poll(3, timeout=2)) is CommitOutcome.STORED
+    cb = create_checkpoints(client, "t", "g", partitions=[0])
+    lease_b = LeaseClaim("b", {0: b.leases.owned[0]})
+    assert fenced_commit(client, cb, cb.poll(3, timeout=2), lease_b) is CommitOutcome.STORED
     client.publish("t", "more", partition=0)
     plain = pgstreams.Consumer(client, "t", "g", partitions=[0])
     assert plain.commit(plain.poll(10, timeout=2)) is CommitOutcome.STORED
@@ -166,11 +174,13 @@ def test_fenced_commit_in_a_transaction_rolls_back_the_handler_writes(client: pg
         conn.execute("CREATE TABLE effects (v text)")
     a = member(client, "a")
     a.register()
-    consumer = pgstreams.Consumer(client, "t", "g")
-    consumer._fence = ("a", {0: a.leases.owned[0] - 1})  # an epoch a no longer holds
-    with consumer.transaction() as tx:
-        for ev in tx.poll(10, timeout=2):
-            tx.connection.execute("INSERT INTO effects VALUES (%s)", (ev.value,))
+    reader = create_checkpoints(client, "t", "g")
+    lease = LeaseClaim("a", {0: a.leases.owned[0] - 1})  # an epoch a no longer holds
+    with client.connection() as conn, reader.transaction(conn, lease=lease, keep_ignored=False) as tx:
+        events = reader.poll(10, timeout=2, conn=conn)
+        for ev in events:
+            conn.execute("INSERT INTO effects VALUES (%s)", (ev.value,))
+        tx.store(events)
     assert tx.outcome is CommitOutcome.FENCED
     with client.connection() as conn:
         assert conn.execute("SELECT count(*) FROM effects").fetchone() == (0,)
@@ -185,13 +195,12 @@ def test_an_in_flight_commit_holds_the_lease_until_it_ends(client: pgstreams.Cli
     a, b = member(client, "a", session=0.3, hb=0.1), member(client, "b", session=0.3, hb=0.1)
     a.register()
     b.register()
-    consumer = pgstreams.Consumer(client, "t", "g")
-    consumer._fence = ("a", dict(a.leases.owned))
-    events = consumer.poll(10, timeout=2)
+    reader = create_checkpoints(client, "t", "g")
+    lease = LeaseClaim("a", dict(a.leases.owned))
+    events = reader.poll(10, timeout=2)
     took: list[pgstreams.groups.Leases] = []
     with client.connection() as conn, conn.transaction():
-        targets = consumer._targets(events)
-        assert consumer._store(conn, targets) is CommitOutcome.STORED
+        assert reader.store(conn, reader.targets(events), lease) is CommitOutcome.STORED
         until(lambda: any(m.stale for m in pgstreams.group_members(client, "g") if m.member_id == "a"),
               5, "a stale")
         t = threading.Thread(target=lambda: (b.heartbeat(), took.append(b.balance())))

@@ -12,7 +12,7 @@ import pytest
 
 import pgstreams
 from pgstreams import InvalidArgument, ServiceFailed, Worker
-from pgstreams._services import Service, Supervisor
+from pgstreams.services import Service, Supervisor
 
 
 def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:

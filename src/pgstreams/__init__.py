@@ -34,7 +34,6 @@ from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
 
 if TYPE_CHECKING:
-    from ._services import ServiceFailed
     from .groups import (
         DEFAULT_HEARTBEAT_INTERVAL,
         DEFAULT_SESSION_TIMEOUT,
@@ -46,12 +45,13 @@ if TYPE_CHECKING:
         group_members,
         group_status,
     )
+    from .services import ServiceFailed
     from .worker import BatchConfig, EventFailed, RetryPolicy, Worker
 
 # The workers' modules are imported on first use of one of their names (pgstreams.Worker, ...), so that
 # the command line and plain producers and consumers start without them.
 _LAZY = {
-    "ServiceFailed": "._services",
+    "ServiceFailed": ".services",
     **dict.fromkeys(("DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_SESSION_TIMEOUT", "GroupConfig", "MemberInfo",
                      "PartitionStatus", "configure_group", "get_group_config", "group_members",
                      "group_status"), ".groups"),

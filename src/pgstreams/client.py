@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from ._notify import Listener, Notifier, channel
 from .errors import ConfigurationError, InvalidArgument, MigrationError, TopicConflict, TopicNotFound
 from .models import (
     DEFAULT_SEGMENT_SIZE,
@@ -29,12 +28,12 @@ from .models import (
 )
 from .names import check_group, check_partitions, check_schema, check_topic
 from .producer import Producer, TopicState
-from .storage import CORE, Store, TopicRecord, core_query
+from .storage import CORE, Store, TopicRecord
+from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
     from .consumer import Consumer, Start
 
-_TopicMeta = TopicState  # transitional, see Client._q
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_SCHEMA", "DEFAULT_SEGMENT_SIZE", "Client",
            "connect", "resolve_dsn"]
@@ -135,9 +134,9 @@ class Client:
         self.store = Store(self._pool, schema)
         self._topics: dict[str, TopicState] = {}
         self._topics_lock = threading.Lock()
-        self._notifier = Notifier(self.raw_connection, schema)
-        self._listener = Listener(self.raw_connection, schema)
-        self._producer = Producer(self.store, self.topic_state, self._notifier.poke, channel(schema))
+        self.notifier = Notifier(self.raw_connection, schema)
+        self.listener = Listener(self.raw_connection, schema)
+        self._producer = Producer(self.store, self.topic_state, self.notifier.poke, channel(schema))
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -156,8 +155,8 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        self._notifier.close()
-        self._listener.close()
+        self.notifier.stop(5)  # sends what is pending first
+        self.listener.stop(5)
         self._pool.close()
 
     def __enter__(self) -> Client:
@@ -193,17 +192,6 @@ class Client:
     def topic_record(self, name: str, *, refresh: bool = False) -> TopicRecord:
         """The stored row of topic ``name`` (its id names its storage); see :meth:`topic_state`."""
         return self.topic_state(name, refresh=refresh).record
-
-    # Transitional: the consumer and the worker still read these until they move onto the storage layer.
-    def _q(self, name: str, topic_id: int | None = None) -> psycopg.sql.Composed:
-        return core_query(name, self.schema, topic_id)
-
-    def _topic(self, name: str, *, refresh: bool = False, conn: psycopg.Connection | None = None
-               ) -> TopicState:
-        return self.topic_state(name, refresh=refresh, conn=conn)
-
-    def _raw_connect(self) -> psycopg.Connection:  # transitional, see _q
-        return self.raw_connection()
 
     def _forget(self, name: str) -> None:
         with self._topics_lock:
@@ -310,8 +298,9 @@ class Client:
         progress is skipped: while one of this database is open, ``"latest"`` and a time may also
         deliver some events committed just before the start.
         """
-        from .consumer import Consumer
+        from .consumer import Consumer, create_checkpoints
 
+        create_checkpoints(self, topic, group, start=start)
         return Consumer(self, topic, group, start=start)
 
     # -- groups --------------------------------------------------------------------------------------

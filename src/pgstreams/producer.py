@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from ._codec import KIND_BYTES, check_headers, check_optional_str, encode_value
+from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
 from .errors import InvalidArgument
 from .models import Message, PublishResult
 from .partitioner import partition_for_key

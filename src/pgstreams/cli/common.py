@@ -17,13 +17,13 @@ import typer
 from psycopg.conninfo import conninfo_to_dict
 
 import pgstreams
+from pgstreams.client import resolve_dsn
+from pgstreams.consumer import Start
+from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 
 # The name rules live in the core's name module; checking a name before connecting makes a bad name a
 # usage error (exit 2) even when the database cannot be reached.
 from pgstreams.names import check_schema
-from pgstreams.client import resolve_dsn
-from pgstreams.consumer import Start
-from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 
 from .output import err_console
 

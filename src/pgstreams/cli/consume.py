@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 import pgstreams
-from pgstreams.names import check_group, check_topic
 from pgstreams.consumer import Consumer, Start
+from pgstreams.names import check_group, check_topic
 
 from .common import (
     DEFAULT_SCHEMA,

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from pgstreams.names import check_group, check_topic
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
+from pgstreams.names import check_group, check_topic
 from pgstreams.worker import BatchConfig, RetryPolicy, Worker, load_handler
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error

@@ -7,7 +7,7 @@ import time
 
 import psycopg
 
-from .._services import Service
+from ..services import Service
 from .members import GroupMember
 
 log = logging.getLogger("pgstreams.groups")

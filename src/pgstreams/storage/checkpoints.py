@@ -57,10 +57,12 @@ class CheckpointStore:
                                (group, topic_id, member, *args, [epochs.get(p, -1) for p in ps]), conn=conn)
         return {int(p): CommitOutcome(code) for p, code in rows}
 
-    def seek(self, group: str, topic_id: int, cursors: Mapping[int, Cursor]) -> None:
+    def seek(self, group: str, topic_id: int, cursors: Mapping[int, Cursor],
+             conn: psycopg.Connection | None = None) -> None:
         """Set the checkpoints to ``cursors`` (they may move backwards)."""
         ps = sorted(cursors)
-        self.ex.run("seek_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)))
+        self.ex.run("seek_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)),
+                    conn=conn)
 
     def mirror(self, conn: psycopg.Connection, group: str, topic_id: int, cursors: Mapping[int, Cursor]
                ) -> None:

@@ -183,21 +183,6 @@ class EventStore:
         assert row is not None
         return int(row[0])
 
-    def poll(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int],
-             cursors: Sequence[Cursor], limit: int) -> list[tuple[Any, ...]]:
-        """Up to ``limit + 1`` events after the cursors, below the read fence, partition by partition in
-        the order given, each in read order (the extra row tells the caller the poll was cut). Rows are
-        ``(partition, position, xid, created_at - epoch, kind, key, value, headers, event_type, event_id,
-        correlation_id, causation_id)``."""
-        params = {
-            "partitions": partitions,
-            "xids": [str(c[0]) for c in cursors],
-            "positions": [c[1] for c in cursors],
-            "limit": limit,
-            "total": limit + 1,
-        }
-        return self.ex.all("poll", params, conn=conn, topic_id=topic_id, prepare=True, binary=True)
-
     def head_cursors(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]
                      ) -> list[tuple[int, int | None, int | None, int]]:
         """Per partition ``(partition, xid, position, fence)`` of its last event (``None``s if empty), with

@@ -33,9 +33,9 @@ class ServiceFailed(PgStreamsError):
 class Service:
     """A named loop: ``step()`` runs every ``interval()`` seconds (0: back to back) in a daemon thread.
 
-    Subclass and override :meth:`step` (and :meth:`interval`), or pass ``step`` and ``interval``.
-    :meth:`wake` cuts the current wait short. :attr:`stopping` is set once :meth:`stop` was called, so a
-    long step can return early.
+    Subclass and override :meth:`step` (and :meth:`interval`, :meth:`finish`), or pass ``step`` and
+    ``interval`` (default 1.0 s). :meth:`wake` cuts the current wait short. :attr:`stopping` is set once
+    :meth:`stop` was called, so a long step can return early.
     """
 
     def __init__(self, name: str, step: Callable[[], None] | None = None,
@@ -46,6 +46,7 @@ class Service:
         self.stopping = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
         self.error: BaseException | None = None
 
     def __repr__(self) -> str:
@@ -61,16 +62,24 @@ class Service:
         """Seconds to wait after a step."""
         return self._interval() if callable(self._interval) else self._interval
 
+    def finish(self) -> None:
+        """Runs once in the service's thread after the loop ended, stopped or failed (:attr:`error` says
+        which): release what the steps held. Does nothing by default."""
+
     def start(self) -> None:
-        """Start the thread (once)."""
-        if self._thread is not None:
+        """Start the thread (once: later calls, from any thread, do nothing)."""
+        if self._thread is not None:  # the common case, without the lock (services started on first use)
             return
-        self._thread = threading.Thread(target=self._run, name=f"pgstreams-{self.name}", daemon=True)
-        self._thread.start()
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name=f"pgstreams-{self.name}", daemon=True)
+            self._thread.start()
 
     def wake(self) -> None:
-        """Run the next step now."""
-        self._wake.set()
+        """Run the next step now (at once if the loop is waiting, else right after the current step)."""
+        if not self._wake.is_set():  # already set: a wake-up is pending; setting it again costs a lock
+            self._wake.set()
 
     def request_stop(self) -> None:
         """Ask the loop to end after the current step, without waiting."""
@@ -107,6 +116,8 @@ class Service:
         except BaseException as exc:
             self.error = exc
             log.critical("service %s died: %s: %s", self.name, type(exc).__name__, exc, exc_info=exc)
+        finally:
+            self.finish()
 
 
 class Supervisor:
@@ -120,10 +131,6 @@ class Supervisor:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: ServiceFailed | None = None
-
-    def add(self, service: Service) -> None:
-        """Watch one more service."""
-        self.services.append(service)
 
     def start(self) -> None:
         """Start watching."""

@@ -1,0 +1,70 @@
+"""Stream-group reading's use of the storage layer: checkpoints, start cursors, polls of one group and topic.
+
+Rows come back in the shapes the reader consumes; nothing in :mod:`pgstreams.consumer` runs SQL itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ..models import CommitOutcome
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from .reader import Cursor, LeaseClaim
+
+
+class ReaderStorage:
+    """The storage operations of one reader (group ``group`` on topic ``topic_id``)."""
+
+    __slots__ = ("_ex", "_group", "_store", "_tid")
+
+    def __init__(self, client: Client, group: str, topic_id: int) -> None:
+        self._store = client.store
+        self._ex = client.store.executor
+        self._group = group
+        self._tid = topic_id
+
+    def load(self, conn: psycopg.Connection, partitions: list[int]) -> list[tuple[int, int, int]]:
+        """``(partition, xid, position)`` of every checkpoint of these partitions, by partition."""
+        cursors = self._store.checkpoints.load(conn, self._group, self._tid, partitions)
+        return [(p, *cursors[p]) for p in sorted(cursors)]
+
+    def init(self, conn: psycopg.Connection, starts: Mapping[int, Cursor]) -> None:
+        """Create the missing checkpoints at ``starts``."""
+        self._store.checkpoints.create(conn, self._group, self._tid, starts)
+
+    def heads(self, conn: psycopg.Connection, partitions: list[int]) -> list[tuple[Any, ...]]:
+        """Per partition ``(partition, xid, position, fence)`` of its last event."""
+        return self._store.events.head_cursors(conn, self._tid, partitions)
+
+    def times(self, conn: psycopg.Connection, partitions: list[int], dt: datetime) -> list[tuple[Any, ...]]:
+        """Per partition ``(partition, xid, position, fence)`` of its first event at or after ``dt``."""
+        return self._store.events.time_cursors(conn, self._tid, partitions, dt)
+
+    def position(self, conn: psycopg.Connection, partition: int, position: int) -> tuple[Any, ...] | None:
+        """``(xid, position, fence)`` of the first event in read order at or after ``position``."""
+        return self._store.events.position_cursor(conn, self._tid, partition, position)
+
+    def poll(self, conn: psycopg.Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows of a poll (see the ``poll`` query): prepared, binary, on the hot path."""
+        return self._ex.all("poll", params, conn=conn, topic_id=self._tid, prepare=True, binary=True)
+
+    def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
+              lease: LeaseClaim | None) -> list[tuple[int, CommitOutcome]]:
+        """Store ``targets`` given ``expected``; ``(partition, outcome)`` by partition."""
+        claim = None if lease is None else (lease.member_id, lease.epochs)
+        outcomes = self._store.checkpoints.store(conn, self._group, self._tid, targets, expected, claim)
+        return sorted(outcomes.items())
+
+    def seek(self, conn: psycopg.Connection, cursors: Mapping[int, Cursor]) -> None:
+        """Set the checkpoints to ``cursors``."""
+        self._store.checkpoints.seek(self._group, self._tid, cursors, conn=conn)
+
+    def limit_idle(self, conn: psycopg.Connection, seconds: float) -> None:
+        """End the session if the open transaction sits idle longer than ``seconds``."""
+        self._store.groups.limit_idle_transaction(conn, seconds)

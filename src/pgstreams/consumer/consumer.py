@@ -1,0 +1,251 @@
+"""The public consumer: a facade over a :class:`StreamReader` with polling, commits, seeks, exactly-once
+transactions and running a handler."""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import psycopg
+
+from ..errors import InvalidArgument, TopicNotFound
+from ..models import CommitOutcome, Event
+from .reader import _GONE, _ORIGIN, Cursor, Start, StreamReader
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..worker import Clock, Mode, RetryPolicy, Worker
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _topic_must_exist(method: _Method) -> _Method:
+    """Report a topic deleted under a consumer as :class:`TopicNotFound`, not as the missing table or
+    the foreign key violation that its absence causes."""
+    @functools.wraps(method)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except _GONE as exc:
+            topic = self.topic if isinstance(self, Consumer) else self._consumer.topic
+            raise TopicNotFound(f"topic {topic!r} was deleted") from exc
+    return wrapper  # type: ignore[return-value]
+
+
+def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+        raise InvalidArgument(f"max_events must be a positive integer, got {max_events!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+            or math.isnan(timeout)):
+        raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
+    return max_events, float(timeout)
+
+
+class Consumer:
+    """Reads a topic for a stream group, keeping one checkpoint per partition.
+
+    Create with :meth:`Client.consumer`. Not thread-safe: use one consumer per thread. Delivery is
+    at-least-once with :meth:`poll` + :meth:`commit`, exactly-once for effects kept in PostgreSQL with
+    :meth:`transaction`. ``start`` (default ``"earliest"``) is as in :meth:`Client.consumer`;
+    ``partitions`` (default ``None``: every partition of the topic) restricts the consumer to some.
+    Constructing one loads the group's checkpoints; partitions without one get it as by
+    :func:`create_checkpoints`, so a consumer constructed directly works as one from
+    :meth:`Client.consumer`.
+    """
+
+    def __init__(self, client: Client, topic: str, group: str, *, start: Start = "earliest",
+                 partitions: Sequence[int] | None = None) -> None:
+        reader = StreamReader(client, topic, group, start=start, partitions=partitions)
+        self._client = client
+        self._reader = reader
+        self.group = reader.group
+        self.start = reader.start
+        self.topic = reader.topic
+        self._last: list[Event] = []
+        try:
+            with client.connection() as conn:
+                reader.create_checkpoints(conn)
+        except _GONE as exc:
+            raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
+
+    def __repr__(self) -> str:
+        return f"<pgstreams.Consumer topic={self.topic!r} group={self.group!r}>"
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this consumer reads."""
+        return self._reader.partitions
+
+    @property
+    def last_outcomes(self) -> dict[int, CommitOutcome]:
+        """The outcome per partition of the last commit."""
+        return self._reader.last_outcomes
+
+    @property
+    def reader(self) -> StreamReader:
+        """The :class:`StreamReader` holding this consumer's cursors and checkpoints (what
+        :meth:`run` hands to the worker runtime)."""
+        return self._reader
+
+    def committed(self) -> dict[int, int | None]:
+        """The last committed position per partition as this consumer knows it (``None``: none yet)."""
+        return {p: (c[1] or None) for p, c in self._reader.checkpoints().items()}
+
+    # -- polling -------------------------------------------------------------------------------------
+    def _poll(self, conn: psycopg.Connection | None, max_events: int, timeout: float) -> list[Event]:
+        events = self._reader.poll(max_events, timeout, conn)
+        self._last = events
+        return events
+
+    @_topic_must_exist
+    def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Return up to ``max_events`` next events (default 500), waiting at most ``timeout`` seconds
+        (default 1.0) for the first one; an empty list when none arrived.
+
+        Order is kept within each partition. New events wake the consumer through LISTEN/NOTIFY; it also
+        polls every ``poll_interval`` as a fallback. Polling does not commit: see :meth:`commit`.
+        """
+        max_events, timeout = _check_limits(max_events, timeout)
+        return self._poll(None, max_events, timeout)
+
+    # -- committing ----------------------------------------------------------------------------------
+    @_topic_must_exist
+    def commit(self, events: Sequence[Event] | None = None) -> CommitOutcome:
+        """Store the position after ``events`` (default: the events of the last poll) as the group's
+        checkpoint on each of their partitions, passing the expected previous position.
+
+        Returns the outcome (for several partitions, the most severe one; per partition in
+        :attr:`last_outcomes`): ``STORED``; ``IGNORED`` (already stored, or it would move the checkpoint
+        backwards); ``FURTHER`` (another consumer of the group moved on: stop or :meth:`seek`);
+        ``OLDER`` (the checkpoint was reset behind the expected one). A checkpoint never moves backwards
+        except through the ``seek`` methods.
+        """
+        targets = self._reader.targets(self._last if events is None else events)
+        with self._client.connection() as conn:
+            return self._reader.commit(conn, targets)
+
+    # -- seeking -------------------------------------------------------------------------------------
+    def _set(self, cursors: dict[int, Cursor]) -> None:
+        with self._client.connection() as conn:
+            self._reader.seek(conn, cursors)
+        self._last = []
+
+    def _check_partition(self, partition: object) -> int:
+        if isinstance(partition, bool) or not isinstance(partition, int) or (
+                partition not in self._reader.checkpoints()):
+            raise InvalidArgument(f"partition {partition!r} is not one of this consumer's {self.partitions}")
+        return partition
+
+    @_topic_must_exist
+    def seek(self, partition: int, position: int) -> None:
+        """Move the group's checkpoint on ``partition`` so that every event at or after ``position`` is
+        read (again): the checkpoint goes before the first of them in read order, which may also re-read
+        some events of lower positions published by later transactions; to the end if there is none.
+        May move backwards."""
+        p = self._check_partition(partition)
+        if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+            raise InvalidArgument(f"position must be an integer >= 0, got {position!r}")
+        with self._client.connection() as conn:
+            target = self._reader.position_cursor(conn, p, position)
+        self._set({p: target})
+
+    @_topic_must_exist
+    def seek_to_beginning(self) -> None:
+        """Move every partition's checkpoint before the first event."""
+        self._set(dict.fromkeys(self.partitions, _ORIGIN))
+
+    @_topic_must_exist
+    def seek_to_end(self) -> None:
+        """Move every partition's checkpoint after the last event stored now (events of transactions
+        still in progress are read when they commit)."""
+        with self._client.connection() as conn:
+            heads = self._reader.head_cursors(conn)
+        self._set(heads)
+
+    @_topic_must_exist
+    def seek_to_time(self, dt: datetime) -> None:
+        """Move every partition's checkpoint before its first event (in read order) created at or after
+        ``dt`` (an aware datetime); to the end where there is none."""
+        if not isinstance(dt, datetime) or dt.tzinfo is None or dt.utcoffset() is None:
+            raise InvalidArgument("seek_to_time needs a timezone-aware datetime")
+        with self._client.connection() as conn:
+            cursors = self._reader.time_cursors(conn, dt)
+        self._set(cursors)
+
+    # -- running a handler -----------------------------------------------------------------------------
+    def run(self, handler: Callable[..., Any], *, until: threading.Event | None = None,
+            install_signal_handlers: bool = True, batch: bool = False, min_events: int = 1,
+            max_events: int = 100, max_wait: float = 1.0, mode: Mode = "at-least-once",
+            retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
+            clock: Clock | None = None) -> Worker:
+        """Run ``handler`` on this consumer's partitions until SIGINT/SIGTERM (or ``until``, a
+        ``threading.Event``, is set); return the stopped :class:`pgstreams.Worker`.
+
+        The consumer does not join the group's membership (no leases: it reads exactly its
+        ``partitions``); use :class:`pgstreams.Worker` for that. The options are those of
+        :meth:`pgstreams.Worker.subscribe` except ``start`` and the membership timings (``batch`` default
+        false, ``min_events`` 1, ``max_events`` 100, ``max_wait`` 1.0 s, ``mode`` ``"at-least-once"``,
+        ``retry`` ``RetryPolicy()``, ``dead_letter`` the group's configuration), plus ``until``,
+        ``install_signal_handlers`` (default true) and ``clock`` (default ``time.monotonic``). Failing
+        events are retried and dead-lettered as by a worker; no retry state is recorded in the group
+        status.
+        """
+        from ..worker import run_consumer
+
+        return run_consumer(self, handler, until=until, install_signal_handlers=install_signal_handlers,
+                            batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
+                            mode=mode, retry=retry, dead_letter=dead_letter, clock=clock)
+
+    # -- exactly-once ----------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[ConsumerTransaction]:
+        """Poll, handle and checkpoint in one PostgreSQL transaction.
+
+        Yields a :class:`ConsumerTransaction` with ``.poll(...)`` and ``.connection``. Leaving the block
+        normally stores the checkpoint after the events polled in it, in the same transaction as the
+        handler's writes on ``.connection``; an exception rolls both back (and the events are read again).
+        If another consumer of the group moved the checkpoint meanwhile, everything is rolled back and
+        :attr:`ConsumerTransaction.outcome` says ``FURTHER``/``OLDER``, or ``IGNORED`` when the other
+        consumer stored this very checkpoint (it handled the same events); this consumer then continues
+        from the stored checkpoint. The handler's writes are kept only with ``STORED`` (or when no event
+        was polled).
+        """
+        reader = self._reader
+        saved = reader.positions()
+        try:
+            with self._client.connection() as conn:
+                # IGNORED with events means another member already stored this checkpoint after handling
+                # these same events: committing this handler's writes would repeat them
+                with reader.transaction(conn, keep_ignored=False) as ckpt:
+                    tx = ConsumerTransaction(self, conn)
+                    yield tx
+                    tx.outcome = ckpt.store(tx.events)
+                if not ckpt.kept:
+                    reader.load(conn)
+        except BaseException:
+            reader.restore(saved)
+            raise
+
+
+class ConsumerTransaction:
+    """The handle of :meth:`Consumer.transaction`: ``connection`` is in the open transaction."""
+
+    def __init__(self, consumer: Consumer, conn: psycopg.Connection) -> None:
+        self._consumer = consumer
+        self.connection = conn
+        self.events: list[Event] = []
+        self.outcome: CommitOutcome | None = None
+
+    @_topic_must_exist
+    def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Like :meth:`Consumer.poll` (``max_events`` default 500, ``timeout`` default 1.0 s), inside the
+        transaction; the events are checkpointed on commit."""
+        max_events, timeout = _check_limits(max_events, timeout)
+        got = self._consumer._poll(self.connection, max_events, timeout)
+        self.events.extend(got)
+        return got

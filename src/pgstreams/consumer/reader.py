@@ -1,0 +1,410 @@
+"""Reading a topic for a stream group: cursors and checkpoints per partition, gap-free fetches,
+checkpoints stored with outcomes (fenced by a lease claim for group members) and applied once committed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, Union
+
+import psycopg
+
+from ..codec import decode_value
+from ..errors import InvalidArgument, TopicNotFound
+from ..models import CommitOutcome, Event
+from ..names import check_group
+from ._storage import ReaderStorage
+from .wakeup import topic_wakeup
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+Start = Union[Literal["earliest", "latest"], datetime]
+Cursor = tuple[int, int]  # (txid, position); (0, 0) is before every event
+_ORIGIN: Cursor = (0, 0)
+_SEVERITY = {
+    CommitOutcome.STORED: 0, CommitOutcome.IGNORED: 1, CommitOutcome.OLDER: 2, CommitOutcome.FURTHER: 3,
+    CommitOutcome.FENCED: 4,
+}
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EVENT_FIELDS = ("topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
+                 "correlation_id", "causation_id", "created_at", "txid")
+
+
+def _event(topic: str, partition: int, position: int, key: str | None, value: object,
+           headers: object, event_type: str | None, event_id: str | None, correlation_id: str | None,
+           causation_id: str | None, created_at: datetime, txid: int) -> Event:
+    """``Event(...)`` at a quarter of the cost (polls build one per row; a frozen dataclass's ``__init__``
+    sets each field through ``object.__setattr__``). The result is the same as the constructor's. Filling
+    the instance's own ``__dict__`` in field order keeps it a key-sharing dict, cheaper than assigning a
+    new one."""
+    ev = _new_event(Event)
+    d = ev.__dict__
+    d["topic"] = topic
+    d["partition"] = partition
+    d["position"] = position
+    d["key"] = key
+    d["value"] = value
+    d["headers"] = headers
+    d["event_type"] = event_type
+    d["event_id"] = event_id
+    d["correlation_id"] = correlation_id
+    d["causation_id"] = causation_id
+    d["created_at"] = created_at
+    d["txid"] = txid
+    return ev
+
+
+_new_event = object.__new__
+if tuple(Event.__dataclass_fields__) != _EVENT_FIELDS or hasattr(Event, "__slots__") or hasattr(
+        Event, "__post_init__"):  # pragma: no cover - Event changed shape: use its constructor
+    _event = Event  # type: ignore[assignment]
+
+
+def check_start(start: object) -> Start:
+    """Validate a start position: ``"earliest"``, ``"latest"`` or an aware datetime."""
+    if start in ("earliest", "latest"):
+        return start
+    if isinstance(start, datetime):
+        if start.tzinfo is None or start.utcoffset() is None:
+            raise InvalidArgument("start datetime must be timezone-aware (naive datetimes are ambiguous)")
+        return start
+    raise InvalidArgument(f"start must be 'earliest', 'latest' or an aware datetime, not {start!r}")
+
+
+#: Reads of the partitions' heads when a running transaction caps them (see ``_start_cursors``).
+_HEAD_READS = 3
+
+
+def _capped(x: int | None, pos: int | None, fence: int | None) -> Cursor:
+    """The cursor ``(x, pos)`` (the origin if ``None``), but not past ``(fence, 0)``: ``fence`` is the
+    oldest transaction still in progress when the cursor was read, whose events commit later with a
+    smaller id than events already visible and must not be skipped."""
+    c = (int(x or 0), int(pos or 0))
+    if fence is not None and (int(fence), 0) < c:
+        return (int(fence), 0)
+    return c
+
+
+#: What a statement on a deleted topic raises: its table is gone, or its id no longer exists.
+_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation)
+
+
+@dataclass(frozen=True)
+class LeaseClaim:
+    """The leases a group member processes under: its ``member_id`` and the lease ``epochs`` per partition.
+    A checkpoint stored with a claim is refused (:attr:`CommitOutcome.FENCED`) on every partition whose
+    lease has moved on since (``store_checkpoint_fenced``)."""
+
+    member_id: str
+    epochs: Mapping[int, int]
+
+
+class CheckpointTransaction:
+    """An open transaction on :attr:`connection` that may store a reader's checkpoint (see
+    :meth:`StreamReader.transaction`). :attr:`outcome` is ``None`` until :meth:`store` ran."""
+
+    def __init__(self, reader: StreamReader, conn: psycopg.Connection, lease: LeaseClaim | None,
+                 keep_ignored: bool) -> None:
+        self.connection = conn
+        self.outcome: CommitOutcome | None = None
+        self._reader = reader
+        self._lease = lease
+        self._keep_ignored = keep_ignored
+        self._targets: dict[int, Cursor] = {}
+
+    def store(self, events: Sequence[Event]) -> CommitOutcome:
+        """Store the checkpoint after ``events`` in this transaction (call it once); returns the outcome
+        (per partition in the reader's ``last_outcomes``)."""
+        targets = self._reader.targets(events)
+        self.outcome = self._reader.store(self.connection, targets, self._lease)
+        self._targets = targets
+        return self.outcome
+
+    @property
+    def kept(self) -> bool:
+        """Whether the transaction commits: nothing stored, ``STORED``, or ``IGNORED`` when the reader's
+        transaction keeps it (or there was nothing to store). Otherwise it rolls back."""
+        o = self.outcome
+        return o is None or o is CommitOutcome.STORED or (
+            o is CommitOutcome.IGNORED and (self._keep_ignored or not self._targets))
+
+
+class StreamReader:
+    """The read state of stream group ``group`` on some ``partitions`` of ``topic`` (default: all): per
+    partition a read cursor and the committed checkpoint.
+
+    Creating one reads the topic's definition only; :meth:`create_checkpoints` or :meth:`load` read the
+    checkpoints and put the cursors on them. :meth:`fetch` reads on and moves the cursors; :meth:`store`
+    stores a checkpoint (fenced with a :class:`LeaseClaim`) and :meth:`apply` makes it the committed one
+    once its transaction committed (:meth:`commit` and :meth:`transaction` do both); :meth:`rewind` sends
+    the cursors back to the checkpoints, so whatever was fetched but not committed is read again. Not
+    thread-safe. ``start`` (default ``"earliest"``): where :meth:`create_checkpoints` starts a partition.
+    """
+
+    def __init__(self, client: Client, topic: str, group: str, *, start: Start = "earliest",
+                 partitions: Sequence[int] | None = None) -> None:
+        self.client = client
+        self.group = check_group(group)
+        self.start = check_start(start)
+        meta = client.topic_state(topic, refresh=True)  # not a deleted topic's cached id
+        self.topic: str = meta.name
+        self.topic_id: int = meta.id
+        #: the number of partitions of the topic
+        self.partition_count: int = meta.partitions
+        if partitions is None:
+            parts = list(range(meta.partitions))
+        else:
+            parts = sorted(set(partitions))
+            bad = [p for p in parts if isinstance(p, bool) or not isinstance(p, int)
+                   or not 0 <= p < meta.partitions]
+            if bad or not parts:
+                raise InvalidArgument(f"partitions {bad or '[]'} invalid for topic {self.topic!r}")
+        self.partitions: tuple[int, ...] = tuple(parts)
+        #: the outcome per partition of the last :meth:`store`
+        self.last_outcomes: dict[int, CommitOutcome] = {}
+        self._committed: dict[int, Cursor] = {}
+        self._cursor: dict[int, Cursor] = {}
+        self._rotate = 0
+        self._sql = ReaderStorage(client, self.group, meta.id)
+        self._wakeup = topic_wakeup(client, meta.id)
+
+    def __repr__(self) -> str:
+        return (f"<pgstreams.StreamReader topic={self.topic!r} group={self.group!r} "
+                f"partitions={self.partitions}>")
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def _start_cursors(self, conn: psycopg.Connection) -> dict[int, Cursor]:
+        parts = list(self.partitions)
+        if self.start == "earliest":
+            return dict.fromkeys(parts, _ORIGIN)
+        heads: dict[int, Cursor] = {}
+        for _ in range(_HEAD_READS):
+            rows = self._sql.heads(conn, parts)
+            heads = {p: _capped(x, pos, f) for p, x, pos, f in rows}
+            # capped: a transaction was running when the head was read. One of another database that ended
+            # while this statement ran is indistinguishable from one of ours: read again (a new snapshot no
+            # longer holds it) before settling for the cap, which re-delivers the events above it.
+            if all(heads[p] == (int(x or 0), int(pos or 0)) for p, x, pos, _f in rows):
+                break
+        if self.start == "latest":
+            return heads
+        assert isinstance(self.start, datetime)
+        return self._time_cursors(conn, parts, self.start, heads)
+
+    def _time_cursors(self, conn: psycopg.Connection, parts: list[int], dt: datetime,
+                      heads: Mapping[int, Cursor]) -> dict[int, Cursor]:
+        """Before each partition's first event created at or after ``dt``; ``heads`` where there is none."""
+        return {p: (_capped(x, int(pos) - 1, f) if x is not None else heads[p])
+                for p, x, pos, f in self._sql.times(conn, parts, dt)}
+
+    def create_checkpoints(self, conn: psycopg.Connection) -> None:
+        """Give every partition of the reader that has no checkpoint of the group one at ``start``
+        (``"latest"``: the head now), keep the existing ones, then :meth:`load` them."""
+        rows = self._sql.load(conn, list(self.partitions))
+        missing = set(self.partitions) - {r[0] for r in rows}
+        if missing:
+            starts = self._start_cursors(conn)
+            self._sql.init(conn, {p: starts[p] for p in missing})
+            rows = self._sql.load(conn, list(self.partitions))
+        self._loaded(rows)
+
+    def load(self, conn: psycopg.Connection) -> None:
+        """Read the checkpoints again and put every cursor on its checkpoint."""
+        self._loaded(self._sql.load(conn, list(self.partitions)))
+
+    def _loaded(self, rows: list[tuple[Any, ...]]) -> None:
+        self._committed = {p: (int(x), int(pos)) for p, x, pos in rows}
+        self._cursor = dict(self._committed)
+
+    def checkpoints(self) -> dict[int, Cursor]:
+        """The committed checkpoint per partition as this reader knows it."""
+        return dict(self._committed)
+
+    # -- cursors ---------------------------------------------------------------------------------------
+    def positions(self) -> dict[int, Cursor]:
+        """The read cursor per partition (a copy, for :meth:`restore`)."""
+        return dict(self._cursor)
+
+    def restore(self, positions: Mapping[int, Cursor]) -> None:
+        """Put the read cursors back where :meth:`positions` saw them."""
+        self._cursor = dict(positions)
+
+    def rewind(self, partitions: Collection[int] | None = None) -> None:
+        """Send the cursors of ``partitions`` (default: all) back to their checkpoints: the events fetched
+        but not committed there are fetched again."""
+        if partitions is None:
+            self._cursor.update(self._committed)
+        else:
+            for p in partitions:
+                if p in self._committed:
+                    self._cursor[p] = self._committed[p]
+
+    # -- reading ---------------------------------------------------------------------------------------
+    def fetch(self, conn: psycopg.Connection, max_events: int,
+              partitions: Sequence[int] | None = None) -> list[Event]:
+        """Up to ``max_events`` events after the cursors of ``partitions`` (default: all the reader's), in
+        read order per partition; moves the cursors past them. No waiting."""
+        # partitions in rotated order: when a poll is cut at max_events, the next one starts at another
+        # partition so none starves
+        own = self.partitions if partitions is None else tuple(partitions)
+        n = len(own)
+        parts = list(own[self._rotate:] + own[:self._rotate])
+        cursor = self._cursor
+        params = {
+            "partitions": parts,
+            "xids": [str(cursor[p][0]) for p in parts],
+            "positions": [cursor[p][1] for p in parts],
+            "limit": max_events,
+            "total": max_events + 1,
+        }
+        rows = self._sql.poll(conn, params)
+        if not rows:
+            return []
+        if len(rows) > max_events:
+            self._rotate = (self._rotate + 1) % n
+            del rows[max_events:]
+        topic = self.topic
+        out: list[Event] = []
+        append = out.append
+        age: object = None
+        created = _EPOCH
+        for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
+            if since_epoch != age:  # a batch's events share one time
+                age, created = since_epoch, _EPOCH + since_epoch
+            append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
+                          headers or {}, et, eid, cid, sid, created, x))
+        for ev in out:
+            cursor[ev.partition] = (ev.txid, ev.position)
+        return out
+
+    def poll(self, max_events: int, timeout: float, conn: psycopg.Connection | None = None) -> list[Event]:
+        """:meth:`fetch` (on ``conn``, default a pooled connection per read), waiting up to ``timeout``
+        seconds for the first event (see :class:`Wakeup`); an empty list when none arrived."""
+        client = self.client
+        wakeup = self._wakeup
+        wakeup.restart()
+        deadline = time.monotonic() + timeout
+        while True:
+            wakeup.mark()
+            if conn is None:
+                with client.connection() as c:
+                    events = self.fetch(c, max_events)
+            else:
+                events = self.fetch(conn, max_events)
+            remaining = deadline - time.monotonic()
+            if events or remaining <= 0:
+                return events
+            wakeup.wait(remaining)
+
+    # -- committing ------------------------------------------------------------------------------------
+    def targets(self, events: Sequence[Event]) -> dict[int, Cursor]:
+        """The checkpoint after ``events`` per partition; :class:`InvalidArgument` for an event that is
+        not of this reader's partitions."""
+        out: dict[int, Cursor] = {}
+        for ev in events:
+            if not isinstance(ev, Event):
+                raise InvalidArgument(f"commit expects Event objects, not {type(ev).__name__}")
+            if ev.topic != self.topic or ev.partition not in self._committed:
+                raise InvalidArgument(
+                    f"event {ev.topic}[{ev.partition}]@{ev.position} is not from this consumer's partitions"
+                )
+            c = (ev.txid, ev.position)
+            if c > out.get(ev.partition, _ORIGIN):
+                out[ev.partition] = c
+        return out
+
+    def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
+              lease: LeaseClaim | None = None) -> CommitOutcome:
+        """Store ``targets`` as the checkpoints on ``conn``, expecting the committed ones (fenced by
+        ``lease`` if given). Returns the most severe outcome; per partition in :attr:`last_outcomes`.
+        Nothing to store is ``IGNORED``. Does not change the reader: :meth:`apply` once committed."""
+        if not targets:
+            self.last_outcomes = {}
+            return CommitOutcome.IGNORED
+        rows = self._sql.store(conn, targets, self._committed, lease)
+        outcomes = {p: CommitOutcome(code) for p, code in rows}
+        self.last_outcomes = outcomes
+        return max(outcomes.values(), key=_SEVERITY.__getitem__)
+
+    def apply(self, targets: Mapping[int, Cursor]) -> None:
+        """Make the stored ``targets`` the committed checkpoints, as :attr:`last_outcomes` allow."""
+        for p, outcome in self.last_outcomes.items():
+            if outcome is CommitOutcome.STORED or (
+                outcome is CommitOutcome.IGNORED and targets[p] > self._committed[p]
+            ):
+                self._committed[p] = targets[p]
+
+    def commit(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
+               lease: LeaseClaim | None = None) -> CommitOutcome:
+        """Store ``targets`` (see :meth:`targets`) on ``conn`` in autocommit mode (the statement is its own
+        transaction) and apply them."""
+        outcome = self.store(conn, targets, lease)
+        self.apply(targets)
+        return outcome
+
+    @contextmanager
+    def transaction(self, conn: psycopg.Connection, *, lease: LeaseClaim | None = None,
+                    keep_ignored: bool = True, idle_timeout: float | None = None
+                    ) -> Iterator[CheckpointTransaction]:
+        """A transaction on ``conn`` in which the caller works and stores a checkpoint
+        (:meth:`CheckpointTransaction.store`, fenced by ``lease``). At the end it commits if the outcome
+        allows (:attr:`CheckpointTransaction.kept`; ``keep_ignored``, default true, keeps ``IGNORED``),
+        else rolls back; the checkpoint is applied to the reader only once committed. An exception rolls
+        back and propagates. ``idle_timeout`` (seconds, default none): the server ends the transaction if
+        its holder stays idle in it that long, so a holder paused inside cannot keep its locks and the
+        read fence of every consumer forever."""
+        tx = CheckpointTransaction(self, conn, lease, keep_ignored)
+        with conn.transaction():
+            if idle_timeout is not None:
+                self._sql.limit_idle(conn, idle_timeout)
+            yield tx
+            if not tx.kept:
+                raise psycopg.Rollback()
+        if tx.outcome is not None and tx.kept:
+            self.apply(tx._targets)
+
+    # -- seeking -------------------------------------------------------------------------------------
+    def seek(self, conn: psycopg.Connection, cursors: Mapping[int, Cursor]) -> None:
+        """Set the checkpoints (and cursors) of some partitions to ``cursors``, backwards too."""
+        self._sql.seek(conn, cursors)
+        self._committed.update(cursors)
+        self._cursor.update(cursors)
+
+    def head_cursors(self, conn: psycopg.Connection, partitions: Sequence[int] | None = None
+                     ) -> dict[int, Cursor]:
+        """After the last event stored now per partition (capped at the read fence)."""
+        parts = list(self.partitions if partitions is None else partitions)
+        return {p: _capped(x, pos, f) for p, x, pos, f in self._sql.heads(conn, parts)}
+
+    def time_cursors(self, conn: psycopg.Connection, dt: datetime) -> dict[int, Cursor]:
+        """Before each partition's first event created at or after ``dt``; the head where there is none."""
+        parts = list(self.partitions)
+        return self._time_cursors(conn, parts, dt, self.head_cursors(conn, parts))
+
+    def position_cursor(self, conn: psycopg.Connection, partition: int, position: int) -> Cursor:
+        """Before the first event, in read order, of those at or after ``position``; the head if none."""
+        row = self._sql.position(conn, partition, position)
+        if row is None or row[0] is None:
+            return self.head_cursors(conn, [partition])[partition]
+        return _capped(row[0], int(row[1]) - 1, row[2])
+
+
+def create_checkpoints(client: Client, topic: str, group: str, *, start: Start = "earliest",
+                       partitions: Sequence[int] | None = None) -> StreamReader:
+    """Give ``group`` a checkpoint at ``start`` on every partition of ``topic`` (or of ``partitions``)
+    where it has none; existing checkpoints are kept. ``start`` (default ``"earliest"``): ``"latest"`` is
+    the head at this moment, a datetime the first event from then on. Returns a reader positioned at the
+    checkpoints."""
+    reader = StreamReader(client, topic, group, start=start, partitions=partitions)
+    try:
+        with client.connection() as conn:
+            reader.create_checkpoints(conn)
+    except _GONE as exc:
+        raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
+    return reader

@@ -1,0 +1,117 @@
+"""Subscriptions: what a worker runs (a handler on a topic for a group) and the options of how."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..consumer import Start, check_start
+from ..errors import InvalidArgument
+from ..groups import check_timing, get_group_config
+from ..names import check_group, check_topic
+from .batching import BatchConfig
+from .handlers import Handler, check_handler
+from .retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+#: Processing modes: ``"at-least-once"`` (commit after the handler) or ``"transactional"``.
+Mode = Literal["at-least-once", "transactional"]
+MODES: tuple[str, ...] = ("at-least-once", "transactional")
+
+
+@dataclass(frozen=True)
+class SubscriptionOptions:
+    """How a subscription runs its handler: the keyword arguments of :meth:`pgstreams.Worker.subscribe`
+    (and, but ``start``, the membership timings and ``partitions``, of :meth:`pgstreams.Consumer.run`),
+    with the same defaults. Checked when the subscription is made, not here.
+
+    ``batch`` (default false): call the handler with a list of events. ``min_events`` / ``max_events`` /
+    ``max_wait`` (defaults 1, 100, 1.0 s): see :class:`BatchConfig`. ``mode`` (default
+    ``"at-least-once"``) or ``"transactional"``. ``retry`` (default ``None``: ``RetryPolicy()``).
+    ``dead_letter`` (default ``None``: the group's configuration; ``True``: ``"<topic>.dlt"``; a topic
+    name; ``False``: none). ``start`` (default ``"earliest"``): where the group starts on partitions
+    without a checkpoint. ``heartbeat_interval`` / ``session_timeout`` (default ``None``: the group's
+    configuration). ``partitions`` (default ``None``: join the group's membership): a static assignment.
+    """
+
+    batch: bool = False
+    min_events: int = 1
+    max_events: int = 100
+    max_wait: float = 1.0
+    mode: Mode = "at-least-once"
+    retry: RetryPolicy | None = None
+    dead_letter: str | bool | None = None
+    start: Start = "earliest"
+    heartbeat_interval: float | None = None
+    session_timeout: float | None = None
+    partitions: Sequence[int] | None = None
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What a worker runs: ``handler`` on ``topic`` for ``group`` (see :meth:`Worker.subscribe`)."""
+
+    topic: str
+    group: str
+    handler: Handler
+    batch: bool
+    config: BatchConfig
+    mode: str
+    retry: RetryPolicy
+    dead_letter: str | None
+    start: Start
+    heartbeat_interval: float | None = None
+    session_timeout: float | None = None
+
+
+def dead_letter_topic(client: Client, group: str, topic: str, dead_letter: object) -> str | None:
+    """The dead-letter topic of ``topic`` for ``group`` as the ``dead_letter`` option says (``None``: the
+    group's configuration); ``None`` for none."""
+    if dead_letter is None:
+        name = get_group_config(client, group).dead_letter_for(topic)
+    elif dead_letter is True:
+        name = f"{topic}.dlt"
+    elif dead_letter is False:
+        name = None
+    elif isinstance(dead_letter, str):
+        name = dead_letter
+    else:
+        raise InvalidArgument(f"dead_letter must be a topic name, True, False or None, not {dead_letter!r}")
+    if name is not None:
+        check_topic(name)
+        if name == topic:
+            raise InvalidArgument(f"the dead-letter topic of {topic!r} cannot be the topic itself")
+    return name
+
+
+def make_subscription(client: Client, topic: str, group: str, handler: object,
+                      options: SubscriptionOptions) -> Subscription:
+    """Check ``handler`` and ``options`` for ``topic`` and ``group`` (:class:`InvalidArgument`,
+    :class:`pgstreams.TopicNotFound`) and resolve their defaults. Membership timings are checked
+    against the group's configuration unless ``options.partitions`` makes the assignment static."""
+    o = options
+    if not callable(handler):
+        raise InvalidArgument(f"handler must be callable, not {type(handler).__name__}")
+    if not isinstance(o.batch, bool):
+        raise InvalidArgument(f"batch must be true or false, not {o.batch!r}")
+    if o.mode not in MODES:
+        raise InvalidArgument(f"mode must be one of {', '.join(MODES)}, not {o.mode!r}")
+    check_handler(handler, o.batch, o.mode)
+    retry = o.retry
+    if retry is None:
+        retry = RetryPolicy()
+    elif not isinstance(retry, RetryPolicy):
+        raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+    config = BatchConfig(o.min_events, o.max_events, o.max_wait)
+    name = client.topic_state(topic).name
+    check_group(group)
+    if o.partitions is None and (o.heartbeat_interval is not None or o.session_timeout is not None):
+        cfg = get_group_config(client, group)  # the timings as the member will use them, checked now
+        check_timing(cfg.heartbeat_interval if o.heartbeat_interval is None else o.heartbeat_interval,
+                     cfg.session_timeout if o.session_timeout is None else o.session_timeout)
+    return Subscription(name, group, handler, o.batch, config, o.mode, retry,
+                        dead_letter_topic(client, group, name, o.dead_letter), check_start(o.start),
+                        o.heartbeat_interval, o.session_timeout)

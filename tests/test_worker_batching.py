@@ -195,7 +195,7 @@ def test_notifications_wake_the_worker_before_the_poll_interval(dsn: str) -> Non
         worker = Worker(client, install_signal_handlers=False)
         worker.subscribe("t", "g", lambda ev: seen.append(time.monotonic()), partitions=[0])
         with running(worker):
-            until(lambda: client._listener.connected.is_set() and worker.stats.polls >= 1, what="listening")
+            until(lambda: client.listener.connected.is_set() and worker.stats.polls >= 1, what="listening")
             sent = time.monotonic()
             client.publish("t", "x")
             until(lambda: bool(seen), timeout=5, what="the event")

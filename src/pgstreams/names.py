@@ -17,29 +17,25 @@ _TOPIC_RE = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _SCHEMA_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
 
+def _check_name(kind: str, name: object, longest: int) -> str:
+    if not isinstance(name, str):
+        raise InvalidName(f"{kind} name must be a string, not {type(name).__name__}")
+    if not _TOPIC_RE.fullmatch(name) or name in (".", "..") or len(name) > longest:
+        raise InvalidName(f"invalid {kind} name {name!r}: use 1 to {longest} characters of [A-Za-z0-9._-]")
+    return name
+
+
 def check_topic(name: object) -> str:
     """Return ``name`` if it is a valid topic name, else raise :class:`InvalidName`.
 
     Topic names follow Kafka: 1 to 249 characters of ``[A-Za-z0-9._-]``, and neither ``.`` nor ``..``.
     """
-    if not isinstance(name, str):
-        raise InvalidName(f"topic name must be a string, not {type(name).__name__}")
-    if not _TOPIC_RE.fullmatch(name) or name in (".", ".."):
-        raise InvalidName(
-            f"invalid topic name {name!r}: use 1 to {MAX_TOPIC_NAME} characters of [A-Za-z0-9._-]"
-        )
-    return name
+    return _check_name("topic", name, MAX_TOPIC_NAME)
 
 
 def check_group(name: object) -> str:
     """Return ``name`` if it is a valid group name (same rules as topic names), else raise."""
-    if not isinstance(name, str):
-        raise InvalidName(f"group name must be a string, not {type(name).__name__}")
-    if not _TOPIC_RE.fullmatch(name) or name in (".", ".."):
-        raise InvalidName(
-            f"invalid group name {name!r}: use 1 to {MAX_GROUP_NAME} characters of [A-Za-z0-9._-]"
-        )
-    return name
+    return _check_name("group", name, MAX_GROUP_NAME)
 
 
 def check_schema(name: object) -> str:

@@ -15,7 +15,7 @@ import psycopg
 
 from ..errors import InvalidArgument, TopicNotFound
 from ..models import CommitOutcome, Event
-from .reader import _GONE, _ORIGIN, Cursor, Start, StreamReader
+from .reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, create_checkpoints
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -53,25 +53,28 @@ class Consumer:
     at-least-once with :meth:`poll` + :meth:`commit`, exactly-once for effects kept in PostgreSQL with
     :meth:`transaction`. ``start`` (default ``"earliest"``) is as in :meth:`Client.consumer`;
     ``partitions`` (default ``None``: every partition of the topic) restricts the consumer to some.
-    Constructing one loads the group's checkpoints; partitions without one get it as by
-    :func:`create_checkpoints`, so a consumer constructed directly works as one from
-    :meth:`Client.consumer`.
+    Constructing one directly is the same as :meth:`Client.consumer`: partitions without a checkpoint
+    of the group get one (:func:`create_checkpoints`), then the checkpoints are loaded.
     """
 
     def __init__(self, client: Client, topic: str, group: str, *, start: Start = "earliest",
                  partitions: Sequence[int] | None = None) -> None:
-        reader = StreamReader(client, topic, group, start=start, partitions=partitions)
-        self._client = client
+        self._attach(create_checkpoints(client, topic, group, start=start, partitions=partitions))
+
+    @classmethod
+    def of(cls, reader: StreamReader) -> Consumer:
+        """A consumer over ``reader``, whose checkpoints exist already (see :func:`create_checkpoints`)."""
+        consumer = cls.__new__(cls)
+        consumer._attach(reader)
+        return consumer
+
+    def _attach(self, reader: StreamReader) -> None:
+        self._client = reader.client
         self._reader = reader
         self.group = reader.group
         self.start = reader.start
         self.topic = reader.topic
         self._last: list[Event] = []
-        try:
-            with client.connection() as conn:
-                reader.create_checkpoints(conn)
-        except _GONE as exc:
-            raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
 
     def __repr__(self) -> str:
         return f"<pgstreams.Consumer topic={self.topic!r} group={self.group!r}>"

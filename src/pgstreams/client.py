@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -289,20 +289,19 @@ class Client:
         return self._producer.publish_many(topic, events)
 
     # -- consuming -----------------------------------------------------------------------------------
-    def consumer(self, topic: str, group: str, *, start: Start = "earliest",
-                 partitions: Sequence[int] | None = None) -> Consumer:
+    def consumer(self, topic: str, group: str, *, start: Start = "earliest") -> Consumer:
         """A :class:`Consumer` of ``topic`` in stream group ``group``.
 
         ``start`` applies to partitions the group has no checkpoint on yet (they get one now):
         ``"earliest"`` (default, replay everything), ``"latest"`` (only events published from now on) or
         an aware ``datetime`` (events from that time on). Existing checkpoints always win. No event of a
         transaction still in progress is skipped: while one of this database is open, ``"latest"`` and a
-        time may also deliver some events committed just before the start. ``partitions`` (default
-        ``None``: every partition) restricts the consumer to some.
+        time may also deliver some events committed just before the start. A consumer of some partitions
+        only: ``pgstreams.Consumer(client, topic, group, partitions=[...])``.
         """
         from .consumer import Consumer, create_checkpoints
 
-        reader = create_checkpoints(self, topic, group, start=start, partitions=partitions)
+        reader = create_checkpoints(self, topic, group, start=start)
         return Consumer.of(reader)
 
     # -- groups --------------------------------------------------------------------------------------

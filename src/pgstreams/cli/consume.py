@@ -86,7 +86,7 @@ def consume(
     if partition is not None and any(p < 0 for p in partition):
         raise usage_error(f"--partition must be >= 0, got {min(partition)}")
     with open_client(dsn, schema) as client:
-        consumer = client.consumer(topic, group, start=begin, partitions=partition or None)
+        consumer = Consumer(client, topic, group, start=begin, partitions=partition or None)
         if reset:
             _apply_reset(consumer, begin)
         targets = None if follow else _catch_up_targets(client, consumer)

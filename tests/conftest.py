@@ -1,5 +1,9 @@
 """Test fixtures: a real PostgreSQL and an isolated, migrated database per test.
 
+Tests are grouped by tier: ``unit`` (no database), ``integration`` (a real PostgreSQL), ``faults``
+(processes and threads that race, SIGKILL, concurrent producers), ``cli`` (the command line as real
+subprocesses), ``spark`` (a local SparkSession) and ``ml`` (the reference application's pipelines).
+
 The server is ``$PGSTREAMS_TEST_DSN`` when set, otherwise an embedded PostgreSQL (pgserver) that the
 session starts itself. A template database is migrated once per server and migration set; every test
 gets ``CREATE DATABASE ... TEMPLATE`` of it, dropped afterwards, so tests can run in parallel.
@@ -141,7 +145,8 @@ def dbname(dsn: str) -> str:
     return str(conninfo_to_dict(dsn)["dbname"])
 
 
-_SPARK_MODULES = ("test_spark", "test_ml")
+#: The tiers whose tests start a SparkSession.
+_SPARK_TIERS = ("spark", "ml")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -152,5 +157,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     other workers run the database tests.
     """
     for item in items:
-        if item.path.name.startswith(_SPARK_MODULES):
+        if item.path.parent.name in _SPARK_TIERS:
             item.add_marker(pytest.mark.xdist_group("spark"))

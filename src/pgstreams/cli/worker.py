@@ -11,13 +11,13 @@ import typer
 
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
 from pgstreams.names import check_group, check_topic
-from pgstreams.worker import BatchConfig, RetryPolicy, Worker, load_handler
+from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_handler
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
 from .output import err_console
 
-# The defaults of the batching and retry options are those of the worker's own configuration values.
-_BATCH = BatchConfig()
+# The defaults of the subscription and retry options are those of the worker's own configuration values.
+_OPTIONS = SubscriptionOptions()
 _RETRY = RetryPolicy()
 
 
@@ -29,14 +29,14 @@ def worker_command(
     group: Annotated[str, typer.Option("--group", "-g", help="Stream group to join.", show_default=False)],
     batch: Annotated[bool, typer.Option("--batch", help="Call the handler with a list of events.")] = False,
     min_events: Annotated[int, typer.Option("--min-events", help="Deliver a batch once this many events "
-                                            "are at hand.")] = _BATCH.min_events,
-    max_events: Annotated[int, typer.Option("--max-events", help="Largest batch.")] = _BATCH.max_events,
+                                            "are at hand.")] = _OPTIONS.min_events,
+    max_events: Annotated[int, typer.Option("--max-events", help="Largest batch.")] = _OPTIONS.max_events,
     max_wait: Annotated[float, typer.Option("--max-wait", help="Seconds after which a batch smaller than "
-                                            "--min-events is delivered anyway.")] = _BATCH.max_wait,
+                                            "--min-events is delivered anyway.")] = _OPTIONS.max_wait,
     mode: Annotated[str, typer.Option(
         "--mode", help="at-least-once (commit after the handler) or transactional (the handler gets the "
         "transaction's connection as second argument).", metavar="at-least-once|transactional")
-    ] = "at-least-once",
+    ] = _OPTIONS.mode,
     max_attempts: Annotated[int, typer.Option("--max-attempts", help="Deliveries of a failing event before "
                                               "it goes to the dead-letter topic.")] = _RETRY.max_attempts,
     backoff: Annotated[float, typer.Option("--backoff", help="Seconds before the first retry (doubling).")
@@ -50,7 +50,7 @@ def worker_command(
         "--no-dead-letter", help="No dead-letter topic: retry a failing event forever.")] = False,
     start: Annotated[str, typer.Option(
         "--from", help="Where the group starts on partitions without a checkpoint: earliest, latest or an "
-        "ISO 8601 time with a zone.", metavar="earliest|latest|TIME")] = "earliest",
+        "ISO 8601 time with a zone.", metavar="earliest|latest|TIME")] = str(_OPTIONS.start),
     heartbeat_interval: Annotated[float | None, typer.Option(
         "--heartbeat-interval", help="Seconds between heartbeats. Default: the group's configuration "
         f"({DEFAULT_HEARTBEAT_INTERVAL:g}).",
@@ -82,10 +82,11 @@ def worker_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     with open_client(dsn, schema) as client:
         worker = Worker(client, member_id=member_id)
-        worker.subscribe(topic, group, fn, batch=batch, min_events=min_events, max_events=max_events,
-                         max_wait=max_wait, mode=mode, retry=retry,  # type: ignore[arg-type]
-                         dead_letter=False if no_dead_letter else dead_letter, start=begin,
-                         heartbeat_interval=heartbeat_interval, session_timeout=session_timeout)
+        worker.add_subscription(topic, group, fn, SubscriptionOptions(
+            batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
+            mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made
+            retry=retry, dead_letter=False if no_dead_letter else dead_letter, start=begin,
+            heartbeat_interval=heartbeat_interval, session_timeout=session_timeout))
         worker.run()
         err_console().print(f"worker {worker.member_id} stopped: {worker.stats.snapshot()}")
 

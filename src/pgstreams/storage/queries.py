@@ -61,6 +61,10 @@ class QuerySet:
                 out[name] = body
         return out
 
+    def names(self) -> list[str]:
+        """Every query name, sorted."""
+        return sorted(self._texts)
+
     def text(self, name: str) -> str:
         """The raw text of query ``name`` (placeholders not yet filled in)."""
         try:

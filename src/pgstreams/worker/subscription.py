@@ -29,7 +29,7 @@ class SubscriptionOptions:
     with the same defaults. Checked when the subscription is made, not here.
 
     ``batch`` (default false): call the handler with a list of events. ``min_events`` / ``max_events`` /
-    ``max_wait`` (defaults 1, 100, 1.0 s): see :class:`BatchConfig`. ``mode`` (default
+    ``max_wait``: see :class:`BatchConfig` (its defaults, 1, 100, 1.0 s). ``mode`` (default
     ``"at-least-once"``) or ``"transactional"``. ``retry`` (default ``None``: ``RetryPolicy()``).
     ``dead_letter`` (default ``None``: the group's configuration; ``True``: ``"<topic>.dlt"``; a topic
     name; ``False``: none). ``start`` (default ``"earliest"``): where the group starts on partitions
@@ -38,9 +38,9 @@ class SubscriptionOptions:
     """
 
     batch: bool = False
-    min_events: int = 1
-    max_events: int = 100
-    max_wait: float = 1.0
+    min_events: int = BatchConfig.min_events
+    max_events: int = BatchConfig.max_events
+    max_wait: float = BatchConfig.max_wait
     mode: Mode = "at-least-once"
     retry: RetryPolicy | None = None
     dead_letter: str | bool | None = None
@@ -115,3 +115,8 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
     return Subscription(name, group, handler, o.batch, config, o.mode, retry,
                         dead_letter_topic(client, group, name, o.dead_letter), check_start(o.start),
                         o.heartbeat_interval, o.session_timeout)
+
+
+#: Every subscription option at its default: the one place the keyword defaults of
+#: :meth:`pgstreams.Worker.subscribe`, :func:`run_consumer` and :meth:`pgstreams.Consumer.run` come from.
+DEFAULTS = SubscriptionOptions()

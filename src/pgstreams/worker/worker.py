@@ -23,7 +23,7 @@ from .retry import RetryPolicy
 from .retrystate import RetryStateStore
 from .runner import Runner, WorkerStats
 from .streams import StreamSource
-from .subscription import Mode, Subscription, SubscriptionOptions, make_subscription
+from .subscription import DEFAULTS, Mode, Subscription, SubscriptionOptions, make_subscription
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -74,10 +74,11 @@ class Worker:
     def __repr__(self) -> str:
         return f"<pgstreams.Worker {self.member_id!r} subscriptions={len(self._subs)}>"
 
-    def subscribe(self, topic: str, group: str, handler: Handler, *, batch: bool = False, min_events: int = 1,
-                  max_events: int = 100, max_wait: float = 1.0, mode: Mode = "at-least-once",
+    def subscribe(self, topic: str, group: str, handler: Handler, *, batch: bool = DEFAULTS.batch,
+                  min_events: int = DEFAULTS.min_events, max_events: int = DEFAULTS.max_events,
+                  max_wait: float = DEFAULTS.max_wait, mode: Mode = DEFAULTS.mode,
                   retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
-                  start: Start = "earliest", heartbeat_interval: float | None = None,
+                  start: Start = DEFAULTS.start, heartbeat_interval: float | None = None,
                   session_timeout: float | None = None,
                   partitions: Sequence[int] | None = None) -> Subscription:
         """Run ``handler`` on ``topic`` as a member of ``group``.
@@ -286,8 +287,9 @@ class Worker:
 
 
 def run_consumer(consumer: Consumer, handler: Handler, *, until: threading.Event | None = None,
-                 install_signal_handlers: bool = True, batch: bool = False, min_events: int = 1,
-                 max_events: int = 100, max_wait: float = 1.0, mode: Mode = "at-least-once",
+                 install_signal_handlers: bool = True, batch: bool = DEFAULTS.batch,
+                 min_events: int = DEFAULTS.min_events, max_events: int = DEFAULTS.max_events,
+                 max_wait: float = DEFAULTS.max_wait, mode: Mode = DEFAULTS.mode,
                  retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
                  clock: Clock | None = None) -> Worker:
     """Run ``handler`` on a consumer's own partitions until stopped (see :meth:`Consumer.run`, which

@@ -17,7 +17,7 @@ import pytest
 
 import pgstreams
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "pgstreams.cli"]
 
 

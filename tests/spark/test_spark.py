@@ -33,7 +33,7 @@ from pgstreams.storage import TopicTables
 # one xdist group: under ``--dist loadgroup`` every test of this module shares one worker and one JVM
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

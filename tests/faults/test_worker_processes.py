@@ -25,7 +25,7 @@ from workers_app import create_tables  # tests/ is on sys.path
 
 pytestmark = pytest.mark.slow
 
-APP = Path(__file__).with_name("workers_app.py")
+APP = Path(__file__).resolve().parents[1] / "workers_app.py"
 HB, SESSION = 0.2, 1.5
 
 

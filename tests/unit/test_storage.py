@@ -1,0 +1,52 @@
+"""The storage layer's loader, naming and migration rendering, without a database."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgstreams import InvalidName
+from pgstreams.storage import (
+    CORE,
+    CORE_QUERIES,
+    QueryNotFound,
+    QuerySet,
+    TopicTables,
+    core_query,
+    render_script,
+)
+from pgstreams.storage.queries import parse
+
+
+def test_query_files_split_by_name_and_refuse_a_name_defined_twice() -> None:
+    text = "-- header comment\n-- name: one\nSELECT 1;\n\n-- name: two\nSELECT {schema}.f(%s);\n"
+    assert parse(text) == {"one": "SELECT 1", "two": "SELECT {schema}.f(%s)"}
+    with pytest.raises(ValueError, match="'one' is defined twice"):
+        parse(text + "-- name: one\nSELECT 2;\n")
+
+
+def test_every_core_query_renders_with_quoted_identifiers() -> None:
+    for name in CORE_QUERIES.names():
+        rendered = core_query(name, "my schema", 7).as_string(None)
+        assert "{schema}" not in rendered and "{table}" not in rendered and "{seq}" not in rendered, name
+    assert '"my schema"."topic_7"' in core_query("poll", "my schema", 7).as_string(None)
+    with pytest.raises(QueryNotFound, match="no_such_query"):
+        QuerySet("pgstreams.storage", "sql", "queries").text("no_such_query")
+
+
+def test_topic_tables_name_the_table_segments_and_sequence() -> None:
+    tables = TopicTables("pgstreams", 12)
+    assert tables.table.as_string(None) == '"pgstreams"."topic_12"'
+    assert tables.sequence.as_string(None) == '"pgstreams"."topic_12_seq"'
+    assert tables.segment(3).as_string(None) == '"pgstreams"."topic_12_s3"'
+    assert tables.sequence_regclass == '"pgstreams"."topic_12_seq"'
+
+
+def test_migrations_render_the_schema_quoted_and_bare_and_undouble_braces() -> None:
+    text = "CREATE TABLE {schema}.t (c jsonb DEFAULT '{{}}');\nSELECT '{schema_raw}';"
+    assert render_script(text, "s1").as_string(None) == (
+        "CREATE TABLE \"s1\".t (c jsonb DEFAULT '{}');\nSELECT 's1';")
+    with pytest.raises(InvalidName):
+        render_script(text, "bad'schema")
+    for migration in CORE.available():  # every shipped migration renders
+        assert "{schema" not in render_script(migration.text, "pgstreams").as_string(None)
+    assert [m.version for m in CORE.available()] == sorted(m.version for m in CORE.available())

@@ -32,8 +32,7 @@ def connect(dsn: str) -> psycopg.Connection:
         conn = psycopg.connect(dsn, autocommit=True, connect_timeout=15)
     except psycopg.Error as exc:
         raise ConfigurationError(f"option 'dsn': cannot connect to PostgreSQL: {str(exc).strip()}") from exc
-    conn.execute("SET jit = off")
-    conn.execute("SET max_parallel_workers_per_gather = 0")
+    conn.execute(query("bulk_read_settings", "pgstreams"))
     return conn
 
 

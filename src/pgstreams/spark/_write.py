@@ -37,7 +37,7 @@ from ..storage import Segments, TopicRecord, notification_channel
 from . import _db
 from ._arrow import Partitioner, encode_copy
 from ._options import WriteOptions
-from ._sql import query, topic_query
+from ._sql import topic_query
 
 #: Columns a written DataFrame may have, with what each must be.
 ACCEPTED = ("value", "key", "headers", "partition", "event_type", "event_id", "correlation_id",
@@ -117,8 +117,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
         first = -1  # the last position handed out before the task's first row: every row comes after it
         with conn.transaction():
             cur = conn.cursor()
-            if cur.execute(query("claim_sink_task", opts.schema),
-                           (sink_id, batch_id, task_partition, meta.id)).fetchone() is None:
+            if not storage.sinks.claim(conn, sink_id, batch_id, task_partition, meta.id):
                 for _ in batches:
                     pass
                 return TaskCommit(sink_id, batch_id, task_partition, 0, 0, True)
@@ -144,8 +143,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
             stored = events
             if has_ids and events:
                 stored = events_store.insert_staged(conn, meta.id)
-            cur.execute(query("record_sink_task", opts.schema),
-                        (events, stored, sink_id, batch_id, task_partition))
+            storage.sinks.record(conn, sink_id, batch_id, task_partition, events, stored)
             if stored:
                 events_store.notify(conn, notification_channel(opts.schema), str(meta.id))
         if stored:
@@ -165,9 +163,14 @@ def _task() -> tuple[int, str | None, str | None]:
             ctx.getLocalProperty("streaming.sql.batchId"))
 
 
-def _forget(opts: WriteOptions, name: str, *args: object) -> None:
+def _forget(opts: WriteOptions, sink_id: str, before_batch: int | None = None) -> None:
+    """Drop a sink's task rows: all of them, or those of batches before ``before_batch``."""
+    sinks = _db.store(opts.schema).sinks
     with _db.connect(opts.dsn) as conn:
-        conn.execute(query(name, opts.schema), args)
+        if before_batch is None:
+            sinks.forget(conn, sink_id)
+        else:
+            sinks.forget_before(conn, sink_id, before_batch)
 
 
 class BatchWriter(DataSourceArrowWriter):
@@ -187,11 +190,11 @@ class BatchWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         """Every task succeeded: drop the job's bookkeeping rows."""
-        _forget(self.opts, "forget_sink", self.job_id)
+        _forget(self.opts, self.job_id)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         """A task failed for good: drop the job's bookkeeping rows (finished tasks stay published)."""
-        _forget(self.opts, "forget_sink", self.job_id)
+        _forget(self.opts, self.job_id)
 
 
 class StreamWriter(DataSourceStreamArrowWriter):
@@ -213,7 +216,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
         """The micro-batch is complete: older batches can never be replayed, forget them."""
         sinks = {m.sink_id for m in messages if isinstance(m, TaskCommit)}
         for sink in sinks:
-            _forget(self.opts, "forget_sink_batches_before", sink, batchId)
+            _forget(self.opts, sink, batchId)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Nothing to undo: committed tasks are recorded and will be skipped when the batch runs again."""

@@ -123,21 +123,10 @@ SELECT string_agg(int8send(r.position), ''),
          ORDER BY e.xid, e.position
          LIMIT %(limit)s) r;
 
--- name: claim_sink_task
-INSERT INTO {schema}.spark_sink_tasks (sink_id, batch_id, task_partition, topic_id)
-VALUES (%s, %s, %s, %s)
-ON CONFLICT DO NOTHING
-RETURNING 1;
-
--- name: record_sink_task
-UPDATE {schema}.spark_sink_tasks SET events = %s, stored = %s
- WHERE sink_id = %s AND batch_id = %s AND task_partition = %s;
-
--- name: forget_sink_batches_before
-DELETE FROM {schema}.spark_sink_tasks WHERE sink_id = %s AND batch_id < %s;
-
--- name: forget_sink
-DELETE FROM {schema}.spark_sink_tasks WHERE sink_id = %s;
+-- name: bulk_read_settings
+-- Session settings of the source's connections: bulk reads gain nothing from JIT compilation or
+-- parallel workers, which only add start-up cost per query.
+SET jit = off; SET max_parallel_workers_per_gather = 0;
 
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -127,11 +128,20 @@ class CommitOutcome(enum.Enum):
         return self in (CommitOutcome.STORED, CommitOutcome.IGNORED)
 
 
-def _json_value(value: Any) -> Any:
+def to_json(value: Any) -> Any:
+    """A JSON-ready copy of a model: a dataclass becomes an object of its fields in their order, a datetime
+    ISO 8601 in UTC, an enum its name, a mapping an object, a tuple or list an array; other values stay as
+    they are. The one conversion behind every ``as_dict`` and the command line's ``--json``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, datetime):
         return value.astimezone(timezone.utc).isoformat()
-    if isinstance(value, tuple):
-        return list(value)
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, Mapping):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
     return value
 
 
@@ -179,8 +189,9 @@ class GroupPartitionStatus:
         return self.updated_at
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC)."""
-        return {k: _json_value(v) for k, v in self.__dict__.items()}
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
+        out: dict[str, Any] = to_json(self)
+        return out
 
 
 #: The status of a group's partition as the membership functions name it: the same model.
@@ -206,8 +217,10 @@ class MemberInfo:
     partitions: tuple[int, ...]
 
     def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC, partitions as a list)."""
-        return {k: _json_value(v) for k, v in self.__dict__.items()}
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC, partitions as a list; see
+        :func:`to_json`)."""
+        out: dict[str, Any] = to_json(self)
+        return out
 
 
 @dataclass(frozen=True)

@@ -53,14 +53,13 @@ def groups_describe(
     if topic is not None:
         check_topic(topic)
     with open_client(dsn, schema) as client:
-        statuses = client.describe_group(group, topic)
-        membership = {(m.topic, m.partition): m for m in pgstreams.group_status(client, group, topic)}
+        statuses = client.describe_group(group, topic)  # one read of each partition's head and lag
         members = pgstreams.group_members(client, group, topic)
     if as_json:
-        print_json([group_partition_json(s, membership.get((s.topic, s.partition))) for s in statuses])
+        print_json([group_partition_json(s) for s in statuses])
         return
     console = out_console()
-    console.print(group_table(statuses, membership=membership))
+    console.print(group_table(statuses, membership=True))
     console.print(f"total lag: {sum(s.lag for s in statuses)}")
     for m in members:
         console.print(member_line(m))

@@ -8,13 +8,14 @@ JSON forms are built from the models' fields by :func:`to_json` (times as ISO 86
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
+
+from pgstreams.models import to_json
 
 if TYPE_CHECKING:  # rich is imported by the functions that print with it: startup stays light
     from rich.console import Console
@@ -23,8 +24,10 @@ if TYPE_CHECKING:  # rich is imported by the functions that print with it: start
     import pgstreams
     from pgstreams.migrate import MigrationStatus
 
-#: The fields of a partition's membership status (:class:`pgstreams.PartitionStatus`) that
-#: ``groups describe --json`` adds to each partition's progress.
+#: The fields of a group's progress on a partition (:class:`pgstreams.GroupPartitionStatus`) that
+#: ``groups describe --json`` prints first.
+PROGRESS_FIELDS = ("group", "topic", "partition", "checkpoint", "head", "lag", "updated_at")
+#: The membership fields of the same status that ``groups describe --json`` adds to each partition.
 MEMBERSHIP_FIELDS = ("owner", "pending_owner", "last_heartbeat", "stale", "retry_state", "retry_position",
                      "retry_attempts", "last_error")
 
@@ -91,20 +94,6 @@ def plural(count: int, noun: str) -> str:
 
 
 # -- JSON forms --------------------------------------------------------------------------------------
-def to_json(value: Any) -> Any:
-    """A JSON-ready copy of a model: a dataclass becomes an object of its fields in their order, a datetime
-    ISO 8601 in UTC, a mapping an object, a tuple or list an array; other values stay as they are."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, datetime):
-        return iso(value)
-    if isinstance(value, Mapping):
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [to_json(v) for v in value]
-    return value
-
-
 def migration_json(status: MigrationStatus) -> dict[str, Any]:
     """A migration's status: ``{"version", "name", "applied_at", "known"}``."""
     out: dict[str, Any] = to_json(status)
@@ -134,19 +123,11 @@ def group_json(group: pgstreams.GroupInfo) -> dict[str, Any]:
     return out
 
 
-def membership_json(status: pgstreams.PartitionStatus | None) -> dict[str, Any]:
-    """The :data:`MEMBERSHIP_FIELDS` of a partition's membership status (all ``None`` without one)."""
-    if status is None:
-        return dict.fromkeys(MEMBERSHIP_FIELDS)
-    full = to_json(status)
-    return {name: full[name] for name in MEMBERSHIP_FIELDS}
-
-
-def group_partition_json(status: pgstreams.GroupPartitionStatus,
-                         membership: pgstreams.PartitionStatus | None) -> dict[str, Any]:
+def group_partition_json(status: pgstreams.GroupPartitionStatus) -> dict[str, Any]:
     """A group's partition for ``groups describe --json``: ``{"group", "topic", "partition", "checkpoint",
-    "head", "lag", "updated_at"}`` and the :func:`membership_json` fields."""
-    return {**to_json(status), **membership_json(membership)}
+    "head", "lag", "updated_at"}`` and the :data:`MEMBERSHIP_FIELDS`."""
+    full = to_json(status)
+    return {name: full[name] for name in (*PROGRESS_FIELDS, *MEMBERSHIP_FIELDS)}
 
 
 def event_json(ev: pgstreams.Event) -> dict[str, Any]:
@@ -235,10 +216,10 @@ def groups_table(groups: Sequence[pgstreams.GroupInfo]) -> Table:
 
 
 def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str | None = None,
-                membership: Mapping[tuple[str, int], pgstreams.PartitionStatus] | None = None) -> Table:
+                membership: bool = False) -> Table:
     """A rich table of group statuses: group, topic, partition, checkpoint, head, lag, updated at; with
-    ``membership`` (the ``consumer_group_status`` rows by topic and partition) also the lease owner, its
-    last heartbeat and the partition's state (stale owner, retrying or blocked on an event)."""
+    ``membership`` also the lease owner, its last heartbeat and the partition's state (stale owner,
+    retrying or blocked on an event)."""
     from rich.table import Table
 
     table = Table(title=title)
@@ -249,7 +230,7 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
     table.add_column("head", justify="right")
     table.add_column("lag", justify="right")
     table.add_column("updated at")
-    if membership is not None:
+    if membership:
         table.add_column("owner", overflow="fold")
         table.add_column("last heartbeat")
         table.add_column("state")
@@ -257,18 +238,14 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
         lag = f"[bold yellow]{s.lag}[/]" if s.lag else "0"
         row = [s.group, s.topic, str(s.partition), cell(s.checkpoint), cell(s.head), lag,
                short_time(s.updated_at)]
-        if membership is not None:
-            m = membership.get((s.topic, s.partition))
-            row += [cell(m.owner) if m else "-", short_time(m.last_heartbeat if m else None),
-                    partition_state(m)]
+        if membership:
+            row += [cell(s.owner), short_time(s.last_heartbeat), partition_state(s)]
         table.add_row(*row)
     return table
 
 
-def partition_state(m: pgstreams.PartitionStatus | None) -> str:
+def partition_state(m: pgstreams.GroupPartitionStatus) -> str:
     """The state column of :func:`group_table`: stale, handing over, retrying, blocked, ok or unowned."""
-    if m is None:
-        return "-"
     states = []
     if m.stale:
         states.append("[bold red]stale[/]")

@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from .worker import BatchConfig, EventFailed, RetryPolicy, Worker
 
 # The workers' modules are imported on first use of one of their names (pgstreams.Worker, ...), so that
-# the command line and plain producers and consumers start without them.
+# plain producers and consumers start without them.
 _LAZY = {
     "ServiceFailed": ".services",
     **dict.fromkeys(("DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_SESSION_TIMEOUT", "GroupConfig", "MemberInfo",

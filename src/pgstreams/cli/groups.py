@@ -18,6 +18,7 @@ from .output import (
     member_line,
     out_console,
     print_json,
+    print_listing,
 )
 
 groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag.", no_args_is_help=True)
@@ -30,12 +31,7 @@ def groups_list(
     """List stream groups with the topics they read and their total lag."""
     with open_client(dsn, schema) as client:
         groups = client.list_groups()
-    if as_json:
-        print_json([group_json(g) for g in groups])
-    elif not groups:
-        out_console().print("no groups")
-    else:
-        out_console().print(groups_table(groups))
+    print_listing(groups, as_json, group_json, groups_table, "no groups")
 
 
 @groups_app.command("describe")

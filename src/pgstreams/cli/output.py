@@ -11,7 +11,7 @@ import base64
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,18 @@ def plural(count: int, noun: str) -> str:
 
 
 # -- JSON forms --------------------------------------------------------------------------------------
+def print_listing(items: Sequence[Any], as_json: bool, json_form: Callable[[Any], Any],
+                  table: Callable[[Sequence[Any]], Table], empty: str) -> None:
+    """Print a listing command's result: JSON (an array of ``json_form`` of each item), ``empty`` when
+    there is nothing, else ``table`` of the items."""
+    if as_json:
+        print_json([json_form(item) for item in items])
+    elif not items:
+        out_console().print(empty)
+    else:
+        out_console().print(table(items))
+
+
 def migration_json(status: MigrationStatus) -> dict[str, Any]:
     """A migration's status: ``{"version", "name", "applied_at", "known"}``."""
     out: dict[str, Any] = to_json(status)

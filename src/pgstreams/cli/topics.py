@@ -15,6 +15,7 @@ from .output import (
     partitions_table,
     plural,
     print_json,
+    print_listing,
     topic_description_json,
     topic_heading,
     topic_json,
@@ -58,12 +59,7 @@ def topics_list(
     """List all topics."""
     with open_client(dsn, schema) as client:
         topics = client.list_topics()
-    if as_json:
-        print_json([topic_json(t) for t in topics])
-    elif not topics:
-        out_console().print("no topics")
-    else:
-        out_console().print(topics_table(topics))
+    print_listing(topics, as_json, topic_json, topics_table, "no topics")
 
 
 @topics_app.command("describe")

@@ -21,7 +21,7 @@ from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
 from .errors import InvalidArgument
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
-from .storage import EventRow, Segments, Store, StoredAt, TopicRecord
+from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
 
 _MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
 # Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).
@@ -30,10 +30,14 @@ _key_partition = functools.lru_cache(maxsize=16384)(partition_for_key)
 
 @dataclass
 class TopicState:
-    """What a client keeps per topic while publishing: the topic's row, its segments as last seen, the
+    """What a client keeps per topic while publishing: the topic's row (``id``, ``name`` and ``partitions``
+    copied from it as plain attributes: they are read once per event), its segments as last seen, the
     round-robin counter of keyless events, and when ``publish_many`` reads the sequence again."""
 
     record: TopicRecord
+    id: int
+    name: str
+    partitions: int
     segments: Segments
     round_robin: Iterator[int]
     copies_until_check: int = 0  # events publish_many may still COPY before it re-checks the segments ahead
@@ -42,23 +46,9 @@ class TopicState:
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
         """A fresh state for ``record``."""
-        return cls(record, Segments(record.id, record.segment_size, covered=record.segments_end),
+        return cls(record, record.id, record.name, record.partitions,
+                   Segments(record.id, record.segment_size, covered=record.segments_end),
                    itertools.count(random.randrange(record.partitions)))
-
-    @property
-    def id(self) -> int:
-        """The topic's id."""
-        return self.record.id
-
-    @property
-    def name(self) -> str:
-        """The topic's name."""
-        return self.record.name
-
-    @property
-    def partitions(self) -> int:
-        """The topic's partition count."""
-        return self.record.partitions
 
 
 def _bad_text(s: str) -> str | None:
@@ -123,7 +113,7 @@ def event_row(state: TopicState, value: Any, key: object, headers: object, parti
             kind, payload = encode_value(value)
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"value is not valid Unicode (unpaired surrogate): {exc}") from None
-    return EventRow(p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid)
+    return (p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid)
 
 
 def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
@@ -152,7 +142,8 @@ def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
                             fields.get("correlation_id"), fields.get("causation_id"))
         except InvalidArgument as exc:
             raise InvalidArgument(f"event {i}: {exc}") from None
-        has_ids = has_ids or row.event_id is not None
+        if not has_ids and row[EVENT_ID] is not None:
+            has_ids = True
         rows.append(row)
     return rows, has_ids
 

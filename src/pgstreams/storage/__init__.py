@@ -14,7 +14,7 @@ from __future__ import annotations
 from psycopg_pool import ConnectionPool
 
 from .checkpoints import CheckpointStore
-from .events import Cursor, EventRow, EventStore, StoredAt
+from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
@@ -26,6 +26,9 @@ from .topics import Segments, TopicRecord, TopicStore
 __all__ = [
     "CORE",
     "CORE_QUERIES",
+    "EVENT_COLUMNS",
+    "EVENT_ID",
+    "PARTITION",
     "CheckpointStore",
     "Cursor",
     "EventRow",

@@ -1,6 +1,6 @@
 """Typed operations on events: inserting one, copying many, polling in read order, start cursors.
 
-An event to store is an :class:`EventRow`: ``(partition, kind, key, payload, headers, event_type,
+An event to store is an :data:`EventRow`: ``(partition, kind, key, payload, headers, event_type,
 event_id, correlation_id, causation_id)``, validated and encoded by the producer. Read order within a
 partition is ``(xid, position)``; a cursor is such a pair, ``(0, 0)`` before every event.
 """
@@ -13,7 +13,7 @@ import json
 import threading
 import weakref
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import psycopg
 from psycopg import pq
@@ -26,18 +26,16 @@ from .executor import Executor, core_query
 Cursor = tuple[int, int]
 
 
-class EventRow(NamedTuple):
-    """An event as stored, in the column order of the insert and COPY statements."""
-
-    partition: int
-    kind: str
-    key: str | None
-    payload: bytes
-    headers: Jsonb | None
-    event_type: str | None
-    event_id: str | None
-    correlation_id: str | None
-    causation_id: str | None
+#: An event as stored: a plain tuple (one is built per published event, and a named tuple's constructor
+#: costs a tenth of ``publish_many``'s time per event) in the column order of :data:`EVENT_COLUMNS`.
+EventRow = tuple[int, str, "str | None", bytes, "Jsonb | None", "str | None", "str | None", "str | None",
+                 "str | None"]
+#: The columns of an :data:`EventRow`, as the insert and COPY statements name them.
+EVENT_COLUMNS = ("partition", "kind", "key", "value", "headers", "event_type", "event_id", "correlation_id",
+                 "causation_id")
+#: Where an :data:`EventRow` holds the partition and the event id.
+PARTITION: Final = 0
+EVENT_ID: Final = 6
 
 
 class StoredAt(NamedTuple):
@@ -83,25 +81,25 @@ class EventStore:
     # -- writing ---------------------------------------------------------------------------------------
     def insert(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         """Insert one event on ``conn`` (in the caller's transaction, if one is open)."""
-        if row.event_id is not None:
+        if row[EVENT_ID] is not None:
             return self._insert_idempotent(conn, topic_id, row)
         got = conn.execute(_insert_sql(self.ex.schema, topic_id), row, prepare=True).fetchone()
         assert got is not None
-        return StoredAt(row.partition, int(got[0]))
+        return StoredAt(row[PARTITION], int(got[0]))
 
     def insert_pooled(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         """Insert one event on a pooled autocommit connection (its own transaction)."""
-        if row.event_id is not None:
+        if row[EVENT_ID] is not None:
             return self._insert_idempotent(conn, topic_id, row)
-        return StoredAt(row.partition, self._insert_direct(conn, topic_id, row))
+        return StoredAt(row[PARTITION], self._insert_direct(conn, topic_id, row))
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
-        params = row._asdict()
-        params.update(topic_id=topic_id, seq=self.ex.tables(topic_id).sequence_regclass, value=row.payload)
+        params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
+        params.update(topic_id=topic_id, seq=self.ex.tables(topic_id).sequence_regclass)
         got = self.ex.one("insert_event_idempotent", params, conn=conn, topic_id=topic_id)
         if got is not None:
-            return StoredAt(row.partition, int(got[0]))
-        prev = self.ex.one("existing_event_id", (topic_id, row.event_id), conn=conn)
+            return StoredAt(row[PARTITION], int(got[0]))
+        prev = self.ex.one("existing_event_id", (topic_id, row[EVENT_ID]), conn=conn)
         if prev is None:  # pragma: no cover - the conflicting row vanished (topic recreated)
             raise psycopg.errors.UndefinedTable("the topic changed while publishing")
         return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)

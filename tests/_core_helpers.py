@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import random
 import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -35,6 +36,28 @@ def wait_until(pred: Callable[[], T], timeout: float, what: str, every: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(every)
+
+
+def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
+    """Return once ``cond()`` is true; fail with ``what`` when ``timeout`` seconds pass first."""
+    wait_until(cond, timeout, what)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when told to (a worker's ``clock=``); thread-safe."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock forward by ``seconds``."""
+        with self._lock:
+            self.now += seconds
 
 
 def db_state(dsn: str) -> dict[str, Any]:

@@ -8,25 +8,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import pgstreams
+from _core_helpers import until
 
 TESTS = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "pgstreams.cli"]
-
-
-def until(cond: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:

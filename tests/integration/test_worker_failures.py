@@ -3,28 +3,19 @@ retrying forever (and saying so in the group status) when there is no dead-lette
 
 from __future__ import annotations
 
-import threading
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import psycopg
 import pytest
 
 import pgstreams
+from _core_helpers import FakeClock, until
 from pgstreams import EventFailed, InvalidArgument, RetryPolicy, Worker
 from pgstreams import worker as W
 
 FAST = RetryPolicy(max_attempts=3, backoff=0.01, multiplier=2, max_backoff=0.05, jitter=0)
-
-
-def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @contextmanager
@@ -236,22 +227,6 @@ def test_batch_failing_as_a_whole_is_narrowed_down_to_its_failing_events(
         until(lambda: caught_up(client), what="the group to catch up")
     assert sorted(committed) == sorted(set(range(20)) - POISON)
     assert sorted(e.value for e in dead_letters(client)) == sorted(POISON)
-
-
-class FakeClock:
-    """A monotonic clock that moves only when told to (the worker's ``clock=``)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self._lock = threading.Lock()
-
-    def __call__(self) -> float:
-        with self._lock:
-            return self.now
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            self.now += seconds
 
 
 def test_retries_wait_the_backoff_and_go_to_the_groups_dead_letter_topic(dsn: str) -> None:

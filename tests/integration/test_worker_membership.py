@@ -9,24 +9,16 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import psycopg
 import pytest
 
 import pgstreams
+from _core_helpers import until
 from pgstreams import CommitOutcome, InvalidArgument
 from pgstreams.consumer import LeaseClaim, StreamReader, create_checkpoints
 from pgstreams.groups import GroupMember
-
-
-def until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
-
 
 _members: list[GroupMember] = []
 

@@ -11,16 +11,9 @@ import psycopg
 import pytest
 
 import pgstreams
+from _core_helpers import until
 from pgstreams import InvalidArgument, ServiceFailed, Worker
 from pgstreams.services import Service, Supervisor
-
-
-def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 def test_consumer_run_handles_its_partitions_until_told_to_stop(client: pgstreams.Client) -> None:

@@ -12,7 +12,8 @@ import random
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
@@ -41,6 +42,16 @@ def wait_until(pred: Callable[[], T], timeout: float, what: str, every: float = 
 def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "condition") -> None:
     """Return once ``cond()`` is true; fail with ``what`` when ``timeout`` seconds pass first."""
     wait_until(cond, timeout, what)
+
+
+@contextmanager
+def running(worker: pgstreams.Worker) -> Iterator[pgstreams.Worker]:
+    """Start ``worker`` for the block; stop it (waiting up to 10 s) afterwards."""
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(10)
 
 
 class FakeClock:

@@ -14,7 +14,6 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -411,15 +410,6 @@ def add_commands(root: typer.Typer) -> None:
         short_help="Run the event simulator of the ML reference system; see 'pgstreams sim --help'. Needs "
         "the ml extra.",
     )(sim_command)
-
-
-def run_command(command: str, args: Sequence[str]) -> None:
-    """Run ``command`` of this application with ``args``, as ``pgstreams COMMAND ARGS`` does. Errors
-    propagate to the caller; ``--help`` prints this command's help."""
-    cmd = typer.main.get_command(app)
-    rv = cmd.main(args=[command, *args], prog_name="pgstreams", standalone_mode=False)
-    if isinstance(rv, int) and rv:
-        raise typer.Exit(rv)
 
 
 def main() -> None:

@@ -8,13 +8,11 @@ looked at the events several times, never after a sleep.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 
 import pgstreams
-from _core_helpers import FakeClock, until
+from _core_helpers import FakeClock, running, until
 from pgstreams import BatchConfig, InvalidArgument, Worker
 from pgstreams.worker import BatchAssembler
 
@@ -94,15 +92,6 @@ def test_batch_config_rejects_bad_values(kwargs: dict, fragment: str) -> None:
 
 
 # -- a worker ---------------------------------------------------------------------------------------------
-@contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop(10)
-
-
 def test_worker_delivers_by_min_max_and_max_wait(client: pgstreams.Client) -> None:
     client.create_topic("t", 1)
     client.publish_many("t", [{"value": i} for i in range(3)])

@@ -4,27 +4,17 @@ retrying forever (and saying so in the group status) when there is no dead-lette
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import psycopg
 import pytest
 
 import pgstreams
-from _core_helpers import FakeClock, until
+from _core_helpers import FakeClock, running, until
 from pgstreams import EventFailed, InvalidArgument, RetryPolicy, Worker
 from pgstreams import worker as W
 
 FAST = RetryPolicy(max_attempts=3, backoff=0.01, multiplier=2, max_backoff=0.05, jitter=0)
-
-
-@contextmanager
-def running(worker: Worker) -> Iterator[Worker]:
-    worker.start()
-    try:
-        yield worker
-    finally:
-        worker.stop(10)
 
 
 def caught_up(client: pgstreams.Client, group: str = "g", topic: str = "t") -> bool:

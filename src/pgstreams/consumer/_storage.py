@@ -29,10 +29,9 @@ class ReaderStorage:
         self._group = group
         self._tid = topic_id
 
-    def load(self, conn: psycopg.Connection, partitions: list[int]) -> list[tuple[int, int, int]]:
-        """``(partition, xid, position)`` of every checkpoint of these partitions, by partition."""
-        cursors = self._store.checkpoints.load(conn, self._group, self._tid, partitions)
-        return [(p, *cursors[p]) for p in sorted(cursors)]
+    def load(self, conn: psycopg.Connection, partitions: list[int]) -> dict[int, Cursor]:
+        """The checkpoint of each of these partitions that has one."""
+        return self._store.checkpoints.load(conn, self._group, self._tid, partitions)
 
     def init(self, conn: psycopg.Connection, starts: Mapping[int, Cursor]) -> None:
         """Create the missing checkpoints at ``starts``."""
@@ -55,11 +54,10 @@ class ReaderStorage:
         return self._ex.all("poll", params, conn=conn, topic_id=self._tid, prepare=True, binary=True)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
-              lease: LeaseClaim | None) -> list[tuple[int, CommitOutcome]]:
-        """Store ``targets`` given ``expected``; ``(partition, outcome)`` by partition."""
+              lease: LeaseClaim | None) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given ``expected``; what happened per partition."""
         claim = None if lease is None else (lease.member_id, lease.epochs)
-        outcomes = self._store.checkpoints.store(conn, self._group, self._tid, targets, expected, claim)
-        return sorted(outcomes.items())
+        return self._store.checkpoints.store(conn, self._group, self._tid, targets, expected, claim)
 
     def seek(self, conn: psycopg.Connection, cursors: Mapping[int, Cursor]) -> None:
         """Set the checkpoints to ``cursors``."""

@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal, Union
+from typing import TYPE_CHECKING, Literal, Union
 
 import psycopg
 
@@ -171,7 +171,7 @@ class StreamReader:
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
-        self._sql = ReaderStorage(client, self.group, meta.id)
+        self._storage = ReaderStorage(client, self.group, meta.id)
         self._wakeup = topic_wakeup(client, meta.id)
 
     def __repr__(self) -> str:
@@ -185,7 +185,7 @@ class StreamReader:
             return dict.fromkeys(parts, _ORIGIN)
         heads: dict[int, Cursor] = {}
         for _ in range(_HEAD_READS):
-            rows = self._sql.heads(conn, parts)
+            rows = self._storage.heads(conn, parts)
             heads = {p: _capped(x, pos, f) for p, x, pos, f in rows}
             # capped: a transaction was running when the head was read. One of another database that ended
             # while this statement ran is indistinguishable from one of ours: read again (a new snapshot no
@@ -201,26 +201,26 @@ class StreamReader:
                       heads: Mapping[int, Cursor]) -> dict[int, Cursor]:
         """Before each partition's first event created at or after ``dt``; ``heads`` where there is none."""
         return {p: (_capped(x, int(pos) - 1, f) if x is not None else heads[p])
-                for p, x, pos, f in self._sql.times(conn, parts, dt)}
+                for p, x, pos, f in self._storage.times(conn, parts, dt)}
 
     def create_checkpoints(self, conn: psycopg.Connection) -> None:
         """Give every partition of the reader that has no checkpoint of the group one at ``start``
         (``"latest"``: the head now), keep the existing ones, then :meth:`load` them."""
-        rows = self._sql.load(conn, list(self.partitions))
-        missing = set(self.partitions) - {r[0] for r in rows}
+        cursors = self._storage.load(conn, list(self.partitions))
+        missing = set(self.partitions) - set(cursors)
         if missing:
             starts = self._start_cursors(conn)
-            self._sql.init(conn, {p: starts[p] for p in missing})
-            rows = self._sql.load(conn, list(self.partitions))
-        self._loaded(rows)
+            self._storage.init(conn, {p: starts[p] for p in missing})
+            cursors = self._storage.load(conn, list(self.partitions))
+        self._loaded(cursors)
 
     def load(self, conn: psycopg.Connection) -> None:
         """Read the checkpoints again and put every cursor on its checkpoint."""
-        self._loaded(self._sql.load(conn, list(self.partitions)))
+        self._loaded(self._storage.load(conn, list(self.partitions)))
 
-    def _loaded(self, rows: list[tuple[Any, ...]]) -> None:
-        self._committed = {p: (int(x), int(pos)) for p, x, pos in rows}
-        self._cursor = dict(self._committed)
+    def _loaded(self, cursors: dict[int, Cursor]) -> None:
+        self._committed = cursors
+        self._cursor = dict(cursors)
 
     def checkpoints(self) -> dict[int, Cursor]:
         """The committed checkpoint per partition as this reader knows it."""
@@ -263,7 +263,7 @@ class StreamReader:
             "limit": max_events,
             "total": max_events + 1,
         }
-        rows = self._sql.poll(conn, params)
+        rows = self._storage.poll(conn, params)
         if not rows:
             return []
         if len(rows) > max_events:
@@ -327,8 +327,7 @@ class StreamReader:
         if not targets:
             self.last_outcomes = {}
             return CommitOutcome.IGNORED
-        rows = self._sql.store(conn, targets, self._committed, lease)
-        outcomes = {p: CommitOutcome(code) for p, code in rows}
+        outcomes = self._storage.store(conn, targets, self._committed, lease)
         self.last_outcomes = outcomes
         return max(outcomes.values(), key=_SEVERITY.__getitem__)
 
@@ -362,7 +361,7 @@ class StreamReader:
         tx = CheckpointTransaction(self, conn, lease, keep_ignored)
         with conn.transaction():
             if idle_timeout is not None:
-                self._sql.limit_idle(conn, idle_timeout)
+                self._storage.limit_idle(conn, idle_timeout)
             yield tx
             if not tx.kept:
                 raise psycopg.Rollback()
@@ -372,7 +371,7 @@ class StreamReader:
     # -- seeking -------------------------------------------------------------------------------------
     def seek(self, conn: psycopg.Connection, cursors: Mapping[int, Cursor]) -> None:
         """Set the checkpoints (and cursors) of some partitions to ``cursors``, backwards too."""
-        self._sql.seek(conn, cursors)
+        self._storage.seek(conn, cursors)
         self._committed.update(cursors)
         self._cursor.update(cursors)
 
@@ -380,7 +379,7 @@ class StreamReader:
                      ) -> dict[int, Cursor]:
         """After the last event stored now per partition (capped at the read fence)."""
         parts = list(self.partitions if partitions is None else partitions)
-        return {p: _capped(x, pos, f) for p, x, pos, f in self._sql.heads(conn, parts)}
+        return {p: _capped(x, pos, f) for p, x, pos, f in self._storage.heads(conn, parts)}
 
     def time_cursors(self, conn: psycopg.Connection, dt: datetime) -> dict[int, Cursor]:
         """Before each partition's first event created at or after ``dt``; the head where there is none."""
@@ -389,7 +388,7 @@ class StreamReader:
 
     def position_cursor(self, conn: psycopg.Connection, partition: int, position: int) -> Cursor:
         """Before the first event, in read order, of those at or after ``position``; the head if none."""
-        row = self._sql.position(conn, partition, position)
+        row = self._storage.position(conn, partition, position)
         if row is None or row[0] is None:
             return self.head_cursors(conn, [partition])[partition]
         return _capped(row[0], int(row[1]) - 1, row[2])

@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from ..consumer import CheckpointTransaction, LeaseClaim, Start, StreamReader, Wakeup, topic_wakeup
+from ..consumer import (
+    CheckpointTransaction,
+    LeaseClaim,
+    Start,
+    StreamReader,
+    Wakeup,
+    create_checkpoints,
+    topic_wakeup,
+)
 from ..groups import GroupMember
 from ..models import CommitOutcome, Event
 from .source import Commit, Reassignment, Transaction
@@ -112,11 +120,8 @@ class StreamSource:
         self._reader = None
         self._lease = None
         if desired:
-            reader = StreamReader(self._client, self.topic, self.group, start=self._start,
-                                  partitions=self._partitions)
-            with self._client.connection() as conn:
-                reader.create_checkpoints(conn)
-            self._reader = reader
+            self._reader = create_checkpoints(self._client, self.topic, self.group, start=self._start,
+                                              partitions=self._partitions)
             self._lease = LeaseClaim(m.member_id, dict(desired))
         return Reassignment(self._partitions, gained, lost)
 

@@ -263,6 +263,7 @@ class Client:
         correlation_id: str | None = None,
         causation_id: str | None = None,
         conn: psycopg.Connection | None = None,
+        notify: bool = True,
     ) -> PublishResult:
         """Publish one event and return where it was stored.
 
@@ -272,12 +273,18 @@ class Client:
         ``partition`` is given; with neither, partitions are used round-robin. With ``event_id``,
         publishing is idempotent: if the topic already holds that id nothing is stored and the first
         result is returned (with ``duplicate=True``). With ``conn`` (a psycopg connection), the event
-        joins that connection's open transaction and is visible only once the caller commits.
-        Every keyword argument defaults to ``None``: no key, headers, event type or ids, a pooled
-        connection in its own transaction.
+        joins that connection's open transaction and is visible only once the caller commits; until then
+        it holds back the readers of its partition (and only of it). ``notify`` (with ``conn`` only,
+        default true) sends the consumers' wake-up notification inside that transaction, delivered at
+        commit. PostgreSQL refuses to ``PREPARE TRANSACTION`` a transaction that sent one: pass
+        ``notify=False`` in two-phase transactions (consumers then find the events by polling, within
+        their ``poll_interval``). The other keyword arguments default to ``None``: no key, headers,
+        event type or ids, a pooled connection in its own transaction.
         """
+        if not isinstance(notify, bool):
+            raise InvalidArgument(f"notify must be a bool, not {type(notify).__name__}")
         return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
-                                              correlation_id, causation_id), conn)
+                                              correlation_id, causation_id), conn, notify)
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish events in one transaction with COPY: all or none. Returns the number stored.

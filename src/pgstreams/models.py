@@ -18,8 +18,8 @@ class Event:
     """An event read from a topic.
 
     ``value`` has the type it was published with (bytes, str, or the decoded JSON value). ``position`` is
-    unique within the topic; events of a partition are delivered in ``(txid, position)`` order, where
-    ``txid`` is the id of the transaction that published the event. ``created_at`` is aware, in UTC.
+    unique within the topic; events of a partition are delivered in position order. ``txid`` is the id of
+    the transaction that published the event. ``created_at`` is aware, in UTC.
     """
 
     topic: str

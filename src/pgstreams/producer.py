@@ -159,8 +159,8 @@ class Producer:
     announce: Callable[[int], None]
     channel: str
 
-    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None
-                ) -> PublishResult:
+    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
+                notify: bool = True) -> PublishResult:
         """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         state = self.topic(topic)
         row = event_row(state, *row_args)
@@ -170,7 +170,8 @@ class Producer:
             if not isinstance(conn, psycopg.Connection):
                 raise InvalidArgument(f"conn must be a psycopg Connection, not {type(conn).__name__}")
             stored = events.insert(conn, state.id, row)
-            events.notify(conn, self.channel, str(state.id))
+            if notify:
+                events.notify(conn, self.channel, str(state.id))
         else:
             pool = ex.pool
             assert pool is not None

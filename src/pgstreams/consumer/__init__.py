@@ -1,11 +1,11 @@
 """Stream-group consumers: gap-free polling, checkpoints with outcomes, seeking, exactly-once transactions.
 
-Read order within a partition is ``(txid, position)``: the id of the publishing transaction, then the
-position. A poll only returns events whose transaction id is below the read fence (SQL function
-``read_fence()``): the oldest transaction still running, not counting those known to run in another
-database of the cluster. Every transaction of this database below that fence has ended, so no event can
-later appear before what was already read. A write transaction that stays open therefore holds back
-every consumer of its database (not only of its topic) until it ends; keep write transactions short.
+Read order within a partition is the position. A poll only returns events below each partition's read
+fence (SQL function ``partition_fences()``, like Kafka's last stable offset): the first position that may
+still belong to a transaction that published to the partition and is still open. Every event below it is
+committed or rolled back for good, so no event can later appear before what was already read. An open
+transaction holds back only the partitions it published to; transactions that published nothing, and
+publishers of other partitions and topics, hold back nobody.
 
 :class:`Consumer` is the public facade. It and the worker runtime (:mod:`pgstreams.worker`) both work
 through a :class:`StreamReader` (module ``reader``): the read cursors and committed checkpoints of a

@@ -37,21 +37,17 @@ class ReaderStorage:
         """Create the missing checkpoints at ``starts``."""
         self._store.checkpoints.create(conn, self._group, self._tid, starts)
 
-    def heads(self, conn: psycopg.Connection, partitions: list[int]) -> list[tuple[Any, ...]]:
-        """Per partition ``(partition, xid, position, fence)`` of its last event."""
-        return self._store.events.head_cursors(conn, self._tid, partitions)
+    def fences(self, conn: psycopg.Connection, partitions: list[int]) -> dict[int, int]:
+        """The read fence of each partition (read positions below it, in a later statement)."""
+        return self._store.events.fences(conn, self._tid, partitions)
 
-    def times(self, conn: psycopg.Connection, partitions: list[int], dt: datetime) -> list[tuple[Any, ...]]:
-        """Per partition ``(partition, xid, position, fence)`` of its first event at or after ``dt``."""
-        return self._store.events.time_cursors(conn, self._tid, partitions, dt)
-
-    def position(self, conn: psycopg.Connection, partition: int, position: int) -> tuple[Any, ...] | None:
-        """``(xid, position, fence)`` of the first event in read order at or after ``position``."""
-        return self._store.events.position_cursor(conn, self._tid, partition, position)
+    def times(self, conn: psycopg.Connection, fences: Mapping[int, int], dt: datetime) -> dict[int, Cursor]:
+        """Per partition, the cursor before its first event below its fence created at or after ``dt``."""
+        return self._store.events.time_cursors(conn, self._tid, fences, dt)
 
     def poll(self, conn: psycopg.Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """The rows of a poll (see the ``poll`` query): prepared, binary, on the hot path."""
-        return self._ex.all("poll", params, conn=conn, topic_id=self._tid, prepare=True, binary=True)
+        """The rows of a poll (fences, then the events below them; see ``EventStore.poll``)."""
+        return self._store.events.poll(conn, self._tid, params)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
               lease: LeaseClaim | None) -> dict[int, CommitOutcome]:

@@ -97,7 +97,7 @@ class Consumer:
 
     def committed(self) -> dict[int, int | None]:
         """The last committed position per partition as this consumer knows it (``None``: none yet)."""
-        return {p: (c[1] or None) for p, c in self._reader.checkpoints().items()}
+        return {p: (c or None) for p, c in self._reader.checkpoints().items()}
 
     # -- polling -------------------------------------------------------------------------------------
     def _poll(self, conn: psycopg.Connection | None, max_events: int, timeout: float) -> list[Event]:
@@ -147,9 +147,7 @@ class Consumer:
     @_topic_must_exist
     def seek(self, partition: int, position: int) -> None:
         """Move the group's checkpoint on ``partition`` so that every event at or after ``position`` is
-        read (again): the checkpoint goes before the first of them in read order, which may also re-read
-        some events of lower positions published by later transactions; to the end if there is none.
-        May move backwards."""
+        read (again); to the end if ``position`` lies beyond it. May move backwards."""
         p = self._check_partition(partition)
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise InvalidArgument(f"position must be an integer >= 0, got {position!r}")
@@ -172,7 +170,7 @@ class Consumer:
 
     @_topic_must_exist
     def seek_to_time(self, dt: datetime) -> None:
-        """Move every partition's checkpoint before its first event (in read order) created at or after
+        """Move every partition's checkpoint before its first event created at or after
         ``dt`` (an aware datetime); to the end where there is none."""
         if not isinstance(dt, datetime) or dt.tzinfo is None or dt.utcoffset() is None:
             raise InvalidArgument("seek_to_time needs a timezone-aware datetime")

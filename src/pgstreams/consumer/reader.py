@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from ..client import Client
 
 Start = Union[Literal["earliest", "latest"], datetime]
-Cursor = tuple[int, int]  # (txid, position); (0, 0) is before every event
-_ORIGIN: Cursor = (0, 0)
+Cursor = int  # the position of the last event read; 0 is before every event
+_ORIGIN: Cursor = 0
 _SEVERITY = {
     CommitOutcome.STORED: 0, CommitOutcome.IGNORED: 1, CommitOutcome.OLDER: 2, CommitOutcome.FURTHER: 3,
     CommitOutcome.FENCED: 4,
@@ -75,20 +75,6 @@ def check_start(start: object) -> Start:
             raise InvalidArgument("start datetime must be timezone-aware (naive datetimes are ambiguous)")
         return start
     raise InvalidArgument(f"start must be 'earliest', 'latest' or an aware datetime, not {start!r}")
-
-
-#: Reads of the partitions' heads when a running transaction caps them (see ``_start_cursors``).
-_HEAD_READS = 3
-
-
-def _capped(x: int | None, pos: int | None, fence: int | None) -> Cursor:
-    """The cursor ``(x, pos)`` (the origin if ``None``), but not past ``(fence, 0)``: ``fence`` is the
-    oldest transaction still in progress when the cursor was read, whose events commit later with a
-    smaller id than events already visible and must not be skipped."""
-    c = (int(x or 0), int(pos or 0))
-    if fence is not None and (int(fence), 0) < c:
-        return (int(fence), 0)
-    return c
 
 
 #: What a statement on a deleted topic raises: its table is gone, or its id no longer exists.
@@ -183,25 +169,10 @@ class StreamReader:
         parts = list(self.partitions)
         if self.start == "earliest":
             return dict.fromkeys(parts, _ORIGIN)
-        heads: dict[int, Cursor] = {}
-        for _ in range(_HEAD_READS):
-            rows = self._storage.heads(conn, parts)
-            heads = {p: _capped(x, pos, f) for p, x, pos, f in rows}
-            # capped: a transaction was running when the head was read. One of another database that ended
-            # while this statement ran is indistinguishable from one of ours: read again (a new snapshot no
-            # longer holds it) before settling for the cap, which re-delivers the events above it.
-            if all(heads[p] == (int(x or 0), int(pos or 0)) for p, x, pos, _f in rows):
-                break
         if self.start == "latest":
-            return heads
+            return self.head_cursors(conn, parts)
         assert isinstance(self.start, datetime)
-        return self._time_cursors(conn, parts, self.start, heads)
-
-    def _time_cursors(self, conn: psycopg.Connection, parts: list[int], dt: datetime,
-                      heads: Mapping[int, Cursor]) -> dict[int, Cursor]:
-        """Before each partition's first event created at or after ``dt``; ``heads`` where there is none."""
-        return {p: (_capped(x, int(pos) - 1, f) if x is not None else heads[p])
-                for p, x, pos, f in self._storage.times(conn, parts, dt)}
+        return self.time_cursors(conn, self.start)
 
     def create_checkpoints(self, conn: psycopg.Connection) -> None:
         """Give every partition of the reader that has no checkpoint of the group one at ``start``
@@ -258,8 +229,7 @@ class StreamReader:
         cursor = self._cursor
         params = {
             "partitions": parts,
-            "xids": [str(cursor[p][0]) for p in parts],
-            "positions": [cursor[p][1] for p in parts],
+            "positions": [cursor[p] for p in parts],
             "limit": max_events,
             "total": max_events + 1,
         }
@@ -280,7 +250,7 @@ class StreamReader:
             append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
                           headers or {}, et, eid, cid, sid, created, x))
         for ev in out:
-            cursor[ev.partition] = (ev.txid, ev.position)
+            cursor[ev.partition] = ev.position
         return out
 
     def poll(self, max_events: int, timeout: float, conn: psycopg.Connection | None = None) -> list[Event]:
@@ -314,9 +284,8 @@ class StreamReader:
                 raise InvalidArgument(
                     f"event {ev.topic}[{ev.partition}]@{ev.position} is not from this consumer's partitions"
                 )
-            c = (ev.txid, ev.position)
-            if c > out.get(ev.partition, _ORIGIN):
-                out[ev.partition] = c
+            if ev.position > out.get(ev.partition, _ORIGIN):
+                out[ev.partition] = ev.position
         return out
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
@@ -377,21 +346,19 @@ class StreamReader:
 
     def head_cursors(self, conn: psycopg.Connection, partitions: Sequence[int] | None = None
                      ) -> dict[int, Cursor]:
-        """After the last event stored now per partition (capped at the read fence)."""
+        """Before each partition's read fence: after every event committed now (those of transactions still
+        open on the partition are read later)."""
         parts = list(self.partitions if partitions is None else partitions)
-        return {p: _capped(x, pos, f) for p, x, pos, f in self._storage.heads(conn, parts)}
+        return {p: f - 1 for p, f in self._storage.fences(conn, parts).items()}
 
     def time_cursors(self, conn: psycopg.Connection, dt: datetime) -> dict[int, Cursor]:
         """Before each partition's first event created at or after ``dt``; the head where there is none."""
-        parts = list(self.partitions)
-        return self._time_cursors(conn, parts, dt, self.head_cursors(conn, parts))
+        return self._storage.times(conn, self._storage.fences(conn, list(self.partitions)), dt)
 
     def position_cursor(self, conn: psycopg.Connection, partition: int, position: int) -> Cursor:
-        """Before the first event, in read order, of those at or after ``position``; the head if none."""
-        row = self._storage.position(conn, partition, position)
-        if row is None or row[0] is None:
-            return self.head_cursors(conn, [partition])[partition]
-        return _capped(row[0], int(row[1]) - 1, row[2])
+        """Before ``position`` (every event from there on is read), but not past the head."""
+        head = self.head_cursors(conn, [partition])[partition]
+        return max(0, min(int(position) - 1, head))
 
 
 def create_checkpoints(client: Client, topic: str, group: str, *, start: Start = "earliest",

@@ -1,4 +1,4 @@
-"""Typed operations on stream-group checkpoints: one cursor per (group, topic, partition)."""
+"""Typed operations on stream-group checkpoints: one cursor (a position) per (group, topic, partition)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,8 @@ from .events import Cursor
 from .executor import Executor
 
 
-def _xids(cursors: Mapping[int, Cursor], partitions: Sequence[int]) -> list[str]:
-    return [str(cursors[p][0]) for p in partitions]
-
-
 def _positions(cursors: Mapping[int, Cursor], partitions: Sequence[int]) -> list[int]:
-    return [cursors[p][1] for p in partitions]
+    return [cursors[p] for p in partitions]
 
 
 class CheckpointStore:
@@ -29,13 +25,13 @@ class CheckpointStore:
              ) -> dict[int, Cursor]:
         """The checkpoints of ``group`` on these partitions (partitions without one are absent)."""
         rows = self.ex.all("load_checkpoints", (group, topic_id, list(partitions)), conn=conn)
-        return {int(p): (int(x), int(pos)) for p, x, pos in rows}
+        return {int(p): int(pos) for p, pos in rows}
 
     def create(self, conn: psycopg.Connection, group: str, topic_id: int, starts: Mapping[int, Cursor]
                ) -> None:
         """Create the checkpoints of ``starts`` that do not exist yet (existing ones win)."""
         ps = sorted(starts)
-        self.ex.run("init_checkpoints", (group, topic_id, ps, _xids(starts, ps), _positions(starts, ps)),
+        self.ex.run("init_checkpoints", (group, topic_id, ps, _positions(starts, ps)),
                     conn=conn)
 
     def store(self, conn: psycopg.Connection, group: str, topic_id: int, targets: Mapping[int, Cursor],
@@ -47,8 +43,7 @@ class CheckpointStore:
         holds under that epoch is refused (:attr:`CommitOutcome.FENCED`).
         """
         ps = sorted(targets)
-        args = (ps, _xids(targets, ps), _positions(targets, ps), _xids(expected, ps),
-                _positions(expected, ps))
+        args = (ps, _positions(targets, ps), _positions(expected, ps))
         if lease is None:
             rows = self.ex.all("store_checkpoints", (group, topic_id, *args), conn=conn)
         else:
@@ -61,7 +56,7 @@ class CheckpointStore:
              conn: psycopg.Connection | None = None) -> None:
         """Set the checkpoints to ``cursors`` (they may move backwards)."""
         ps = sorted(cursors)
-        self.ex.run("seek_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)),
+        self.ex.run("seek_checkpoints", (group, topic_id, ps, _positions(cursors, ps)),
                     conn=conn)
 
     def mirror(self, conn: psycopg.Connection, group: str, topic_id: int, cursors: Mapping[int, Cursor]
@@ -69,5 +64,5 @@ class CheckpointStore:
         """Set the checkpoints to ``cursors`` like :meth:`seek`, on ``conn`` (in the caller's transaction,
         if one is open); a checkpoint already there is left untouched, its ``updated_at`` too."""
         ps = sorted(cursors)
-        self.ex.run("mirror_checkpoints", (group, topic_id, ps, _xids(cursors, ps), _positions(cursors, ps)),
+        self.ex.run("mirror_checkpoints", (group, topic_id, ps, _positions(cursors, ps)),
                     conn=conn)

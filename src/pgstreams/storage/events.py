@@ -2,7 +2,9 @@
 
 An event to store is an :data:`EventRow`: ``(partition, kind, key, payload, headers, event_type,
 event_id, correlation_id, causation_id)``, validated and encoded by the producer. Read order within a
-partition is ``(xid, position)``; a cursor is such a pair, ``(0, 0)`` before every event.
+partition is the position; a cursor is the position of the last event read, ``0`` before every event.
+Every write first registers its transaction as a publisher of its partitions, and every read stays below
+the partitions' read fences (see ``0004_partition_fence.sql``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import json
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import psycopg
@@ -22,8 +24,8 @@ from psycopg.types.string import BytesBinaryDumper
 
 from .executor import Executor, core_query
 
-#: A cursor in read order: (transaction id, position); (0, 0) is before every event.
-Cursor = tuple[int, int]
+#: A cursor in read order: the position of the last event read; 0 is before every event.
+Cursor = int
 
 
 #: An event as stored: a plain tuple (one is built per published event, and a named tuple's constructor
@@ -49,9 +51,10 @@ class StoredAt(NamedTuple):
 # Binary COPY types per column. kind is a one-byte ASCII "char", whose binary form is that byte: the
 # text dumper writes exactly it.
 _COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text")
-# Parameter types and formats of the single-event insert: int4, "char", text, bytea (binary), jsonb, text x 4.
-_INSERT_OIDS = (23, 18, 25, 17, 3802, 25, 25, 25, 25)
-_INSERT_FORMATS = (0, 0, 0, 1, 0, 0, 0, 0, 0)
+# Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
+# (binary), jsonb, text x 4.
+_INSERT_OIDS = (23, 23, 18, 25, 17, 3802, 25, 25, 25, 25)
+_INSERT_FORMATS = (0, 0, 0, 0, 1, 0, 0, 0, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -83,7 +86,7 @@ class EventStore:
         """Insert one event on ``conn`` (in the caller's transaction, if one is open)."""
         if row[EVENT_ID] is not None:
             return self._insert_idempotent(conn, topic_id, row)
-        got = conn.execute(_insert_sql(self.ex.schema, topic_id), row, prepare=True).fetchone()
+        got = conn.execute(_insert_sql(self.ex.schema, topic_id), (row[0], *row), prepare=True).fetchone()
         assert got is not None
         return StoredAt(row[PARTITION], int(got[0]))
 
@@ -95,7 +98,7 @@ class EventStore:
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
-        params.update(topic_id=topic_id, seq=self.ex.tables(topic_id).sequence_regclass)
+        params["topic_id"] = topic_id
         got = self.ex.one("insert_event_idempotent", params, conn=conn, topic_id=topic_id)
         if got is not None:
             return StoredAt(row[PARTITION], int(got[0]))
@@ -124,8 +127,9 @@ class EventStore:
                 raise psycopg.errors.error_from_result(res, encoding=enc)
             names.add(name)
         p, kind, key, payload, hdrs, et, _eid, cid, sid = row
+        part = b"%d" % p
         params: list[bytes | None] = [
-            b"%d" % p, kind.encode(), None if key is None else key.encode(enc), payload,
+            part, part, kind.encode(), None if key is None else key.encode(enc), payload,
             None if hdrs is None else json.dumps(hdrs.obj).encode(enc),
             None if et is None else et.encode(enc), None,
             None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
@@ -141,30 +145,37 @@ class EventStore:
     def copy(self, conn: psycopg.Connection, topic_id: int, rows: Sequence[EventRow], has_ids: bool) -> int:
         """Store ``rows`` in one transaction with COPY; return how many were stored (events whose id the
         topic holds already, or that repeat one earlier in ``rows``, are not)."""
-        if not has_ids:
-            # one COPY statement on an autocommit connection is one transaction: all rows or none
-            cur = conn.cursor()
-            # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
-            cur.adapters.register_dumper(None, BytesBinaryDumper)
-            with cur.copy(self.ex.query("copy_events", topic_id)) as cp:
-                cp.set_types(_COPY_TYPES)
-                for r in rows:
-                    cp.write_row(r)
-            return len(rows)
+        partitions = sorted({r[PARTITION] for r in rows})
         with conn.transaction():
+            self.join_fence(conn, topic_id, partitions)
             cur = conn.cursor()
+            if not has_ids:
+                # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
+                cur.adapters.register_dumper(None, BytesBinaryDumper)
+                with cur.copy(self.ex.query("copy_events", topic_id)) as cp:
+                    cp.set_types(_COPY_TYPES)
+                    for r in rows:
+                        cp.write_row(r)
+                return len(rows)
             cur.execute(self.ex.query("staging_table"))
             with cur.copy(self.ex.query("copy_staging")) as cp:
                 for i, r in enumerate(rows):
                     cp.write_row((i, *r))
             return self.insert_staged(conn, topic_id)
 
+    def join_fence(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]) -> None:
+        """Register the transaction open on ``conn`` as a publisher of these partitions (readers hold the
+        partitions back until it ends); call it before inserting by COPY."""
+        self.ex.run("join_fence", (list(partitions),), conn=conn, topic_id=topic_id, prepare=True)
+
     def create_staging(self, conn: psycopg.Connection) -> None:
         """Create the session's staging table for batches with event ids (rows vanish at commit)."""
         self.ex.run("staging_table", conn=conn)
 
     def insert_staged(self, conn: psycopg.Connection, topic_id: int) -> int:
-        """Move the staged rows into the topic, dropping known event ids; return how many were stored."""
+        """Move the staged rows into the topic, dropping known event ids; return how many were stored.
+        Registers the transaction as a publisher of the staged rows' partitions first."""
+        self.ex.run("join_fence_staged", conn=conn, topic_id=topic_id)
         cur = conn.execute(self.ex.query("insert_staged", topic_id),
                            {"topic_id": topic_id, "seq": self.ex.tables(topic_id).sequence_regclass})
         return cur.rowcount
@@ -174,27 +185,28 @@ class EventStore:
         self.ex.one("notify", (channel, payload), conn=conn)
 
     # -- reading -----------------------------------------------------------------------------------------
-    def read_fence(self, conn: psycopg.Connection) -> int:
-        """The read fence (``read_fence()``, see 0001_initial.sql): every transaction of this database
-        below it has ended, so no event can appear below it any more."""
-        row = self.ex.one("read_fence", conn=conn)
+    def fences(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]) -> dict[int, int]:
+        """The read fence of each partition: every event below it is committed or rolled back for good,
+        so a read in a later statement (or transaction) sees all of them; read only below it."""
+        ps = list(partitions)
+        row = self.ex.one("fences", (ps,), conn=conn, topic_id=topic_id, prepare=True)
         assert row is not None
-        return int(row[0])
+        return dict(zip(ps, (int(f) for f in row[0]), strict=True))
 
-    def head_cursors(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]
-                     ) -> list[tuple[int, int | None, int | None, int]]:
-        """Per partition ``(partition, xid, position, fence)`` of its last event (``None``s if empty), with
-        the read fence of the same snapshot."""
-        return self.ex.all("head_cursors", (list(partitions),), conn=conn, topic_id=topic_id)
+    def time_cursors(self, conn: psycopg.Connection, topic_id: int, fences: Mapping[int, int], at: Any
+                     ) -> dict[int, Cursor]:
+        """Per partition, the cursor before its first event below its fence created at or after ``at``
+        (the fence's cursor when none is): every event from there on is read."""
+        ps = sorted(fences)
+        rows = self.ex.all("time_cursors", (ps, [fences[p] for p in ps], at), conn=conn, topic_id=topic_id)
+        return {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows}
 
-    def time_cursors(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int], at: Any
-                     ) -> list[tuple[int, int | None, int | None, int]]:
-        """Per partition ``(partition, xid, position, fence)`` of its first event in read order created
-        at or after ``at`` (``None``s if none), with the read fence."""
-        return self.ex.all("time_cursors", (list(partitions), at), conn=conn, topic_id=topic_id)
-
-    def position_cursor(self, conn: psycopg.Connection, topic_id: int, partition: int, position: int
-                        ) -> tuple[int | None, int | None, int] | None:
-        """``(xid, position, fence)`` of the first event in read order at or after ``position``."""
-        row = self.ex.one("position_cursor", (partition, position), conn=conn, topic_id=topic_id)
-        return None if row is None else (row[0], row[1], row[2])
+    def poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+        """The rows of a poll: the partitions' fences, then the events below them, sent together (one
+        round trip; the read's snapshot is newer than the fences). ``params``: ``partitions``,
+        ``positions`` (the cursors), ``limit`` (per partition), ``total``."""
+        with conn.pipeline():
+            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
+            cur = conn.cursor(binary=True)
+            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
+        return cur.fetchall()

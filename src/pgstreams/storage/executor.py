@@ -78,7 +78,7 @@ class Executor:
                 self.query(name, topic_id), params, prepare=prepare).fetchall()
 
     def run(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
-            topic_id: int | None = None) -> int:
+            topic_id: int | None = None, prepare: bool | None = None) -> int:
         """Run query ``name`` for its effect; return the number of rows it affected."""
         with self.connection(conn) as c:
-            return c.execute(self.query(name, topic_id), params).rowcount
+            return c.execute(self.query(name, topic_id), params, prepare=prepare).rowcount

@@ -63,5 +63,7 @@ class TopicTables:
 
     @functools.cached_property
     def identifiers(self) -> dict[str, sql.Composable]:
-        """The placeholders of per-topic queries: ``{table}`` and ``{seq}``."""
-        return {"table": self.table, "seq": self.sequence}
+        """The placeholders of per-topic queries: ``{table}`` and ``{seq}`` (identifiers), ``{topic_id}``
+        and ``{seq_name}`` (literals: the topic id, the sequence's name for ``::regclass``)."""
+        return {"table": self.table, "seq": self.sequence, "topic_id": sql.Literal(int(self.topic_id)),
+                "seq_name": sql.Literal(self.sequence_regclass)}

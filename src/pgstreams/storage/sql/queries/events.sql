@@ -2,14 +2,19 @@
 -- and position sequence (quoted identifiers, see pgstreams.storage.naming); values are always bound
 -- parameters. Literal braces are doubled.
 
+-- Every insert draws its position with next_position(), which first registers the transaction as a
+-- publisher of the partition (the read fence, see 0004_partition_fence.sql). The partition is bound twice.
 -- name: insert_event
-INSERT INTO {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING position;
+INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
+                     causation_id)
+VALUES (%s, {schema}.next_position({topic_id}, %s, {seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s)
+RETURNING position;
 
 -- name: insert_event_idempotent
 WITH ins AS (
     INSERT INTO {schema}.event_ids (topic_id, event_id, partition, position)
-    VALUES (%(topic_id)s, %(event_id)s, %(partition)s, nextval(%(seq)s::regclass))
+    VALUES (%(topic_id)s, %(event_id)s, %(partition)s,
+            {schema}.next_position(%(topic_id)s, %(partition)s, {seq_name}::regclass))
     ON CONFLICT DO NOTHING
     RETURNING partition, position
 )
@@ -28,6 +33,13 @@ CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
     ord bigint, partition integer, kind "char", key text, value bytea, headers jsonb, event_type text,
     event_id text, correlation_id text, causation_id text
 ) ON COMMIT DELETE ROWS;
+
+-- name: join_fence_staged
+-- Register the transaction as a publisher of the staged rows' partitions before they draw positions.
+SELECT {schema}.join_fence({topic_id}, ARRAY(SELECT DISTINCT partition FROM pgstreams_staging), {seq_name}::regclass);
+
+-- name: join_fence
+SELECT {schema}.join_fence({topic_id}, %s::int[], {seq_name}::regclass);
 
 -- name: insert_staged
 WITH numbered AS MATERIALIZED (
@@ -48,60 +60,42 @@ SELECT n.partition, n.position, n.kind, n.key, n.value, n.headers, n.event_type,
  WHERE n.event_id IS NULL OR n.position IN (SELECT position FROM ids)
  ORDER BY n.ord;
 
--- Start cursors (head_cursors, time_cursors, position_cursor) also return the read fence of the same
--- snapshot: the oldest transaction still in progress, except those known to run in another database (the
--- snapshot's xmax if none). Its events will commit with a smaller id than events already visible, so a
--- cursor placed beyond (fence, 0) would skip them: the caller caps the cursor there.
--- name: head_cursors
-WITH f AS (SELECT {schema}.read_fence() AS fence)
-SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
-  FROM unnest(%s::int[]) AS c(p) CROSS JOIN f
-  LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e WHERE e.partition = c.p
-       ORDER BY e.xid DESC, e.position DESC LIMIT 1
-  ) h ON true;
+-- name: fences
+-- The read fence of each partition (see 0004_partition_fence.sql): read positions below it, in a later
+-- statement.
+SELECT {schema}.partition_fences({topic_id}, %s::int[], {seq_name}::regclass);
+
+-- name: load_fences
+-- A poll's first statement: the fences of its partitions, kept in the session for the read that follows.
+SELECT {schema}.load_fences({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
 
 -- name: time_cursors
-WITH f AS (SELECT {schema}.read_fence() AS fence)
-SELECT c.p, h.xid::text::bigint, h.position, f.fence::text::bigint
-  FROM unnest(%s::int[]) AS c(p) CROSS JOIN f
+-- Per partition, the first position below its fence holding an event created at or after a time.
+SELECT c.p, h.position
+  FROM unnest(%s::int[], %s::bigint[]) AS c(p, fence)
   LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e WHERE e.partition = c.p AND e.created_at >= %s
-       ORDER BY e.xid, e.position LIMIT 1
-  ) h ON true;
-
--- name: position_cursor
--- The first event in read order among those at or after a position: every one of them is read again.
-WITH f AS (SELECT {schema}.read_fence() AS fence)
-SELECT h.xid::text::bigint, h.position, f.fence::text::bigint
-  FROM f LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e WHERE e.partition = %s AND e.position >= %s
-       ORDER BY e.xid, e.position LIMIT 1
+      SELECT e.position FROM {table} e
+       WHERE e.partition = c.p AND e.created_at >= %s AND e.position < c.fence
+       ORDER BY e.position LIMIT 1
   ) h ON true;
 
 -- name: poll
--- Only events below the read fence ({schema}.read_fence(), see 0001_initial.sql) are read.
--- The nested loop emits the partitions in the order given, each in read order; the outer LIMIT stops it
--- once enough rows are read, so partitions after the cut cost nothing.
+-- A poll's second statement (sent with load_fences): only events below the partitions' fences are read.
+-- The nested loop emits the partitions in the order given, each in position order; the outer LIMIT stops
+-- it once enough rows are read, so partitions after the cut cost nothing.
 -- created_at comes as the interval since the Unix epoch, which the client adds to the epoch in UTC: it
 -- loads several times faster than a timestamptz (no conversion to the session's time zone).
 SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
        e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id
-  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[]) AS c(p, x, pos)
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], {schema}.loaded_fences({topic_id}))
+       AS c(p, pos, fence)
  CROSS JOIN LATERAL (
       SELECT * FROM {table} t
-       WHERE t.partition = c.p
-         AND (t.xid, t.position) > (c.x::xid8, c.pos)
-         AND t.xid < {schema}.read_fence()
-       ORDER BY t.xid, t.position
+       WHERE t.partition = c.p AND t.position > c.pos AND t.position < c.fence
+       ORDER BY t.position
        LIMIT %(limit)s
  ) e
  LIMIT %(total)s;
-
--- name: read_fence
--- The visibility fence of batch reads and of streaming offsets: every transaction of this database below
--- it has ended (a long transaction in another database does not hold it back).
-SELECT {schema}.read_fence()::text::bigint;
 
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)

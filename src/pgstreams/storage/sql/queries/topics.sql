@@ -35,7 +35,7 @@ DELETE FROM {schema}.topics WHERE name = %s RETURNING id;
 -- Events stored (the lag of a cursor before every event) and head of each partition.
 SELECT p.p, pp.lag, pp.head
   FROM generate_series(0, %s - 1) AS p(p)
- CROSS JOIN LATERAL {schema}.partition_progress(%s, p.p, '0'::xid8, 0) pp
+ CROSS JOIN LATERAL {schema}.partition_progress(%s, p.p, 0) pp
  ORDER BY p.p;
 
 -- name: sequence_last_value

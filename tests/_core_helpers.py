@@ -105,14 +105,14 @@ def db_state(dsn: str) -> dict[str, Any]:
     return out
 
 
-def checkpoints(dsn: str, group: str, topic: str, schema: str = "pgstreams") -> dict[int, tuple[int, int]]:
-    """The stored (xid, position) checkpoint per partition of ``group`` on ``topic``."""
+def checkpoints(dsn: str, group: str, topic: str, schema: str = "pgstreams") -> dict[int, int]:
+    """The stored checkpoint (a position) per partition of ``group`` on ``topic``."""
     q = sql.SQL(
-        "SELECT k.partition, k.xid::text::bigint, k.position FROM {}.checkpoints k"
+        "SELECT k.partition, k.position FROM {}.checkpoints k"
         " JOIN {}.topics t ON t.id = k.topic_id WHERE k.group_name = %s AND t.name = %s"
     ).format(sql.Identifier(schema), sql.Identifier(schema))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        return {int(p): (int(x), int(pos)) for p, x, pos in conn.execute(q, (group, topic)).fetchall()}
+        return {int(p): int(pos) for p, pos in conn.execute(q, (group, topic)).fetchall()}
 
 
 # -- subprocess workers ----------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def test_public_signatures_are_those_documented() -> None:
     assert shape(Client.delete_topic) == "(self, name)"
     assert shape(Client.publish) == (
         "(self, topic, value, *, key=None, headers=None, partition=None, event_type=None, event_id=None,"
-        " correlation_id=None, causation_id=None, conn=None)")
+        " correlation_id=None, causation_id=None, conn=None, notify=True)")
     assert shape(Client.publish_many) == "(self, topic, events)"
     assert shape(Client.consumer) == "(self, topic, group, *, start='earliest')"
     assert shape(Consumer.poll) == shape(ConsumerTransaction.poll) == "(self, max_events=500, timeout=1.0)"

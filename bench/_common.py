@@ -18,7 +18,6 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -62,39 +61,12 @@ def server_dsn(dsn: str | None) -> str:
 
 @contextmanager
 def temporary_tcp_server() -> Iterator[str]:
-    """A throw-away PostgreSQL listening on 127.0.0.1 (a free port), built with the embedded server's
-    binaries in a temporary directory, for benchmarks whose baseline connects over TCP only (the embedded
-    server listens on a Unix socket); stopped and removed on exit. Yields the DSN of its ``postgres``
-    database."""
-    import pwd
-    import shutil
-    import tempfile
+    """A throw-away PostgreSQL listening on 127.0.0.1, for benchmarks whose baseline connects over TCP
+    only (the embedded server listens on a Unix socket); see :func:`pgstreams.embedded.temporary_server`."""
+    from pgstreams.embedded import temporary_server
 
-    from pgstreams.embedded import embedded_dsn
-
-    embedded_dsn()  # first-time set-up of the binaries (and, as root, of the system user that runs them)
-
-    from pgserver import _commands
-    from pgserver.utils import find_suitable_port
-
-    commands: Any = _commands  # initdb / pg_ctl are generated at import
-    user = "pgserver" if os.geteuid() == 0 else None
-    root = Path(tempfile.mkdtemp(prefix="pgstreams-bench-pg-"))
-    data, log = root / "data", root / "server.log"
-    try:
-        if user is not None:
-            entry = pwd.getpwnam(user)
-            os.chown(root, entry.pw_uid, entry.pw_gid)
-        commands.initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=data, user=user)
-        port = find_suitable_port("127.0.0.1")
-        commands.pg_ctl(["-w", "-o", f"-h 127.0.0.1 -p {port} -k {root}", "-l", str(log), "start"],
-                         pgdata=data, user=user, timeout=60)
-        try:
-            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
-        finally:
-            commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user, timeout=60)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    with temporary_server() as dsn:
+        yield dsn
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .client import DEFAULT_SEGMENT_SIZE, Client, connect
-from .consumer import Consumer, ConsumerTransaction
+from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
     ConfigurationError,
     GroupNotFound,
@@ -91,6 +91,7 @@ __all__ = [
     "Consumer",
     "ConsumerTransaction",
     "Event",
+    "EventBatch",
     "EventFailed",
     "GroupConfig",
     "GroupInfo",

@@ -12,6 +12,8 @@ import fcntl
 import os
 import threading
 import warnings
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,39 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
             _servers[path] = srv
     uri: str = srv.get_uri(database)
     return uri
+
+
+@contextmanager
+def temporary_server(settings: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A throw-away PostgreSQL listening on 127.0.0.1 (a free port), built with the embedded server's
+    binaries in a temporary directory and started with ``settings`` (``-c name=value``); stopped and
+    removed on exit. Yields the DSN of its ``postgres`` database. For tests and benchmarks that need a
+    server of their own (a setting that needs a restart, a TCP listener, a server they stop)."""
+    import pwd
+    import shutil
+    import tempfile
+
+    embedded_dsn()  # first-time set-up of the binaries (and, as root, of the system user that runs them)
+
+    from pgserver import _commands
+    from pgserver.utils import find_suitable_port
+
+    commands: Any = _commands  # initdb / pg_ctl are generated at import
+    user = "pgserver" if os.geteuid() == 0 else None
+    root = Path(tempfile.mkdtemp(prefix="pgstreams-pg-"))
+    data, log = root / "data", root / "server.log"
+    options = " ".join(f"-c {k}={v}" for k, v in (settings or {}).items())
+    try:
+        if user is not None:
+            entry = pwd.getpwnam(user)
+            os.chown(root, entry.pw_uid, entry.pw_gid)
+        commands.initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=data, user=user)
+        port = find_suitable_port("127.0.0.1")
+        commands.pg_ctl(["-w", "-o", f"-h 127.0.0.1 -p {port} -k {root} {options}", "-l", str(log), "start"],
+                         pgdata=data, user=user, timeout=60)
+        try:
+            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        finally:
+            commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user, timeout=60)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -6,6 +6,7 @@ import threading
 import time
 
 import psycopg
+import pytest
 from psycopg import sql
 
 import pgstreams
@@ -183,3 +184,45 @@ def test_transaction_handle(client: pgstreams.Client, dsn: str) -> None:
         pass
     assert tx.outcome is CommitOutcome.IGNORED
     assert [e.value for e in take(client.consumer("t", "g"), 1)] == [4]
+
+
+def test_poll_batch_holds_the_same_events_as_poll_and_commits_like_them(client: pgstreams.Client) -> None:
+    client.create_topic("t", 2)
+    client.publish_many("t", [{"value": {"n": i}, "key": f"k{i}"} for i in range(30)]
+                        + [{"value": b"raw", "key": "b"}, {"value": "text", "key": "s"}])
+    events = client.consumer("t", "a").poll(max_events=100, timeout=5)
+    c = client.consumer("t", "b")
+    batch = c.poll_batch(max_events=100, timeout=5)
+    assert isinstance(batch, pgstreams.EventBatch) and len(batch) == len(events) == 32
+    assert list(batch) == events
+    assert batch.values == [e.value for e in events]
+    assert batch.positions == [e.position for e in events]
+    assert batch.partitions == [e.partition for e in events]
+    assert batch.keys == [e.key for e in events]
+    assert batch.created_at == [e.created_at for e in events]
+    assert batch.ends == {p: max(e.position for e in events if e.partition == p) for p in (0, 1)}
+    assert c.commit() is CommitOutcome.STORED
+    assert c.committed() == batch.ends
+    assert not c.poll_batch(timeout=0)
+    d = client.consumer("t", "d")
+    assert d.commit(d.poll_batch(max_events=5, timeout=5)) is CommitOutcome.STORED
+    with pytest.raises(pgstreams.InvalidArgument, match=r"partitions \[3\]"):
+        client.consumer("t", "e").commit(pgstreams.EventBatch("t", [], {3: 1}))
+
+
+def test_draining_a_backlog_in_batches_with_seeks_between_skips_and_repeats_nothing(
+        client: pgstreams.Client) -> None:
+    """Polls of full batches read the next batch ahead; a seek in between must not use it."""
+    client.create_topic("t", 3)
+    client.publish_many("t", [{"value": i, "key": f"k{i}"} for i in range(300)])
+    c = client.consumer("t", "g")
+    seen: list[int] = []
+    first = c.poll_batch(max_events=50, timeout=5)
+    seen.extend(first.values)
+    c.commit()
+    c.seek_to_beginning()  # the batch read ahead is now useless
+    seen.clear()
+    while batch := c.poll_batch(max_events=50, timeout=0):
+        seen.extend(batch.values)
+        c.commit(batch)
+    assert sorted(seen) == list(range(300))

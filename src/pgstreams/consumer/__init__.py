@@ -17,6 +17,7 @@ of stream-group reading is in the private ``_sql`` module.
 
 from __future__ import annotations
 
+from .batch import ROW_FIELDS, EventBatch
 from .consumer import Consumer, ConsumerTransaction
 from .reader import (
     CheckpointTransaction,
@@ -30,10 +31,12 @@ from .reader import (
 from .wakeup import Wakeup, topic_wakeup
 
 __all__ = [
+    "ROW_FIELDS",
     "CheckpointTransaction",
     "Consumer",
     "ConsumerTransaction",
     "Cursor",
+    "EventBatch",
     "LeaseClaim",
     "Start",
     "StreamReader",

@@ -15,7 +15,8 @@ import psycopg
 
 from ..errors import InvalidArgument, TopicNotFound
 from ..models import CommitOutcome, Event
-from .reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, create_checkpoints
+from .batch import EventBatch
+from .reader import _GONE, _ORIGIN, Cursor, Row, Start, StreamReader, create_checkpoints, events_of
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -74,7 +75,7 @@ class Consumer:
         self.group = reader.group
         self.start = reader.start
         self.topic = reader.topic
-        self._last: list[Event] = []
+        self._last: dict[int, Cursor] = {}  # per partition, the cursor after the last poll's events
 
     def __repr__(self) -> str:
         return f"<pgstreams.Consumer topic={self.topic!r} group={self.group!r}>"
@@ -101,9 +102,11 @@ class Consumer:
 
     # -- polling -------------------------------------------------------------------------------------
     def _poll(self, conn: psycopg.Connection | None, max_events: int, timeout: float) -> list[Event]:
-        events = self._reader.poll(max_events, timeout, conn)
-        self._last = events
-        return events
+        return events_of(self.topic, self._poll_rows(conn, max_events, timeout))
+
+    def _poll_rows(self, conn: psycopg.Connection | None, max_events: int, timeout: float) -> list[Row]:
+        rows, self._last = self._reader.poll_rows(max_events, timeout, conn)
+        return rows
 
     @_topic_must_exist
     def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
@@ -116,10 +119,20 @@ class Consumer:
         max_events, timeout = _check_limits(max_events, timeout)
         return self._poll(None, max_events, timeout)
 
+    @_topic_must_exist
+    def poll_batch(self, max_events: int = 500, timeout: float = 1.0) -> EventBatch:
+        """:meth:`poll`, returning the events as one :class:`EventBatch`: the rows as read, with columns
+        (``batch.values``, ``batch.positions``, ...) and :class:`Event` objects built only when asked for.
+        The fastest way to drain a backlog; commit it like a poll's list."""
+        max_events, timeout = _check_limits(max_events, timeout)
+        rows = self._poll_rows(None, max_events, timeout)
+        return EventBatch(self.topic, rows, self._last)
+
     # -- committing ----------------------------------------------------------------------------------
     @_topic_must_exist
-    def commit(self, events: Sequence[Event] | None = None) -> CommitOutcome:
-        """Store the position after ``events`` (default: the events of the last poll) as the group's
+    def commit(self, events: Sequence[Event] | EventBatch | None = None) -> CommitOutcome:
+        """Store the position after ``events`` (default: the events of the last poll; a list of events or
+        an :class:`EventBatch`) as the group's
         checkpoint on each of their partitions, passing the expected previous position.
 
         Returns the outcome (for several partitions, the most severe one; per partition in
@@ -128,7 +141,13 @@ class Consumer:
         ``OLDER`` (the checkpoint was reset behind the expected one). A checkpoint never moves backwards
         except through the ``seek`` methods.
         """
-        targets = self._reader.targets(self._last if events is None else events)
+        if events is None:
+            targets = dict(self._last)
+        elif isinstance(events, EventBatch):
+            targets = self._reader.check_targets(events.ends) if events.topic == self.topic else \
+                self._reader.targets(events.events())
+        else:
+            targets = self._reader.targets(events)
         with self._client.connection() as conn:
             return self._reader.commit(conn, targets)
 
@@ -136,7 +155,7 @@ class Consumer:
     def _set(self, cursors: dict[int, Cursor]) -> None:
         with self._client.connection() as conn:
             self._reader.seek(conn, cursors)
-        self._last = []
+        self._last = {}
 
     def _check_partition(self, partition: object) -> int:
         if isinstance(partition, bool) or not isinstance(partition, int) or (

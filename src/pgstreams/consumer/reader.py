@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Literal, Union
+from typing import TYPE_CHECKING, Any, Literal, Union
 
 import psycopg
 
@@ -64,6 +65,26 @@ _new_event = object.__new__
 if tuple(Event.__dataclass_fields__) != _EVENT_FIELDS or hasattr(Event, "__slots__") or hasattr(
         Event, "__post_init__"):  # pragma: no cover - Event changed shape: use its constructor
     _event = Event  # type: ignore[assignment]
+
+
+#: What each row of a poll holds (see :meth:`StreamReader.fetch_rows` and :class:`EventBatch`).
+ROW_FIELDS = ("partition", "position", "txid", "since_epoch", "kind", "key", "payload", "headers",
+              "event_type", "event_id", "correlation_id", "causation_id")
+Row = tuple[Any, ...]
+
+
+def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
+    """The :class:`Event` objects of a poll's rows."""
+    out: list[Event] = []
+    append = out.append
+    age: object = None
+    created = _EPOCH
+    for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
+        if since_epoch != age:  # a batch's events share one time
+            age, created = since_epoch, _EPOCH + since_epoch
+        append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
+                      headers or {}, et, eid, cid, sid, created, x))
+    return out
 
 
 def check_start(start: object) -> Start:
@@ -157,6 +178,8 @@ class StreamReader:
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
+        self._ahead: tuple[dict[str, Any], Future[list[Row]]] | None = None
+        self._ahead_pool: ThreadPoolExecutor | None = None
         self._storage = ReaderStorage(client, self.group, meta.id)
         self._wakeup = topic_wakeup(client, meta.id)
 
@@ -217,45 +240,75 @@ class StreamReader:
                     self._cursor[p] = self._committed[p]
 
     # -- reading ---------------------------------------------------------------------------------------
-    def fetch(self, conn: psycopg.Connection, max_events: int,
-              partitions: Sequence[int] | None = None) -> list[Event]:
-        """Up to ``max_events`` events after the cursors of ``partitions`` (default: all the reader's), in
-        read order per partition; moves the cursors past them. No waiting."""
+    def _params(self, max_events: int, partitions: Sequence[int] | None) -> dict[str, Any]:
         # partitions in rotated order: when a poll is cut at max_events, the next one starts at another
         # partition so none starves
         own = self.partitions if partitions is None else tuple(partitions)
-        n = len(own)
         parts = list(own[self._rotate:] + own[:self._rotate])
         cursor = self._cursor
-        params = {
-            "partitions": parts,
-            "positions": [cursor[p] for p in parts],
-            "limit": max_events,
-            "total": max_events + 1,
-        }
-        rows = self._storage.poll(conn, params)
-        if not rows:
-            return []
-        if len(rows) > max_events:
-            self._rotate = (self._rotate + 1) % n
-            del rows[max_events:]
-        topic = self.topic
-        out: list[Event] = []
-        append = out.append
-        age: object = None
-        created = _EPOCH
-        for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
-            if since_epoch != age:  # a batch's events share one time
-                age, created = since_epoch, _EPOCH + since_epoch
-            append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
-                          headers or {}, et, eid, cid, sid, created, x))
-        for ev in out:
-            cursor[ev.partition] = ev.position
-        return out
+        return {"partitions": parts, "positions": [cursor[p] for p in parts], "limit": max_events,
+                "total": max_events + 1}
 
-    def poll(self, max_events: int, timeout: float, conn: psycopg.Connection | None = None) -> list[Event]:
-        """:meth:`fetch` (on ``conn``, default a pooled connection per read), waiting up to ``timeout``
-        seconds for the first event (see :class:`Wakeup`); an empty list when none arrived."""
+    def _advance(self, rows: list[Row], params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
+        """Move the cursors past ``rows`` (read with ``params``); return them, cut to the limit, and the
+        cursor after them per partition."""
+        if not rows:
+            return rows, {}
+        if len(rows) > params["limit"]:
+            self._rotate = (self._rotate + 1) % len(params["partitions"])
+            del rows[params["limit"]:]
+        ends = {r[0]: r[1] for r in rows}  # rows come partition by partition, in position order
+        self._cursor.update(ends)
+        return rows, ends
+
+    def fetch_rows(self, conn: psycopg.Connection, max_events: int,
+                   partitions: Sequence[int] | None = None) -> tuple[list[Row], dict[int, Cursor]]:
+        """Up to ``max_events`` rows (see :data:`ROW_FIELDS`) after the cursors of ``partitions`` (default:
+        all the reader's), in read order per partition, and the cursor after them per partition that had
+        any; moves the cursors past them. No waiting."""
+        params = self._params(max_events, partitions)
+        return self._advance(self._storage.poll(conn, params), params)
+
+    def _read_ahead(self, max_events: int) -> None:
+        """Start reading the next rows on a pooled connection in the background, for the next
+        :meth:`poll_rows` with the same cursors (a backlog is drained while the caller works on the
+        rows it got and commits them). Any change of the cursors in between makes it useless: it is
+        then dropped."""
+        params = self._params(max_events, None)
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix=f"pgstreams-read-ahead-{self.topic}")
+        storage, client = self._storage, self.client
+
+        def read() -> list[Row]:
+            with client.connection() as c:
+                return storage.poll(c, params)
+
+        self._ahead = (params, self._ahead_pool.submit(read))
+
+    def _take_ahead(self, max_events: int) -> tuple[list[Row], dict[int, Cursor]] | None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        params, future = ahead
+        if params != self._params(max_events, None):
+            return None  # the cursors moved (seek, rewind): read again
+        return self._advance(future.result(), params)
+
+    def fetch(self, conn: psycopg.Connection, max_events: int,
+              partitions: Sequence[int] | None = None) -> list[Event]:
+        """:meth:`fetch_rows` as :class:`Event` objects."""
+        return events_of(self.topic, self.fetch_rows(conn, max_events, partitions)[0])
+
+    def poll_rows(self, max_events: int, timeout: float, conn: psycopg.Connection | None = None
+                  ) -> tuple[list[Row], dict[int, Cursor]]:
+        """:meth:`fetch_rows` (on ``conn``, default a pooled connection per read), waiting up to
+        ``timeout`` seconds for the first event (see :class:`Wakeup`); no rows when none arrived."""
+        if conn is None:
+            got = self._take_ahead(max_events)
+            if got is not None and got[0]:
+                if len(got[0]) == max_events:
+                    self._read_ahead(max_events)
+                return got
         client = self.client
         wakeup = self._wakeup
         wakeup.restart()
@@ -264,13 +317,19 @@ class StreamReader:
             wakeup.mark()
             if conn is None:
                 with client.connection() as c:
-                    events = self.fetch(c, max_events)
+                    got = self.fetch_rows(c, max_events)
+                if len(got[0]) == max_events:  # a backlog: read on while the caller works
+                    self._read_ahead(max_events)
             else:
-                events = self.fetch(conn, max_events)
+                got = self.fetch_rows(conn, max_events)
             remaining = deadline - time.monotonic()
-            if events or remaining <= 0:
-                return events
+            if got[0] or remaining <= 0:
+                return got
             wakeup.wait(remaining)
+
+    def poll(self, max_events: int, timeout: float, conn: psycopg.Connection | None = None) -> list[Event]:
+        """:meth:`poll_rows` as :class:`Event` objects."""
+        return events_of(self.topic, self.poll_rows(max_events, timeout, conn)[0])
 
     # -- committing ------------------------------------------------------------------------------------
     def targets(self, events: Sequence[Event]) -> dict[int, Cursor]:
@@ -287,6 +346,13 @@ class StreamReader:
             if ev.position > out.get(ev.partition, _ORIGIN):
                 out[ev.partition] = ev.position
         return out
+
+    def check_targets(self, targets: Mapping[int, Cursor]) -> dict[int, Cursor]:
+        """``targets`` (a batch's cursors after it), checked to be of this reader's partitions."""
+        bad = [p for p in targets if p not in self._committed]
+        if bad:
+            raise InvalidArgument(f"partitions {bad} are not this consumer's {list(self.partitions)}")
+        return dict(targets)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
               lease: LeaseClaim | None = None) -> CommitOutcome:

@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from _core_helpers import running, take, until
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from _core_helpers import running, take, until
 from pgstreams.embedded import temporary_server
 
 
@@ -135,13 +135,13 @@ def test_a_prepared_transaction_holds_its_partition_until_it_is_finished(prepare
         with psycopg.connect(prepared_server, autocommit=True) as tx:
             tx.execute("BEGIN")
             client.publish(topic, "2pc", partition=0, conn=tx, notify=False)
-            tx.execute("PREPARE TRANSACTION %s" % psycopg.sql.Literal(gid).as_string(tx))
+            tx.execute(psycopg.sql.SQL("PREPARE TRANSACTION {}").format(gid))
         # the session that prepared it is gone; the prepared transaction still holds partition 0
         client.publish(topic, "p0-after", partition=0)
         client.publish(topic, "p1", partition=1)
         assert _values(take(c, 1, commit=True)) == ["p1"]
         with psycopg.connect(prepared_server, autocommit=True) as admin:
-            admin.execute(f"{outcome} %s" % psycopg.sql.Literal(gid).as_string(admin))
+            admin.execute(psycopg.sql.SQL(outcome + " {}").format(gid))  # outcome: one of two literals
         expected = ["2pc", "p0-after"] if outcome.startswith("COMMIT") else ["p0-after"]
         assert _values(take(c, len(expected), commit=True)) == expected
 

@@ -80,6 +80,7 @@ class TopicTarget:
     batch: int = BATCH
     group: str = "bench"
     expected: int = 0  # events a reader stops after
+    fast: bool = False  # consume with poll_batch (an EventBatch) instead of poll (Event objects)
 
 
 def _messages(n: int, start: int = 0) -> list[pgstreams.Message]:
@@ -124,7 +125,7 @@ def consume_op(t: TopicTarget) -> Iterator[Callable[[], int]]:
             nonlocal seen
             if seen >= t.expected:
                 return DONE
-            events = consumer.poll(t.batch, timeout=1.0)
+            events = consumer.poll_batch(t.batch, timeout=1.0) if t.fast else consumer.poll(t.batch, timeout=1.0)
             if events:
                 consumer.commit()
             seen += len(events)

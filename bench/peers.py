@@ -20,7 +20,7 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
   processes, ``--duration`` s (default 5) each. pgstreams ``publish``; raw prepared single-row INSERT,
   autocommit; PgQ ``SELECT pgq.insert_event(...)``, autocommit; JetStream ``publish`` awaiting the ack.
 * ``consume``: a backlog of 200,000 events read and acknowledged in batches of 1,000. pgstreams: a
-  consumer group (a new one each round), ``poll(1000)`` + ``commit()`` until drained; raw: binary COPY-out
+  consumer group (a new one each round), ``poll_batch(1000)`` + ``commit()`` until drained; raw: binary COPY-out
   of the rows in read order into Python tuples; PgQ: ``next_batch`` + ``get_batch_events`` +
   ``finish_batch`` in one transaction per batch, the backlog written with a tick after every 1,000
   events (a consumer registered per round before it was written); JetStream: a durable pull consumer per
@@ -291,8 +291,8 @@ class Workloads:
         p, db, n = self.plan, self.db, self.plan.events
         return Workload("consume", f"(C) consume and acknowledge a backlog of {n:,} events, batches of "
                         f"{BATCH:,}", "throughput", self._entries(
-            (OURS, "consumer group (new each round): poll(1000) + commit() until drained",
-             lambda r: _throughput(consume_op, TopicTarget(db, "c", group=f"g{r}", expected=n), p,
+            (OURS, "consumer group (new each round): poll_batch(1000) + commit() until drained",
+             lambda r: _throughput(consume_op, TopicTarget(db, "c", group=f"g{r}", expected=n, fast=True), p,
                                    expected=n)),
             (RAW, "binary COPY-out of the rows in read order into Python tuples",
              lambda r: _throughput(raw_copy_out, RawTarget(db, "raw_c", p.partitions), p, expected=n)),

@@ -125,7 +125,8 @@ def consume_op(t: TopicTarget) -> Iterator[Callable[[], int]]:
             nonlocal seen
             if seen >= t.expected:
                 return DONE
-            events = consumer.poll_batch(t.batch, timeout=1.0) if t.fast else consumer.poll(t.batch, timeout=1.0)
+            poll = consumer.poll_batch if t.fast else consumer.poll
+            events = poll(t.batch, timeout=1.0)
             if events:
                 consumer.commit()
             seen += len(events)

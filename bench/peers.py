@@ -20,7 +20,8 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
   processes, ``--duration`` s (default 5) each. pgstreams ``publish``; raw prepared single-row INSERT,
   autocommit; PgQ ``SELECT pgq.insert_event(...)``, autocommit; JetStream ``publish`` awaiting the ack.
 * ``consume``: a backlog of 200,000 events read and acknowledged in batches of 1,000. pgstreams: a
-  consumer group (a new one each round), ``poll_batch(1000)`` + ``commit()`` until drained; raw: binary COPY-out
+  consumer group (a new one each round), ``poll_batch(1000)`` + ``commit()`` until drained; raw: binary
+  COPY-out
   of the rows in read order into Python tuples; PgQ: ``next_batch`` + ``get_batch_events`` +
   ``finish_batch`` in one transaction per batch, the backlog written with a tick after every 1,000
   events (a consumer registered per round before it was written); JetStream: a durable pull consumer per

@@ -398,11 +398,21 @@ def test_publish_wakes_consumers_at_commit_unless_notify_is_false(dsn: str) -> N
         assert time.monotonic() - started < 15
 
 
-def test_two_phase_transactions_publish_with_notify_false(client: pgstreams.Client, dsn: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SHOW max_prepared_transactions").fetchone()
-    if row is None or int(row[0]) == 0:
-        pytest.skip("the server has max_prepared_transactions = 0")
+@pytest.fixture(scope="module")
+def two_phase_dsn() -> Iterator[str]:
+    """A server of this module's own that allows prepared transactions (two-phase commit)."""
+    from pgstreams.embedded import temporary_server
+
+    with temporary_server({"max_prepared_transactions": "4", "fsync": "off"}) as dsn:
+        yield dsn
+
+
+def test_two_phase_transactions_publish_with_notify_false(two_phase_dsn: str) -> None:
+    with pgstreams.connect(two_phase_dsn) as client:
+        _two_phase(client, two_phase_dsn)
+
+
+def _two_phase(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("t", 1)
     consumer = client.consumer("t", "g")
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -43,6 +43,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from rich.console import Console
 
 import pgstreams
+from pgstreams.storage import Store
 
 from ._common import (
     Measurement,
@@ -94,16 +95,15 @@ def publish(dsn: str, events: int, partitions: int, console: Console) -> tuple[i
     return int(tid), int(lo), int(hi)
 
 
-def wait_visible(dsn: str, timeout: float = 300.0) -> None:
-    """Wait until every committed transaction is below the visibility fence."""
+def wait_visible(dsn: str, tid: int, partitions: int, hi: int, timeout: float = 300.0) -> None:
+    """Wait until the read fence of every partition of topic ``tid`` is past position ``hi``."""
+    events = Store(None, "pgstreams").events
     with psycopg.connect(dsn, autocommit=True) as conn:
-        mark = int(conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])  # type: ignore[index]
         deadline = time.monotonic() + timeout
-        while int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
-                  .fetchone()[0]) <= mark:  # type: ignore[index]
+        while min(events.fences(conn, tid, range(partitions)).values()) <= hi:
             if time.monotonic() > deadline:
-                raise SystemExit("the visibility fence did not pass the benchmark's events "
-                                 "(a long transaction?)")
+                raise SystemExit("the read fences did not pass the benchmark's events "
+                                 "(a publishing transaction left open?)")
             time.sleep(0.05)
 
 
@@ -248,7 +248,7 @@ def run(args: argparse.Namespace, target: str, console: Console) -> int:
     info = machine(target)
     with scratch_database(target, "pgstreams_bench_spark") as dsn:
         tid, lo, hi = publish(dsn, args.events, args.partitions, console)
-        wait_visible(dsn)
+        wait_visible(dsn, tid, args.partitions, hi)
         checkpoint(dsn)
         spark = spark_session(jar)
         try:

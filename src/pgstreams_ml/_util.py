@@ -85,10 +85,10 @@ def read_committed(client: Any, topic: str, group: str, timeout: float = 120.0) 
     """Every event of ``topic`` committed when the call starts (and any committed meanwhile), read from
     the beginning as ``group`` (rewound first).
 
-    An empty poll does not end the read: the visibility fence can trail committed events for a moment
-    (a transaction still running in the database, or one of another database ending while a poll looks),
-    so the read goes on until it holds as many events as the topic held at the start, then takes whatever
-    else is visible. Raises ``TimeoutError`` naming the topic when that takes longer than ``timeout``.
+    An empty poll does not end the read: a partition's read fence can trail committed events (a
+    transaction still open that published to it), so the read goes on until it holds as many events as
+    the topic held at the start, then takes whatever else is visible. Raises ``TimeoutError`` naming the
+    topic when that takes longer than ``timeout``.
     """
     expected = client.describe_topic(topic).events
     consumer = client.consumer(topic, group)

@@ -302,17 +302,18 @@ def test_scorer_group_reloads_when_another_model_is_deployed(
     assert sum(s.reloads for _, s in workers) >= 2
 
 
-def test_read_committed_waits_for_events_behind_the_visibility_fence(
+def test_read_committed_waits_for_events_behind_the_read_fence(
         client: pgstreams.Client, dsn: str) -> None:
-    """Events committed while an older transaction of the database still runs are behind the visibility
-    fence: an empty poll there is not the end of the topic. ``read_committed`` keeps reading (here until
-    its deadline, then says how far it got) instead of returning part of the topic."""
+    """Events of a partition committed after an open transaction published to it are behind the
+    partition's read fence: an empty poll there is not the end of the topic. ``read_committed`` keeps
+    reading (here until its deadline, then says how far it got) instead of returning part of the topic."""
     client.create_topic("fenced", 2)
     client.publish_many("fenced", [{"value": i} for i in range(5)])
     with psycopg.connect(dsn) as holder:
-        holder.execute("SELECT pg_current_xact_id()")  # a transaction with an id, left open
-        client.publish_many("fenced", [{"value": i} for i in range(5, 12)])
-        with pytest.raises(TimeoutError, match=r"read 5 of the 12 events of topic 'fenced'"):
+        client.publish("fenced", -1, partition=0, conn=holder)  # published, left open: holds partition 0
+        client.publish_many("fenced", [{"value": i, "partition": i % 2} for i in range(5, 12)])
+        # partition 1's four events are read, partition 0's three wait behind the open transaction
+        with pytest.raises(TimeoutError, match=r"read 9 of the 12 events of topic 'fenced'"):
             read_committed(client, "fenced", "reader", timeout=1.5)
         holder.rollback()
     assert sorted(e.value for e in read_committed(client, "fenced", "reader")) == list(range(12))

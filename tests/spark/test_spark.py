@@ -55,12 +55,12 @@ def topic_id(dsn: str, name: str) -> int:
 
 def stored(dsn: str, name: str) -> list[tuple]:
     """Every event of a topic as ``(partition, position, xid, key, value, headers, event_type, event_id,
-    correlation_id, causation_id, created_at)`` in read order per partition."""
+    correlation_id, causation_id, created_at)`` in read order (by position) per partition."""
     tid = topic_id(dsn, name)
     with psycopg.connect(dsn) as conn:
         return conn.execute(psycopg.sql.SQL(
             "SELECT partition, position, xid::text::bigint, key, value, headers, event_type, event_id, "
-            "correlation_id, causation_id, created_at FROM {} ORDER BY partition, xid, position").format(
+            "correlation_id, causation_id, created_at FROM {} ORDER BY partition, position").format(
                 psycopg.sql.Identifier("pgstreams", f"topic_{tid}"))).fetchall()
 
 
@@ -92,14 +92,20 @@ def run_available_now(spark: SparkSession, dsn: str, topic: str, checkpoint: Pat
 
 
 def visible(dsn: str, timeout: float = 120.0) -> None:
-    """Wait until every transaction committed so far is below the read fence (other sessions of the
-    database may hold it back for a moment)."""
+    """Wait until, in every partition of every topic, the read fence has passed every position handed out
+    so far (a publishing transaction still open holds its partitions back)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        row = conn.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()
-        assert row is not None
-        mark = int(row[0])
-        wait_for("the read fence", lambda: int(conn.execute(
-            "SELECT pgstreams.read_fence()::text::bigint").fetchone()[0]) > mark, timeout)
+        marks = {int(tid): (int(n), TopicTables("pgstreams", int(tid)).sequence_regclass)
+                 for tid, n in conn.execute("SELECT id, partitions FROM pgstreams.topics").fetchall()}
+        last = {tid: int(conn.execute("SELECT coalesce(pg_sequence_last_value(%s::regclass), 0)", (seq,))
+                         .fetchone()[0]) for tid, (_n, seq) in marks.items()}
+
+        def passed() -> bool:
+            return all(min(conn.execute("SELECT pgstreams.partition_fences(%s, %s::int[], %s::regclass)",
+                                        (tid, list(range(n)), seq)).fetchone()[0]) > last[tid]
+                       for tid, (n, seq) in marks.items())
+
+        wait_for("the read fences", passed, timeout)
 
 
 def spark_filters(df: Any) -> list[str]:
@@ -319,13 +325,15 @@ def test_long_open_producer_transactions_lose_nothing(spark: SparkSession, dsn: 
         client.create_topic("slow", 2)
         client.publish_many("slow", [{"value": f"early-{i}"} for i in range(10)])
         visible(dsn)
-        # a transaction publishes and stays open while later transactions commit
+        # a transaction publishes to partition 0 and stays open while later transactions commit: it holds
+        # back partition 0 only
         held = psycopg.connect(dsn)
         client.publish("slow", "held", partition=0, conn=held)
-        client.publish_many("slow", [{"value": f"after-{i}"} for i in range(10)])
+        client.publish_many("slow", [{"value": f"after-{i}", "partition": i % 2} for i in range(10)])
         first = run_available_now(spark, dsn, "slow", tmp_path / "ck", wait=False)
         values = [bytes(r["value"]).decode() for _, rows in first for r in rows]
-        assert sorted(values) == sorted(f"early-{i}" for i in range(10)), "events behind the fence leaked"
+        now = [*(f"early-{i}" for i in range(10)), *(f"after-{i}" for i in range(1, 10, 2))]
+        assert sorted(values) == sorted(now), "events behind the fence leaked"
         held.commit()
         held.close()
 
@@ -346,7 +354,7 @@ def test_long_open_producer_transactions_lose_nothing(spark: SparkSession, dsn: 
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(processingTime="100 milliseconds")
              .start())
         try:
-            pending = {"held", *(f"after-{i}" for i in range(10))}
+            pending = {"held", *(f"after-{i}" for i in range(0, 10, 2))}
             wait_for("the query's first micro-batch", lambda: pending <= set(got), timeout=120)
 
             stop = threading.Event()
@@ -398,7 +406,7 @@ def test_long_open_producer_transactions_lose_nothing(spark: SparkSession, dsn: 
                 for t in producers:
                     t.join(timeout=30)
             assert not errors, errors
-            expected = ["held", *(f"after-{i}" for i in range(10)), *published]
+            expected = ["held", *(f"after-{i}" for i in range(0, 10, 2)), *published]
             wait_for("the query to catch up", lambda: len(got) >= len(expected), timeout=90)
         finally:
             q.stop()
@@ -423,6 +431,176 @@ def test_a_transaction_open_in_another_database_does_not_hold_a_streaming_read_b
         assert values == sorted([*(f"before-{i}" for i in range(20)), *(f"after-{i}" for i in range(30))])
         assert sum(s.lag for s in client.describe_group("spark-busy", "busy")) == 0
         other.rollback()
+
+
+def values_of(rows: Any) -> list[str]:
+    """The values (UTF-8 texts) of collected rows, or of the rows of ``run_available_now``'s batches."""
+    if rows and isinstance(rows[0], tuple) and len(rows[0]) == 2 and isinstance(rows[0][1], list):
+        return sorted(bytes(r["value"]).decode() for _, batch in rows for r in batch)
+    return sorted(bytes(r.value).decode() for r in rows)
+
+
+def test_an_unrelated_open_transaction_does_not_hold_reads_back(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    """A transaction of the same database stays open throughout, having updated another table and
+    published to another topic: batch reads and ``availableNow`` streams of this topic go on, and deliver
+    every event published meanwhile."""
+    with pgstreams.connect(dsn) as client, psycopg.connect(dsn) as other:
+        client.create_topic("flow", 2)
+        client.create_topic("elsewhere", 1)
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE unrelated (id int PRIMARY KEY, n int NOT NULL)")
+            conn.execute("INSERT INTO unrelated VALUES (1, 0)")
+        client.publish_many("flow", [{"value": f"before-{i}"} for i in range(20)])
+        other.execute("UPDATE unrelated SET n = n + 1 WHERE id = 1")
+        client.publish("elsewhere", "not committed", conn=other)
+        xid = int(other.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0])
+        client.publish_many("flow", [{"value": f"during-{i}"} for i in range(30)])
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            xmin = int(conn.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")
+                       .fetchone()[0])
+        assert xmin <= xid, "the open transaction does not hold the database's snapshot xmin back"
+        want = sorted([*(f"before-{i}" for i in range(20)), *(f"during-{i}" for i in range(30))])
+
+        assert values_of(reader(spark, dsn, "flow", wait=False).select("value").collect()) == want
+        assert values_of(run_available_now(spark, dsn, "flow", tmp_path / "ck", wait=False,
+                                           group="spark-flow")) == want
+        client.publish_many("flow", [{"value": f"later-{i}"} for i in range(10)])
+        assert values_of(run_available_now(spark, dsn, "flow", tmp_path / "ck", wait=False,
+                                           group="spark-flow")) == sorted(f"later-{i}" for i in range(10))
+        assert sum(s.lag for s in client.describe_group("spark-flow", "flow")) == 0
+        assert values_of(reader(spark, dsn, "flow", wait=False).select("value").collect()) == sorted(
+            [*want, *(f"later-{i}" for i in range(10))])
+        # the open transaction's own topic stays held back
+        assert reader(spark, dsn, "elsewhere", wait=False).count() == 0
+        other.rollback()
+
+
+def test_a_transaction_open_on_one_partition_holds_back_only_that_partition(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    """An open transaction that published to partition 0 holds back partition 0 from its event on, in
+    batch reads and streams alike; partition 1 goes on. Once it commits, partition 0's events are all
+    delivered, in position order, none skipped and none twice."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("part", 2)
+        client.publish_many("part", [{"value": f"before-{i}", "partition": i % 2} for i in range(10)])
+        held = psycopg.connect(dsn)
+        try:
+            client.publish("part", "held", partition=0, conn=held)
+            client.publish_many("part", [{"value": f"after-{i}", "partition": i % 2} for i in range(10)])
+            now = sorted([*(f"before-{i}" for i in range(10)), *(f"after-{i}" for i in range(1, 10, 2))])
+            assert values_of(reader(spark, dsn, "part", wait=False).select("value").collect()) == now
+            only_p1 = reader(spark, dsn, "part", wait=False).where("partition = 1").select("value").collect()
+            assert values_of(only_p1) == sorted([*(f"before-{i}" for i in range(1, 10, 2)),
+                                                 *(f"after-{i}" for i in range(1, 10, 2))])
+            first = run_available_now(spark, dsn, "part", tmp_path / "ck", wait=False, group="spark-part")
+            assert values_of(first) == now
+            # the stream goes on with partition 1 while partition 0 stays held back
+            client.publish("part", "p1-more", partition=1)
+            more = run_available_now(spark, dsn, "part", tmp_path / "ck", wait=False, group="spark-part")
+            assert values_of(more) == ["p1-more"]
+            held.commit()
+        finally:
+            held.close()
+        want = stored(dsn, "part")
+        everything = reader(spark, dsn, "part").select("partition", "position").collect()
+        assert sorted((r.partition, r.position) for r in everything) == [(w[0], w[1]) for w in want]
+        rest = run_available_now(spark, dsn, "part", tmp_path / "ck", group="spark-part")
+        assert values_of(rest) == sorted(["held", *(f"after-{i}" for i in range(0, 10, 2))])
+        rows = [r for _, batch in rest for r in batch]
+        assert all(r["partition"] == 0 for r in rows)
+        assert [r["position"] for r in rows] == [w[1] for w in want if w[0] == 0][5:]
+        assert sum(s.lag for s in client.describe_group("spark-part", "part")) == 0
+
+
+def test_offsets_of_the_former_form_are_accepted_and_skip_nothing(
+        spark: SparkSession, dsn: str, tmp_path: Path) -> None:
+    """An offset ``{"xid": x, "position": p}`` (after the event ``(x, p)`` in the former read order, by
+    transaction id first) in startingOffsets, endingOffsets or a stream's checkpoint: every event that
+    came after it in that order is read, also one stored at a smaller position (events of older
+    transactions at larger positions are read again); new offsets are written as positions."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("legacy", 2)
+        client.publish_many("legacy", [{"value": f"e{i}", "partition": i % 2} for i in range(10)])
+        # the transaction with the smaller id stores its event at the larger position
+        with psycopg.connect(dsn) as older, psycopg.connect(dsn) as newer:
+            older.execute("SELECT pg_current_xact_id()")
+            client.publish("legacy", "newer", partition=0, conn=newer)
+            client.publish("legacy", "older", partition=0, conn=older)
+            newer.commit()
+            older.commit()
+        want = stored(dsn, "legacy")
+        x_older, p_older = next((w[2], w[1]) for w in want if bytes(w[4]) == b"older")
+        last_p1 = [w for w in want if w[0] == 1][-1]
+        assert next(w[1] for w in want if bytes(w[4]) == b"newer") < p_older
+        legacy = {"legacy": {"0": {"xid": x_older, "position": p_older},
+                             "1": {"xid": last_p1[2], "position": last_p1[1]}}}
+
+        # a batch read from it reads "newer" (after "older" in the former order) and "older" again
+        start = reader(spark, dsn, "legacy", startingOffsets=json.dumps(legacy)).select("value").collect()
+        assert values_of(start) == ["newer", "older"]
+        end = reader(spark, dsn, "legacy", endingOffsets=json.dumps(legacy)).select("value").collect()
+        assert values_of(end) == sorted(f"e{i}" for i in range(10))
+
+        # a stream whose checkpoint holds such an offset
+        ck = tmp_path / "ck"
+        assert len(values_of(run_available_now(spark, dsn, "legacy", ck))) == 12
+        offsets = sorted((ck / "offsets").glob("[0-9]*"), key=lambda f: int(f.name))[-1]
+        lines = offsets.read_text().splitlines()
+        # every partition's latest offset is the cursor before its fence: the last position handed out
+        last = max(w[1] for w in want)
+        assert json.loads(lines[-1]) == {"legacy": {"0": last, "1": last}}
+        offsets.write_text("\n".join([*lines[:-1], json.dumps(legacy)]))
+        for crc in offsets.parent.glob(f".{offsets.name}.crc"):
+            crc.unlink()
+        client.publish_many("legacy", [{"value": f"n{i}", "partition": i % 2} for i in range(4)])
+        again = run_available_now(spark, dsn, "legacy", ck, group="spark-legacy")
+        assert values_of(again) == sorted(["newer", "older", *(f"n{i}" for i in range(4))])
+        written = sorted((ck / "offsets").glob("[0-9]*"), key=lambda f: int(f.name))[-1]
+        last = max(w[1] for w in stored(dsn, "legacy"))
+        assert json.loads(written.read_text().splitlines()[-1]) == {"legacy": {"0": last, "1": last}}
+        status = {s.partition: s.checkpoint for s in client.describe_group("spark-legacy", "legacy")}
+        assert status == {0: last, 1: last}
+
+
+def test_offsets_json_round_trip() -> None:
+    from pgstreams.spark._stream import from_json, to_json
+
+    assert to_json({"t": {1: 5, 0: 3}}) == {"t": {"0": 3, "1": 5}}
+    assert from_json({"t": {"0": 3, "1": {"xid": 7, "position": 5}}}) == {"t": {0: 3, 1: (7, 5)}}
+    with pytest.raises(pgstreams.InvalidArgument, match="topic 't' partition 0"):
+        from_json({"t": {"0": -1}})
+
+
+def test_a_spark_write_task_holds_back_its_topic_until_it_commits(dsn: str) -> None:
+    """A write task registers its transaction as a publisher of every partition of the topic before its
+    COPY: while it runs no partition's read fence passes it, and once it commits they all do."""
+    import pyarrow as pa
+
+    from pgstreams.spark import _db
+    from pgstreams.spark._options import WriteOptions
+    from pgstreams.spark._write import write_task
+
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("written", 3)
+        client.publish_many("written", [{"value": i} for i in range(5)])
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        meta = _db.topics(conn, "pgstreams", ["written"])[0]
+        before = _db.fences(conn, "pgstreams", meta)
+        during: list[dict[int, int]] = []
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            yield pa.record_batch({"value": pa.array(["a", "b", "c"])})
+            during.append(_db.fences(conn, "pgstreams", meta))
+            yield pa.record_batch({"value": pa.array(["d", "e", "f"])})
+
+        done = write_task(WriteOptions(dsn, "pgstreams", "written"), meta, ["value"], "test-sink", 0, 0,
+                          batches())
+        after = _db.fences(conn, "pgstreams", meta)
+    assert done.stored == 6
+    assert before == {p: 6 for p in range(3)}
+    assert during == [before]
+    assert after == {p: 12 for p in range(3)}
 
 
 def test_max_events_per_trigger_is_honoured_and_group_lag_reaches_zero(

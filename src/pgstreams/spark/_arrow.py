@@ -113,14 +113,14 @@ def _headers(lengths: np.ndarray, data: Any, typ: pa.DataType) -> pa.Array:
 
 
 def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: pa.Schema,
-                 layout: Layout) -> tuple[pa.RecordBatch | None, tuple[int, int] | None, dict[str, str]]:
+                 layout: Layout) -> tuple[pa.RecordBatch | None, int | None, dict[str, str]]:
     """The record batch of one chunk row (queried with the optional columns in ``layout``), the cursor
-    of its last event for ordered chunks, and the optional columns this chunk needs in another form
-    (``{column: "delimited" | "by_length"}``: values in a column not queried, ambiguous delimited texts;
-    then the chunk must be queried again with them and there is no batch).
+    of its last event (its position) for ordered chunks, and the optional columns this chunk needs in
+    another form (``{column: "delimited" | "by_length"}``: values in a column not queried, ambiguous
+    delimited texts; then the chunk must be queried again with them and there is no batch).
 
     ``partition`` is the topic partition of every event of the chunk, or ``None`` for a page scan chunk
-    (``scan_pages``), whose column 10 holds the partition of each event instead of read-order ids.
+    (``scan_pages``), whose column 10 holds the partition of each event.
 
     Returns ``(None, None, {})`` for an empty chunk.
     """
@@ -165,10 +165,7 @@ def decode_chunk(row: Sequence[Any], topic: str, partition: int | None, schema: 
         "created_at": pa.Array.from_buffers(pa.timestamp("us", tz="UTC"), n, [None, pa.py_buffer(created)]),
     }
     batch = pa.RecordBatch.from_arrays([arrays[f.name] for f in schema], schema=schema)
-    last = None
-    if partition is not None and row[10]:
-        last = (int(np.frombuffer(row[10][-8:], dtype=">i8")[0]), int(positions[-1]))
-    return batch, last, {}
+    return batch, (int(positions[-1]) if partition is not None else None), {}
 
 
 # --------------------------------------------------------------------------------------------------------

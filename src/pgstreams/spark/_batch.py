@@ -4,8 +4,9 @@ Every Spark input partition reads one topic partition. A topic partition read fr
 from far back) is split into ranges of heap pages of its segments; each task reads its pages in chunks
 with TID range scans, so every page is read once per topic partition and no index is walked. A read of
 only the last few events of a partition (fewer than ``ORDERED_CAP``) uses the read-order index instead.
-All tasks read up to the same visibility fence, taken once when Spark plans the query, so they see one
-consistent set of events: exactly those whose transactions had ended by then.
+The read fence of every topic partition is taken once when Spark plans the query, and every end cursor is
+capped below it, so all tasks see one consistent set of events: in each partition, those below its fence
+(every one of them committed, or rolled back, for good by then).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from ._arrow import decode_chunk
 from ._filters import Pushed, push
 from ._options import (
     ORIGIN,
-    AtCursor,
     AtGroup,
+    AtLegacyCursor,
     AtPosition,
     AtTime,
     Cursor,
@@ -41,8 +42,6 @@ from ._sql import (
     DELIMITER,
     OPTIONAL_COLUMNS,
     SCAN_LOWER_BOUND,
-    SCAN_PARTITIONS,
-    SCAN_UPPER_BOUND,
     Layout,
     chunk_query,
     query,
@@ -81,76 +80,58 @@ class PageRange:
 
 @dataclass
 class Split(InputPartition):
-    """One Spark input partition: events of one topic partition in ``(start, end]`` below ``fence``, read
-    in read order through the index."""
+    """One Spark input partition: the events of one topic partition in ``(start, end]``, read in read
+    order through the index (``end`` is below the partition's read fence)."""
 
     topic: str
     topic_id: int
     partition: int
     start: Cursor
     end: Cursor
-    fence: int
 
 
 @dataclass
 class ScanSplit(InputPartition):
-    """One Spark input partition of a multi-partition page scan: the events of the topic partitions
-    ``partitions`` found in the page ranges ``pages``, each in ``(starts[p], ends[p]]`` (indexed by
-    partition number) below ``fence``, read in one pass over the pages."""
+    """One Spark input partition of a multi-partition page scan: the events found in the page ranges
+    ``pages`` that lie, for their topic partition ``p``, in ``(starts[p], ends[p]]`` (indexed by partition
+    number; ``ends[p]`` is below the partition's read fence, 0 for partitions not read), read in one pass
+    over the pages."""
 
     topic: str
     topic_id: int
-    partitions: tuple[int, ...]
-    all_partitions: bool
     starts: tuple[Cursor, ...]
     ends: tuple[Cursor, ...]
-    fence: int
     pages: tuple[PageRange, ...]
 
 
-def resolve_cursor(conn: Any, opts: ReadOptions, topic: TopicRecord, partitions: Sequence[int],
-                   spec_of: dict[int, Spec], fence_xid: int, *, ending: bool) -> dict[int, Cursor]:
-    """Turn per-partition specs into cursors under ``fence_xid``.
-
-    For ending specs, ``Latest`` is the fence itself (every visible event).
-    """
-    out: dict[int, Cursor] = {}
-    latest = (fence_xid - 1, _db.MAX_POSITION) if ending else None
-    need_heads = [p for p in partitions if isinstance(spec_of[p], Latest) and not ending]
-    heads = _db.heads(conn, opts.schema, topic, need_heads, fence_xid) if need_heads else {}
-    by_position = {p: s.position for p, s in spec_of.items() if isinstance(s, AtPosition)}
-    at_pos = _db.position_cursors(conn, opts.schema, topic, by_position, fence_xid) if by_position else {}
+def resolve_cursor(conn: Any, opts: ReadOptions, topic: TopicRecord, fences: dict[int, int],
+                   spec_of: dict[int, Spec]) -> dict[int, Cursor]:
+    """Turn per-partition specs into cursors, each at most its partition's fence cursor (``fences``: the
+    read fence of every partition of ``spec_of``, taken before)."""
     times = {s.at for s in spec_of.values() if isinstance(s, AtTime)}
-    at_time: dict[int, Cursor | None] = {}
+    at_time: dict[int, Cursor] = {}
     for when in times:
         ps = [p for p, s in spec_of.items() if isinstance(s, AtTime) and s.at == when]
-        at_time.update(_db.time_cursors(conn, opts.schema, topic, ps, when, fence_xid))
+        at_time.update(_db.time_cursors(conn, opts.schema, topic, {p: fences[p] for p in ps}, when))
+    legacy = {p: (s.xid, s.position) for p, s in spec_of.items() if isinstance(s, AtLegacyCursor)}
+    at_legacy = _db.legacy_cursors(conn, opts.schema, topic, fences, legacy) if legacy else {}
     group = (_db.group_cursors(conn, opts.schema, opts.group, topic)
              if opts.group and any(isinstance(s, AtGroup) for s in spec_of.values()) else {})
-    missing: list[int] = []
-    for p in partitions:
-        spec = spec_of[p]
+    out: dict[int, Cursor] = {}
+    for p, spec in spec_of.items():
         if isinstance(spec, Earliest):
-            out[p] = ORIGIN
+            cursor = ORIGIN
         elif isinstance(spec, Latest):
-            out[p] = latest if latest is not None else heads[p]
-        elif isinstance(spec, AtCursor):
-            out[p] = (spec.xid, spec.position)
+            cursor = fences[p] - 1
+        elif isinstance(spec, AtPosition):
+            cursor = max(ORIGIN, spec.position - 1)
+        elif isinstance(spec, AtLegacyCursor):
+            cursor = at_legacy[p]
         elif isinstance(spec, AtGroup):
-            out[p] = group.get(p, ORIGIN)
+            cursor = group.get(p, ORIGIN)
         else:
-            found = at_pos.get(p) if isinstance(spec, AtPosition) else at_time.get(p)
-            if found is None:
-                missing.append(p)
-            else:
-                out[p] = found
-    if missing:
-        # no event at or after the position / time: the boundary is the end of what is visible
-        if ending:
-            for p in missing:
-                out[p] = (fence_xid - 1, _db.MAX_POSITION)
-        else:
-            out.update(_db.heads(conn, opts.schema, topic, missing, fence_xid))
+            cursor = at_time[p]
+        out[p] = min(cursor, fences[p] - 1)
     return out
 
 
@@ -185,16 +166,14 @@ class BatchReader(DataSourceReader):
             _db.check_server(conn)
             metas = [m for m in _db.topics(conn, opts.schema, opts.topics, "topics")
                      if self.pushed.keeps_topic(m.name)]
-            fence_xid = _db.fence(conn, opts.schema)
             plans: list[tuple[TopicRecord, int, Cursor, Cursor]] = []
             for meta in metas:
                 parts = [p for p in range(meta.partitions) if self.pushed.keeps_partition(p)]
                 if not parts:
                     continue
-                starts = resolve_cursor(conn, opts, meta, parts, specs(opts, meta.name, parts, ending=False),
-                                        fence_xid, ending=False)
-                ends = resolve_cursor(conn, opts, meta, parts, specs(opts, meta.name, parts, ending=True),
-                                      fence_xid, ending=True)
+                fences = _db.fences(conn, opts.schema, meta, parts)
+                starts = resolve_cursor(conn, opts, meta, fences, specs(opts, meta.name, parts, ending=False))
+                ends = resolve_cursor(conn, opts, meta, fences, specs(opts, meta.name, parts, ending=True))
                 plans.extend((meta, p, starts[p], ends[p]) for p in parts if starts[p] < ends[p])
             splits: list[InputPartition] = []
             per_partition = max(1, math.ceil(self.min_partitions / max(1, len(plans))))
@@ -208,19 +187,20 @@ class BatchReader(DataSourceReader):
             scans: dict[int, dict[int, tuple[Cursor, Cursor]]] = {}
             for meta, p, start, end in plans:
                 if small.get((meta.id, p)):
-                    splits.append(Split(meta.name, meta.id, p, start, end, fence_xid))
+                    splits.append(Split(meta.name, meta.id, p, start, end))
                 else:
                     scans.setdefault(meta.id, {})[p] = (start, end)
             for meta in metas:
                 if meta.id in scans:
                     segments = self._segments(conn, meta)
-                    splits.extend(self._scan_splits(meta, scans[meta.id], fence_xid, segments, per_partition))
+                    splits.extend(self._scan_splits(meta, scans[meta.id], segments, per_partition))
         return splits
 
-    def _scan_splits(self, meta: TopicRecord, cursors: dict[int, tuple[Cursor, Cursor]], fence_xid: int,
+    def _scan_splits(self, meta: TopicRecord, cursors: dict[int, tuple[Cursor, Cursor]],
                      segments: list[tuple[int, int, int, int, int]], per_partition: int) -> list[ScanSplit]:
         """Split the pages of the topic's segments into ranges, each read in one pass for every topic
-        partition of ``cursors``: at least ``per_partition`` ranges per topic partition read."""
+        partition of ``cursors`` (``(start, end]`` each): at least ``per_partition`` ranges per topic
+        partition read."""
         total_pages = sum(s[2] for s in segments)
         if total_pages == 0:
             return []
@@ -231,10 +211,8 @@ class BatchReader(DataSourceReader):
             k = max(k, math.ceil(events / self.opts.max_records_per_partition))
         k = max(1, min(k, total_pages))
         bounds = [round(i * total_pages / k) for i in range(k + 1)]
-        parts = tuple(sorted(cursors))
         starts = tuple(cursors[p][0] if p in cursors else ORIGIN for p in range(meta.partitions))
-        ends = tuple(cursors[p][1] if p in cursors else (fence_xid - 1, _db.MAX_POSITION)
-                     for p in range(meta.partitions))
+        ends = tuple(cursors[p][1] if p in cursors else ORIGIN for p in range(meta.partitions))
         out: list[ScanSplit] = []
         for i in range(k):
             want_lo, want_hi = bounds[i], bounds[i + 1]
@@ -252,8 +230,7 @@ class BatchReader(DataSourceReader):
                     ranges.append(PageRange(lo, hi, a - base, b - base, per_chunk, per_group))
                 base += pages
             if ranges:
-                out.append(ScanSplit(meta.name, meta.id, parts, len(parts) == meta.partitions, starts, ends,
-                                     fence_xid, tuple(ranges)))
+                out.append(ScanSplit(meta.name, meta.id, starts, ends, tuple(ranges)))
         return out
 
     def _segments(self, conn: Any, meta: TopicRecord) -> list[tuple[int, int, int, int, int]]:
@@ -275,11 +252,13 @@ class BatchReader(DataSourceReader):
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """Read one input partition as Arrow record batches."""
+        """Read one input partition as Arrow record batches (none for the empty partition Spark plans
+        when :meth:`partitions` found nothing to read)."""
         if isinstance(partition, ScanSplit):
             return read_scan(self.opts, self.schema, partition, self.pushed)
-        assert isinstance(partition, Split)
-        return read_split(self.opts, self.schema, partition, self.pushed)
+        if isinstance(partition, Split):
+            return read_split(self.opts, self.schema, partition, self.pushed)
+        return iter(())
 
 
 def too_large(exc: psycopg.Error) -> bool:
@@ -370,8 +349,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     filters, fparams = (pushed or Pushed()).sql()
-    base = {"partition": split.partition, "fence": str(split.fence),
-            "end_xid": str(split.end[0]), "end_position": split.end[1], **fparams}
+    base = {"partition": split.partition, "end": split.end, **fparams}
     chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters)
     limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
     with _db.connect(opts.dsn) as conn:
@@ -380,7 +358,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
         while True:
             try:
                 batches, last, events, size = chunks.fetch(
-                    cur, {**base, "xid": str(cursor[0]), "position": cursor[1], "limit": limit}, split.topic,
+                    cur, {**base, "position": cursor, "limit": limit}, split.topic,
                     split.partition, arrow_schema)
             except psycopg.Error as exc:
                 if not too_large(exc) or limit == 1:
@@ -411,21 +389,12 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
 
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     filters, fparams = (pushed or Pushed()).sql()
-    parts: list[sql.Composable] = []
-    params: dict[str, Any] = {"fence": str(split.fence), **fparams}
-    if not split.all_partitions:
-        parts.append(SCAN_PARTITIONS)
-        params["partitions"] = list(split.partitions)
-    if any(split.starts[p] != ORIGIN for p in split.partitions):
-        parts.append(SCAN_LOWER_BOUND)
-        params["xids"] = [str(c[0]) for c in split.starts]
-        params["positions"] = [c[1] for c in split.starts]
-    if any(split.ends[p][0] < split.fence - 1 or split.ends[p][1] != _db.MAX_POSITION
-           for p in split.partitions):
-        parts.append(SCAN_UPPER_BOUND)
-        params["end_xids"] = [str(c[0]) for c in split.ends]
-        params["end_positions"] = [c[1] for c in split.ends]
-    chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, sql.SQL(" ").join(parts))
+    params: dict[str, Any] = {"ends": list(split.ends), **fparams}
+    bounds: sql.Composable | None = None
+    if any(split.starts):
+        bounds = SCAN_LOWER_BOUND
+        params["starts"] = list(split.starts)
+    chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, bounds)
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         for r in split.pages:

@@ -1,22 +1,19 @@
 """Database access shared by the readers and writers of the Spark data source: the Spark bulk queries
 (``queries.sql``), and the storage layer's operations for what is core state (migrations, topics, the read
-fence, checkpoints)."""
+fences, checkpoints)."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 import psycopg
 
 from ..errors import ConfigurationError, MigrationError, TopicNotFound
 from ..storage import CORE, Store, TopicRecord
-from ._options import ORIGIN, Cursor
+from ._options import Cursor
 from ._sql import query, topic_query
-
-#: The largest position (used as an open upper bound of cursors).
-MAX_POSITION = 2**63 - 1
 
 
 @functools.lru_cache(maxsize=64)
@@ -55,13 +52,6 @@ def check_server(conn: psycopg.Connection) -> None:
         raise ConfigurationError(f"pgstreams.spark needs a UTF8 database, this one is {row[0]}")
 
 
-def fence(conn: psycopg.Connection, schema: str) -> int:
-    """The read fence of ``schema`` (``read_fence()``): every transaction of this database below it has
-    ended, so no event can appear below it any more. Transactions of other databases on the same server
-    do not hold it back (they cannot write this database's events)."""
-    return store(schema).events.read_fence(conn)
-
-
 def topics(conn: psycopg.Connection, schema: str, names: Sequence[str],
            option: str = "topic") -> list[TopicRecord]:
     """The topics ``names`` in that order; raises :class:`TopicNotFound` naming the missing ones."""
@@ -73,36 +63,39 @@ def topics(conn: psycopg.Connection, schema: str, names: Sequence[str],
     return [found[n] for n in names]
 
 
-def _cursors(rows: Iterable[tuple[int, int | None, int | None]]) -> dict[int, Cursor | None]:
-    return {int(p): (None if x is None or pos is None else (int(x), int(pos))) for p, x, pos in rows}
+def fences(conn: psycopg.Connection, schema: str, topic: TopicRecord,
+           partitions: Iterable[int] | None = None) -> dict[int, int]:
+    """The read fence of each partition of ``topic`` (default: all): every event below it is committed or
+    rolled back for good, so reads in later statements, on any connection, see all of them. Only open
+    transactions that publish to a partition hold its fence back."""
+    parts = list(range(topic.partitions) if partitions is None else partitions)
+    return store(schema).events.fences(conn, topic.id, parts)
 
 
-def heads(conn: psycopg.Connection, schema: str, topic: TopicRecord, partitions: Sequence[int],
-          fence_xid: int) -> dict[int, Cursor]:
-    """Per partition, the cursor of the last event visible under ``fence_xid`` (``ORIGIN`` if none)."""
-    rows = conn.execute(topic_query("heads", schema, topic.id),
-                        {"partitions": list(partitions), "fence": str(fence_xid)}).fetchall()
-    return {p: (c or ORIGIN) for p, c in _cursors(rows).items()}
+def latest(fences: Mapping[int, int]) -> dict[int, Cursor]:
+    """The cursor after every event below each fence."""
+    return {p: f - 1 for p, f in fences.items()}
 
 
-def position_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, targets: dict[int, int],
-                     fence_xid: int) -> dict[int, Cursor | None]:
-    """Per partition, the cursor just before its first visible event at or after a position
-    (``None``: none)."""
-    ps = sorted(targets)
-    rows = conn.execute(topic_query("position_cursors", schema, topic.id),
-                        {"partitions": ps, "targets": [targets[p] for p in ps],
-                         "fence": str(fence_xid)}).fetchall()
-    return {p: (None if c is None else (c[0], c[1] - 1)) for p, c in _cursors(rows).items()}
+def time_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, fences: Mapping[int, int],
+                 at: datetime) -> dict[int, Cursor]:
+    """Per partition of ``fences``, the cursor just before its first event below its fence created at or
+    after ``at`` (the fence's cursor when there is none)."""
+    return store(schema).events.time_cursors(conn, topic.id, fences, at)
 
 
-def time_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, partitions: Sequence[int],
-                 at: datetime, fence_xid: int) -> dict[int, Cursor | None]:
-    """Per partition, the cursor just before its first visible event (in read order) created at or after
-    ``at`` (``None``: none)."""
-    rows = conn.execute(topic_query("time_cursors", schema, topic.id),
-                        {"partitions": list(partitions), "at": at, "fence": str(fence_xid)}).fetchall()
-    return {p: (None if c is None else (c[0], c[1] - 1)) for p, c in _cursors(rows).items()}
+def legacy_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, fences: Mapping[int, int],
+                   legacy: Mapping[int, tuple[int, int]]) -> dict[int, Cursor]:
+    """Per partition of ``legacy``, the cursor standing for an offset of the former form ``(xid,
+    position)`` ("after this event" when events were read in ``(xid, position)`` order): just before the
+    first event below the fence that came after it in that order, at most the fence's cursor. Nothing that
+    came after it is skipped; events published by older transactions at larger positions are read again."""
+    ps = sorted(legacy)
+    rows = conn.execute(topic_query("legacy_cursors", schema, topic.id), {
+        "partitions": ps, "xids": [str(legacy[p][0]) for p in ps], "positions": [legacy[p][1] for p in ps],
+        "fences": [fences[p] for p in ps],
+    }).fetchall()
+    return {int(p): int(c) for p, c in rows}
 
 
 def group_cursors(conn: psycopg.Connection, schema: str, group: str, topic: TopicRecord) -> dict[int, Cursor]:
@@ -110,23 +103,24 @@ def group_cursors(conn: psycopg.Connection, schema: str, group: str, topic: Topi
     return store(schema).checkpoints.load(conn, group, topic.id, range(topic.partitions))
 
 
-def count_between(conn: psycopg.Connection, schema: str, topic: TopicRecord, starts: dict[int, Cursor],
-                  ends: dict[int, Cursor], cap: int) -> dict[int, int]:
-    """Per partition, the number of events in ``(start, end]``, counted up to ``cap``."""
+def count_between(conn: psycopg.Connection, schema: str, topic: TopicRecord, starts: Mapping[int, Cursor],
+                  ends: Mapping[int, Cursor], cap: int) -> dict[int, int]:
+    """Per partition of ``starts``, the number of events in ``(start, end]``, counted up to ``cap``."""
     ps = sorted(starts)
     rows = conn.execute(topic_query("count_between", schema, topic.id), {
-        "partitions": ps, "xids": [str(starts[p][0]) for p in ps], "positions": [starts[p][1] for p in ps],
-        "end_xids": [str(ends[p][0]) for p in ps], "end_positions": [ends[p][1] for p in ps], "cap": cap,
+        "partitions": ps, "positions": [starts[p] for p in ps], "end_positions": [ends[p] for p in ps],
+        "cap": cap,
     }).fetchall()
     return {int(p): int(n) for p, n in rows}
 
 
-def nth_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, starts: dict[int, Cursor],
-                nth: dict[int, int]) -> dict[int, Cursor | None]:
-    """Per partition, the cursor of the ``nth`` event after its start (``None`` if there are fewer)."""
+def nth_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, starts: Mapping[int, Cursor],
+                ends: Mapping[int, Cursor], nth: Mapping[int, int]) -> dict[int, Cursor | None]:
+    """Per partition of ``nth``, the cursor of the ``nth`` event in ``(start, end]`` (``None`` if there
+    are fewer)."""
     ps = sorted(nth)
     rows = conn.execute(topic_query("nth_cursors", schema, topic.id), {
-        "partitions": ps, "xids": [str(starts[p][0]) for p in ps], "positions": [starts[p][1] for p in ps],
+        "partitions": ps, "positions": [starts[p] for p in ps], "end_positions": [ends[p] for p in ps],
         "nth": [nth[p] for p in ps],
     }).fetchall()
-    return _cursors(rows)
+    return {int(p): (None if c is None else int(c)) for p, c in rows}

@@ -15,16 +15,16 @@ from typing import Union
 
 from ..errors import InvalidArgument, InvalidName
 from ..names import check_group, check_schema, check_topic
+from ..storage import Cursor
 
 #: Offsets JSON value meaning "before the first event" (as in Kafka's source).
 EARLIEST = -2
-#: Offsets JSON value meaning "after the last visible event" (as in Kafka's source).
+#: Offsets JSON value meaning "after the last event below the read fence" (as in Kafka's source).
 LATEST = -1
 
-Cursor = tuple[int, int]
-"""A read-order cursor ``(xid, position)``: "after this event"; ``(0, 0)`` is before everything."""
-
-ORIGIN: Cursor = (0, 0)
+#: The cursor before every event (a cursor, :data:`pgstreams.storage.Cursor`, is the position of the last
+#: event read: "after this position").
+ORIGIN: Cursor = 0
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,22 @@ class Earliest:
 
 @dataclass(frozen=True)
 class Latest:
-    """After the last event visible now (every transaction below the fence has ended)."""
+    """After the last event below the partition's read fence (every event committed when it is taken)."""
 
 
 @dataclass(frozen=True)
 class AtPosition:
-    """The boundary just before the first event at or after ``position`` (by position)."""
+    """Just before position ``position``: starting there reads the event at ``position`` first, ending
+    there reads up to the event before it."""
 
     position: int
 
 
 @dataclass(frozen=True)
-class AtCursor:
-    """Exactly after the event ``(xid, position)`` in read order (the format of streaming offsets)."""
+class AtLegacyCursor:
+    """An offset of the former ``{"xid": x, "position": p}`` form (after the event ``(x, p)`` in the former
+    read order), resolved against the stored events to a cursor that skips nothing (see
+    :func:`pgstreams.spark._db.legacy_cursors`)."""
 
     xid: int
     position: int
@@ -59,12 +62,12 @@ class AtGroup:
 
 @dataclass(frozen=True)
 class AtTime:
-    """Just before the first event (in read order) created at or after ``at``; the end if none."""
+    """Just before the first event created at or after ``at``; the latest if none."""
 
     at: datetime
 
 
-Spec = Union[Earliest, Latest, AtPosition, AtCursor, AtGroup, AtTime]
+Spec = Union[Earliest, Latest, AtPosition, AtLegacyCursor, AtGroup, AtTime]
 
 
 @dataclass(frozen=True)
@@ -172,10 +175,21 @@ def timestamp_option(options: Mapping[str, str], name: str) -> datetime | None:
     return at.astimezone(timezone.utc)
 
 
+def legacy_cursor(value: object) -> tuple[int, int] | None:
+    """``(xid, position)`` of an offset in the former form ``{"xid": x, "position": p}`` (integers >= 0);
+    ``None`` for anything else."""
+    if not isinstance(value, dict) or set(value) != {"xid", "position"}:
+        return None
+    x, p = value["xid"], value["position"]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (x, p)):
+        return None
+    return int(x), int(p)
+
+
 def _spec_from_json(name: str, topic: str, partition: int, value: object, *, ending: bool) -> Spec:
     where = f"option '{name}': topic {topic!r} partition {partition}"
     if isinstance(value, bool):
-        raise InvalidArgument(f"{where}: expected a position, -2, -1 or {{\"xid\": .., \"position\": ..}}")
+        raise InvalidArgument(f"{where}: expected a position (>= 0), -2 or -1, got {value!r}")
     if isinstance(value, int):
         if value == EARLIEST:
             if ending:
@@ -187,17 +201,13 @@ def _spec_from_json(name: str, topic: str, partition: int, value: object, *, end
             raise InvalidArgument(f"{where}: a position must be >= 0 (or -2 earliest, -1 latest), "
                                   f"got {value}")
         return AtPosition(value)
+    legacy = legacy_cursor(value)
+    if legacy is not None:
+        return AtLegacyCursor(*legacy)
     if isinstance(value, dict):
-        keys = set(value)
-        if keys != {"xid", "position"}:
-            raise InvalidArgument(f"{where}: a cursor is {{\"xid\": <int>, \"position\": <int>}}, "
-                                  f"got {value!r}")
-        x, p = value["xid"], value["position"]
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in (x, p)):
-            raise InvalidArgument(f"{where}: cursor xid and position must be integers >= 0, got {value!r}")
-        return AtCursor(int(x), int(p))
-    raise InvalidArgument(f"{where}: expected a position, -2, -1 or {{\"xid\": .., \"position\": ..}}, "
-                          f"got {value!r}")
+        raise InvalidArgument(f"{where}: the only object accepted is the former offset form "
+                              f"{{\"xid\": <int >= 0>, \"position\": <int >= 0>}}, got {value!r}")
+    raise InvalidArgument(f"{where}: expected a position (>= 0), -2 or -1, got {value!r}")
 
 
 def offsets_option(options: Mapping[str, str], name: str, topics: list[str], *, ending: bool,
@@ -206,8 +216,9 @@ def offsets_option(options: Mapping[str, str], name: str, topics: list[str], *, 
     (``ending=True``; default ``latest``).
 
     Accepted: ``earliest`` (starting only), ``latest``, ``group`` (starting only, needs option ``group``),
-    or JSON ``{"topic": {"partition": spec}}`` where spec is a position (>= 0), ``-2`` (earliest),
-    ``-1`` (latest) or a cursor ``{"xid": x, "position": p}``. Partitions not named take the default.
+    or JSON ``{"topic": {"partition": spec}}`` where spec is a position (>= 0), ``-2`` (earliest) or ``-1``
+    (latest); the former offset form ``{"xid": x, "position": p}`` is still accepted (see
+    :class:`AtLegacyCursor`). Partitions not named take the default.
     """
     value = _get(options, name)
     default: Spec = Latest() if ending else Earliest()

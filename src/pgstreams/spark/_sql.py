@@ -89,13 +89,9 @@ def counts(alias: str) -> sql.Composable:
                                 for c in OPTIONAL_COLUMNS)
 
 
-#: The conditions of a multi-partition page scan (``scan_pages``): only some topic partitions, and cursors
-#: per topic partition (arrays indexed by ``partition + 1``), each used only when needed.
-SCAN_PARTITIONS = sql.SQL("AND e.partition = ANY(%(partitions)s::int[])")
-SCAN_LOWER_BOUND = sql.SQL("AND (e.xid, e.position) > ((%(xids)s::text[])[e.partition + 1]::xid8, "
-                           "(%(positions)s::int8[])[e.partition + 1])")
-SCAN_UPPER_BOUND = sql.SQL("AND (e.xid, e.position) <= ((%(end_xids)s::text[])[e.partition + 1]::xid8, "
-                           "(%(end_positions)s::int8[])[e.partition + 1])")
+#: The start cursors of a multi-partition page scan (``scan_pages``), an array indexed by ``partition + 1``
+#: (used only when some partition read does not start at the beginning).
+SCAN_LOWER_BOUND = sql.SQL("AND e.position > (%(starts)s::int8[])[e.partition + 1]")
 
 
 def query(name: str, schema: str) -> sql.Composed:
@@ -114,7 +110,7 @@ def chunk_query(name: str, schema: str, topic_id: int, filters: sql.Composable |
                 per_event: bool = False) -> sql.Composed:
     """The chunk query ``name`` (``scan_pages`` or ``chunk_ordered``) for ``schema``, the storage of
     ``topic_id``, ``filters`` (a composed SQL fragment of pushed-down conditions, each starting with
-    ``AND``), the ``layout`` of the optional columns, the cursor ``bounds`` and, for page scans, whether
+    ``AND``), the ``layout`` of the optional columns and, for page scans, the start ``bounds`` and whether
     to return one row per event instead of one per page group. Not cached (fragments are not hashable):
     a reader renders each form it uses once."""
     layout = layout or Layout()

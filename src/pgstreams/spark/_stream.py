@@ -1,22 +1,27 @@
-"""Streaming reads: offsets that respect the gap-free fence, admission control, ``availableNow``.
+"""Streaming reads: offsets below the partitions' read fences, admission control, ``availableNow``.
 
-An offset is, per topic and partition, a read-order cursor ``{"xid": x, "position": p}`` meaning "after
-this event"::
+An offset is, per topic and partition, a cursor: the position of the last event read ("after this
+position"; 0 is before every event), the form of a stream group's checkpoint::
 
-    {"clicks": {"0": {"xid": 7412, "position": 1733}, "1": {"xid": 7410, "position": 1730}}}
+    {"clicks": {"0": 1733, "1": 1730}}
 
-The end offset of a micro-batch is, per partition, the cursor of an event whose transaction id is below
-the read fence (``read_fence()``) at planning time: every transaction of the database below that fence
-has ended, so no event can later appear at or before that cursor. A transaction that commits later has a
-transaction id at or above the fence, hence a cursor beyond every end offset handed out so far: it is
-read by a later micro-batch, never skipped. Replaying a batch from the checkpoint reads the same
-``(start, end]`` ranges and so the same events.
+The end offset of a micro-batch is, per partition, at most the cursor before its read fence taken when
+the batch is planned (``pgstreams.storage.EventStore.fences``): every event below the fence is committed
+or rolled back for good, so no event can later appear at or before that cursor. An event of a transaction
+still open then lies at or above the fence, hence beyond every end offset handed out so far: a later
+micro-batch reads it, none skips it. A transaction holds back only the partitions it publishes to.
+Replaying a batch from Spark's checkpoint reads the same ``(start, end]`` ranges and so the same events.
+
+Offsets of the former form ``{"xid": x, "position": p}`` (read order by transaction, then position), in
+the checkpoints of queries started before, are still accepted: they are resolved against the stored events
+(:func:`pgstreams.spark._db.legacy_cursors`) so that nothing is skipped, which may read a few events
+again. New offsets are always written in the form above.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Union
 
 import psycopg
 import pyarrow as pa
@@ -29,24 +34,41 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..errors import InvalidArgument
 from ..storage import TopicRecord
 from . import _db
 from ._batch import Split, read_split, resolve_cursor, specs
-from ._options import ORIGIN, Cursor, ReadOptions
+from ._options import ORIGIN, Cursor, ReadOptions, legacy_cursor
 
+#: Per topic and partition, a cursor.
 Offsets = dict[str, dict[int, Cursor]]
+#: Offsets as read from JSON: per topic and partition, a cursor or a former ``(xid, position)`` offset.
+RawOffsets = dict[str, dict[int, Union[Cursor, tuple[int, int]]]]
+#: Per topic and partition, the read fence.
+Fences = dict[str, dict[int, int]]
 
 
 def to_json(offsets: Offsets) -> dict[str, Any]:
     """The JSON form of offsets (topics in query order, partitions in numeric order)."""
-    return {t: {str(p): {"xid": c[0], "position": c[1]} for p, c in sorted(parts.items())}
-            for t, parts in offsets.items()}
+    return {t: {str(p): int(c) for p, c in sorted(parts.items())} for t, parts in offsets.items()}
 
 
-def from_json(data: dict[str, Any]) -> Offsets:
-    """Offsets from their JSON form."""
-    return {t: {int(p): (int(c["xid"]), int(c["position"])) for p, c in parts.items()}
-            for t, parts in data.items()}
+def from_json(data: Mapping[str, Any]) -> RawOffsets:
+    """Offsets from their JSON form: per partition a cursor (an integer >= 0) or, from offsets recorded
+    in the former form, ``(xid, position)``."""
+    out: RawOffsets = {}
+    for t, parts in data.items():
+        out[t] = {}
+        for p, c in parts.items():
+            legacy = legacy_cursor(c)
+            if legacy is not None:
+                out[t][int(p)] = legacy
+            elif isinstance(c, int) and not isinstance(c, bool) and c >= 0:
+                out[t][int(p)] = c
+            else:
+                raise InvalidArgument(f"offset of topic {t!r} partition {p}: expected a position >= 0, "
+                                      f"got {c!r}")
+    return out
 
 
 def allocate(limit: int, available: dict[int, int]) -> dict[int, int]:
@@ -101,22 +123,39 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._metas = _db.topics(conn, self.opts.schema, self.opts.topics, "topics")
         return self._metas
 
-    def _heads(self, conn: psycopg.Connection) -> Offsets:
-        fence_xid = _db.fence(conn, self.opts.schema)
-        return {m.name: _db.heads(conn, self.opts.schema, m, range(m.partitions), fence_xid)
-                for m in self._topics(conn)}
+    def _fences(self, conn: psycopg.Connection) -> Fences:
+        """The read fence of every partition of every topic read (each topic in one statement)."""
+        return {m.name: _db.fences(conn, self.opts.schema, m) for m in self._topics(conn)}
+
+    def _latest(self, conn: psycopg.Connection) -> Offsets:
+        """Per partition, the cursor before its read fence now."""
+        return {t: _db.latest(f) for t, f in self._fences(conn).items()}
+
+    def _resolve(self, conn: psycopg.Connection, data: Mapping[str, Any], fences: Fences | None = None
+                 ) -> Offsets:
+        """Offsets from their JSON form, offsets of the former form resolved to cursors (with ``fences``,
+        taken now when not given)."""
+        raw = from_json(data)
+        out: Offsets = {}
+        metas = {m.name: m for m in self._topics(conn)}
+        for t, parts in raw.items():
+            out[t] = {p: c for p, c in parts.items() if isinstance(c, int)}
+            legacy = {p: c for p, c in parts.items() if not isinstance(c, int)}
+            if legacy and t in metas:
+                if fences is None:
+                    fences = self._fences(conn)
+                out[t].update(_db.legacy_cursors(conn, self.opts.schema, metas[t], fences[t], legacy))
+        return out
 
     # -- offsets --------------------------------------------------------------------------------------
     def initialOffset(self) -> dict:
         """Where a new query starts: ``startingTimestamp``, else ``startingOffsets`` (default earliest)."""
         def run(conn: psycopg.Connection) -> Offsets:
-            fence_xid = _db.fence(conn, self.opts.schema)
             out: Offsets = {}
             for m in self._topics(conn):
-                parts = list(range(m.partitions))
-                out[m.name] = resolve_cursor(conn, self.opts, m, parts,
-                                             specs(self.opts, m.name, parts, ending=False), fence_xid,
-                                             ending=False)
+                fences = _db.fences(conn, self.opts.schema, m)
+                out[m.name] = resolve_cursor(conn, self.opts, m, fences,
+                                             specs(self.opts, m.name, list(fences), ending=False))
             return out
         return to_json(self._run(run))
 
@@ -127,22 +166,25 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Fix the target of ``trigger(availableNow=True)``: what is visible now."""
-        self._target = self._run(self._heads)
+        """Fix the target of ``trigger(availableNow=True)``: every event below the read fences now."""
+        self._target = self._run(self._latest)
 
     def reportLatestOffset(self) -> dict | None:
-        """The latest visible offset (shown in the query progress)."""
-        return to_json(self._run(self._heads))
+        """The offset before the read fences now (shown in the query progress)."""
+        return to_json(self._run(self._latest))
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The end offset of the next micro-batch: everything visible (up to the ``availableNow`` target),
-        at most ``limit`` events when the limit is ``ReadMaxRows``."""
-        begin = from_json(start)
-        # Spark asks for the next batch only once the previous one is complete: ``start`` is processed
-        self._mirror(begin)
-
+        """The end offset of the next micro-batch: everything below the read fences (up to the
+        ``availableNow`` target), at most ``limit`` events when the limit is ``ReadMaxRows``."""
         def run(conn: psycopg.Connection) -> Offsets:
-            upper = self._target if self._target is not None else self._heads(conn)
+            upper = self._target
+            fences = self._fences(conn) if upper is None or _has_legacy(start) else None
+            if upper is None:
+                assert fences is not None
+                upper = {t: _db.latest(f) for t, f in fences.items()}
+            begin = self._resolve(conn, start, fences)
+            # Spark asks for the next batch only once the previous one is complete: ``start`` is processed
+            self._mirror(conn, begin)
             metas = {m.name: m for m in self._topics(conn)}
             starts: Offsets = {t: {p: begin.get(t, {}).get(p, ORIGIN) for p in range(metas[t].partitions)}
                                for t in metas}
@@ -173,7 +215,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if n and n >= available[(t, p)]:
                     out[t][p] = ends[t][p]
             if partial:
-                found = _db.nth_cursors(conn, self.opts.schema, meta, starts[t], partial)
+                found = _db.nth_cursors(conn, self.opts.schema, meta, starts[t], ends[t], partial)
                 for p, cursor in found.items():
                     out[t][p] = cursor if cursor is not None and cursor <= ends[t][p] else ends[t][p]
         return out
@@ -181,38 +223,41 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- reading --------------------------------------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """One input partition per topic partition with events in ``(start, end]``."""
-        begin, stop = from_json(start), from_json(end)
-        ids = {m.name: m.id for m in self._run(self._topics)}
+        def run(conn: psycopg.Connection) -> tuple[Offsets, Offsets, dict[str, int]]:
+            fences = self._fences(conn) if _has_legacy(start) or _has_legacy(end) else None
+            ids = {m.name: m.id for m in self._topics(conn)}
+            return self._resolve(conn, start, fences), self._resolve(conn, end, fences), ids
+        begin, stop, ids = self._run(run)
         out: list[InputPartition] = []
         for t, parts in stop.items():
             for p, e in sorted(parts.items()):
                 s = begin.get(t, {}).get(p, ORIGIN)
                 if e > s:
-                    out.append(Split(t, ids[t], p, s, e, e[0] + 1))
+                    out.append(Split(t, ids[t], p, s, e))
         return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        """The events of one topic partition in ``(start, end]``, in read order."""
-        assert isinstance(partition, Split)
-        return read_split(self.opts, self.schema, partition)
+        """The events of one topic partition in ``(start, end]``, in read order (none for the empty
+        partition Spark plans when :meth:`partitions` found nothing to read)."""
+        if isinstance(partition, Split):
+            return read_split(self.opts, self.schema, partition)
+        return iter(())
 
     def commit(self, end: dict) -> None:
         """Spark has processed everything up to ``end``: mirror it to option ``group``'s checkpoints."""
-        self._mirror(from_json(end))
+        if self.opts.group is not None:
+            self._run(lambda conn: self._mirror(conn, self._resolve(conn, end)))
 
-    def _mirror(self, offsets: Offsets) -> None:
+    def _mirror(self, conn: psycopg.Connection, offsets: Offsets) -> None:
         """Store ``offsets`` as the checkpoints of option ``group`` (when set and changed)."""
         group = self.opts.group
         if group is None or offsets == self._mirrored or not offsets:
             return
-
-        def run(conn: psycopg.Connection) -> None:
-            metas = {m.name: m for m in self._topics(conn)}
-            checkpoints = _db.store(self.opts.schema).checkpoints
-            with conn.transaction():
-                for t, parts in offsets.items():
-                    checkpoints.mirror(conn, group, metas[t].id, parts)
-        self._run(run)
+        metas = {m.name: m for m in self._topics(conn)}
+        checkpoints = _db.store(self.opts.schema).checkpoints
+        with conn.transaction():
+            for t, parts in offsets.items():
+                checkpoints.mirror(conn, group, metas[t].id, parts)
         self._mirrored = offsets
 
     def stop(self) -> None:
@@ -220,3 +265,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _has_legacy(data: Mapping[str, Any]) -> bool:
+    """Whether JSON offsets hold an offset of the former ``{"xid": .., "position": ..}`` form."""
+    return any(isinstance(c, dict) for parts in data.values() for c in parts.values())

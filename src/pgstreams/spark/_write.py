@@ -104,6 +104,10 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
                task_partition: int, batches: Iterator[pa.RecordBatch]) -> TaskCommit:
     """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``.
 
+    The transaction registers as a publisher of the partitions it writes to (the read fence, see
+    :meth:`pgstreams.storage.EventStore.join_fence`) once it has claimed the task, before its rows draw
+    positions: readers hold those partitions back until it ends.
+
     Segments for the next rows are added before each batch on a separate autocommit connection (``side``),
     so the task's transaction holds no lock on new segments; once committed, the segments the rows went
     to get column statistics if they have none yet (as every writer does, see
@@ -123,9 +127,13 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
                 return TaskCommit(sink_id, batch_id, task_partition, 0, 0, True)
             partitioner = Partitioner(meta.partitions, random.randrange(meta.partitions))
             if has_ids:
+                # the rows draw their positions in insert_staged, which registers them as publishers
                 events_store.create_staging(conn)
                 copy_stmt = ex.query("copy_staging")
             else:
+                # the rows draw their positions as the COPY stores them, in any partition: register the
+                # transaction as a publisher of every partition first (readers hold them back until it ends)
+                events_store.join_fence(conn, meta.id, range(meta.partitions))
                 copy_stmt = topic_query("copy_events", opts.schema, meta.id)
             events = 0
             with cur.copy(copy_stmt) as cp:

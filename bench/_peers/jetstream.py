@@ -18,10 +18,6 @@ from .._common import BATCH, DONE, LatencyArgs, LatencySink, Paced, key, stamped
 
 T = TypeVar("T")
 
-#: the consumer's ack policy in the consume measurement, and how it acknowledges
-CONSUME_ACK = "AckAll; the last message of each fetch acknowledged with ack_sync (waits for the server)"
-#: how the latency consumer receives and acknowledges
-LATENCY_CONSUMER = "push consumer (deliver new), each message acknowledged (AckExplicit, ack without waiting)"
 
 
 @dataclass(frozen=True)
@@ -148,29 +144,35 @@ def latency_producer(args: JsLatencyArgs) -> Iterator[Callable[[], int]]:
 @contextmanager
 def latency_consumer(args: JsLatencyArgs) -> Iterator[Callable[[], int]]:
     """Operation: wait (at most 0.25 s) for the next message of an ephemeral push consumer that delivers
-    new messages, then take whatever else has arrived; record each one's latency and ack it."""
+    new messages, then take whatever else has arrived; record each one's latency; acknowledge the last
+    (AckAll policy: one ack for what was received, as a group commits once per poll)."""
     import nats.errors
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
     with _connected(args.dsn) as (loop, _nc, js):
+        config = ConsumerConfig(ack_policy=AckPolicy.ALL, deliver_policy=DeliverPolicy.NEW,
+                                max_ack_pending=10 * BATCH)
         sub = loop.run_until_complete(js.subscribe(f"{args.target}.>", stream=args.stream, manual_ack=True,
-                                                   deliver_policy=DeliverPolicy.NEW))
+                                                   config=config))
         sink = LatencySink(args.skip)
 
         async def receive() -> int:
             n = 0
             timeout = 0.25
-            while True:
+            last = None
+            while n < BATCH:
                 try:
-                    msg = await sub.next_msg(timeout=timeout)
+                    last = await sub.next_msg(timeout=timeout)
                 except nats.errors.TimeoutError:
-                    return n
-                sink.add(msg.data)
-                await msg.ack()
+                    break
+                sink.add(last.data)
                 n += 1
                 if not sub.pending_msgs:
-                    return n
+                    break
                 timeout = 0.001
+            if last is not None:
+                await last.ack()
+            return n
 
         def op() -> int:
             return loop.run_until_complete(receive())

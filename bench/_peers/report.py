@@ -76,6 +76,7 @@ class Workload:
     kind: Literal["throughput", "latency"]
     entries: list[Entry]
     notes: list[str] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)  # the load average at the start of each measurement
 
     def reference(self, system: str, attr: str) -> float | None:
         """The median figure ``attr`` of ``system`` (of its best variant when it has several)."""

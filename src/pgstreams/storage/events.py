@@ -63,10 +63,17 @@ def _insert_sql(schema: str, topic_id: int) -> bytes:
     return core_query("insert_event", schema, topic_id).as_bytes(None)
 
 
+#: Topic ids below this register an autocommit single-event publish with one advisory lock (query
+#: insert_event_own); larger ones with next_position()'s two.
+SINGLE_KEY_TOPICS = 1024
+
+
 @functools.lru_cache(maxsize=1024)
 def _insert_statement(schema: str, topic_id: int) -> tuple[bytes, bytes]:
-    """Name and text (with $n placeholders) of a topic's single-event insert, for libpq."""
-    parts = _insert_sql(schema, topic_id).split(b"%s")
+    """Name and text (with $n placeholders) of a topic's single-event insert in its own transaction, for
+    libpq."""
+    name = "insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event"
+    parts = core_query(name, schema, topic_id).as_bytes(None).split(b"%s")
     text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
     return b"pgstreams_insert_" + hashlib.sha1(text).hexdigest()[:16].encode(), text
 

@@ -10,6 +10,22 @@ INSERT INTO {table} (partition, position, kind, key, value, headers, event_type,
 VALUES (%s, {schema}.next_position({topic_id}, %s, {seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING position;
 
+-- name: insert_event_own
+-- insert_event for a statement that is its own transaction (autocommit): it registers as the publisher
+-- of its partition with one single key (0006_single_key_publish.sql), taken before its position is drawn
+-- (f is evaluated first: a WITH query calling a volatile function is never merged into the INSERT).
+-- Topic ids below 1024 only. Parameters in insert_event's order.
+WITH f AS (
+    SELECT %s::integer AS partition,
+           pg_advisory_xact_lock_shared((7::bigint << 60) | (%s::bigint << 50) | ({topic_id}::bigint << 40)
+                                        | (coalesce(pg_sequence_last_value({seq_name}::regclass), 0)
+                                           & 1099511627775))
+)
+INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
+                     causation_id)
+SELECT f.partition, nextval({seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s FROM f
+RETURNING position;
+
 -- name: insert_event_idempotent
 WITH ins AS (
     INSERT INTO {schema}.event_ids (topic_id, event_id, partition, position)

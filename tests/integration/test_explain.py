@@ -175,10 +175,12 @@ def test_poll_reads_in_order_segments_without_statistics(dsn: str) -> None:
         conn.execute("SELECT pgstreams.ensure_segments(%s, %s)", (tid, events + segment))
         parent = f"pgstreams.topic_{tid}"
         segments = [r[0] for r in conn.execute(
-            "SELECT i.inhrelid::regclass::text FROM pg_inherits i WHERE i.inhparent = %s::regclass",
+            "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+            " WHERE i.inhparent = %s::regclass",
             (parent,))]
         for s in segments:
-            conn.execute(f"ALTER TABLE {s} SET (autovacuum_enabled = false)")  # noqa: S608 - from pg_class
+            conn.execute(sql.SQL("ALTER TABLE {} SET (autovacuum_enabled = false)").format(
+                sql.Identifier("pgstreams", s)))
         conn.execute(sql.SQL(
             "INSERT INTO {} (partition, kind, key, value) SELECT g %% %s, 'b', 'k', '\\x00'::bytea"
             " FROM generate_series(1, %s) g").format(sql.Identifier("pgstreams", f"topic_{tid}")),

@@ -168,6 +168,7 @@ def replay_dead_letters(client: Client, dlt_topic: str, *, to: str | None = None
 
     if dry_run:  # read from the group's checkpoints (earliest where it has none) and store nothing
         reader = StreamReader(client, dlt_topic, group)
+        reader.record_losses = False
         with client.connection() as conn:
             reader.load(conn)
             reader.restore({p: reader.positions().get(p, 0) for p in reader.partitions})

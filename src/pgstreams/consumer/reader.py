@@ -180,6 +180,8 @@ class StreamReader:
         self.last_outcomes: dict[int, CommitOutcome] = {}
         #: events retention removed before this reader read them (see :meth:`_losses`)
         self.lost_events = 0
+        #: whether losses found are recorded in the group status (false for dry runs)
+        self.record_losses = True
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
@@ -297,6 +299,8 @@ class StreamReader:
         log.warning("group %s lost %d event(s) of topic %s (partitions %s): retention removed them before "
                     "they were read; reading on from the oldest retained events", self.group, total,
                     self.topic, parts)
+        if not self.record_losses:
+            return
         try:
             self._storage.record_losses(lost)
         except psycopg.Error as exc:  # the status then counts them from the checkpoint instead

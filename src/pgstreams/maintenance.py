@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 
 from .errors import ConfigurationError, InvalidArgument
 from .models import MaintenanceReport
@@ -205,10 +205,8 @@ def _cron_connection(client: Client) -> tuple[psycopg.Connection, str]:
         raise ConfigurationError(
             "pg_cron is not loaded on this server (shared_preload_libraries): run maintenance with "
             "workers (their maintenance service) or `pgstreams maintain --loop` instead")
-    params = conninfo_to_dict(client.dsn)
-    params["dbname"] = cron_db
     try:
-        conn = psycopg.connect(make_conninfo(**params), autocommit=True)
+        conn = psycopg.connect(make_conninfo(client.dsn, dbname=cron_db), autocommit=True)
     except psycopg.Error as exc:
         raise ConfigurationError(f"cannot connect to pg_cron's database {cron_db!r}: {exc}") from exc
     return conn, database

@@ -291,16 +291,6 @@ class MaintenanceReport:
     skipped: bool = False
 
 
-class ResetTarget(enum.Enum):
-    """Where :meth:`Client.reset_group` moves a group's checkpoints (Kafka's ``--reset-offsets``)."""
-
-    EARLIEST = "earliest"
-    LATEST = "latest"
-    DATETIME = "datetime"
-    SHIFT_BY = "shift-by"
-    POSITION = "position"
-
-
 @dataclass(frozen=True)
 class CheckpointReset:
     """One partition of a group reset: its checkpoint before (``None``: none) and after."""

@@ -20,9 +20,9 @@ from psycopg.types.json import Jsonb
 from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
 from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
-from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 from .partitioner import partition_for_key
 from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
+from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 
 _MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
 # Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).

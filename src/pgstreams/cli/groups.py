@@ -12,7 +12,6 @@ from pgstreams.names import check_group, check_topic
 
 from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, parse_time, usage_error
 from .output import (
-    resets_table,
     group_json,
     group_partition_json,
     group_table,
@@ -21,6 +20,7 @@ from .output import (
     out_console,
     print_json,
     print_listing,
+    resets_table,
 )
 
 groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag; reset and delete.",

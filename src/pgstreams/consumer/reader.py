@@ -274,7 +274,7 @@ class StreamReader:
             known = set(order[:last + 1])
         else:
             known = set(order)
-        cursors = dict(zip(order, params["positions"], strict=True))
+        cursors: dict[int, int] = dict(zip(order, params["positions"], strict=True))
         lost: list[tuple[int, int, int]] = []
         skip_to: dict[int, int] = {}
         for p, segment, hi, first_pos, last_pos, events in removed:
@@ -285,7 +285,7 @@ class StreamReader:
             elif p not in known:
                 continue
             else:
-                skip_to[p] = max(skip_to.get(p, c), last_pos)
+                skip_to[p] = max(skip_to.get(p, c), int(last_pos))
             n = events if first_pos > c else max(1, round(events * (last_pos - c) / (last_pos - first_pos + 1)))
             lost.append((p, segment, n))
         if not lost:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..consumer import Start, StreamReader, create_checkpoints
 from ..errors import InvalidArgument
-from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
+from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
 from ..services import Service, ServiceFailed, Supervisor
 from ._checks import number
 from .batching import Clock

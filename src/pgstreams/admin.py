@@ -34,24 +34,46 @@ _DLT_PREFIX = "dlt."
 def _refuse_if_active(client: Client, group: str, topic: str | None, what: str) -> None:
     live = client.store.operations.live_members(group, topic)
     if live:
-        raise GroupActive(f"cannot {what} group {group!r}: it has {len(live)} live member(s) "
-                          f"({', '.join(live[:3])}{', ...' if len(live) > 3 else ''}); stop them first")
+        raise GroupActive(
+            f"cannot {what} group {group!r}: it has {len(live)} live member(s) "
+            f"({', '.join(live[:3])}{', ...' if len(live) > 3 else ''}); stop them first"
+        )
 
 
-def reset_group(client: Client, group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
-                to_datetime: datetime | None = None, shift_by: int | None = None, to_position: int | None = None,
-                partition: int | None = None, dry_run: bool = False) -> list[CheckpointReset]:
+def reset_group(
+    client: Client,
+    group: str,
+    topic: str,
+    *,
+    to_earliest: bool = False,
+    to_latest: bool = False,
+    to_datetime: datetime | None = None,
+    shift_by: int | None = None,
+    to_position: int | None = None,
+    partition: int | None = None,
+    dry_run: bool = False,
+) -> list[CheckpointReset]:
     """See :meth:`pgstreams.Client.reset_group`."""
     from .consumer import StreamReader
 
     check_group(group)
     check_topic(topic)
-    chosen = [name for name, on in (("to_earliest", to_earliest), ("to_latest", to_latest),
-                                    ("to_datetime", to_datetime is not None), ("shift_by", shift_by is not None),
-                                    ("to_position", to_position is not None)) if on]
+    chosen = [
+        name
+        for name, on in (
+            ("to_earliest", to_earliest),
+            ("to_latest", to_latest),
+            ("to_datetime", to_datetime is not None),
+            ("shift_by", shift_by is not None),
+            ("to_position", to_position is not None),
+        )
+        if on
+    ]
     if len(chosen) != 1:
-        raise InvalidArgument("give exactly one of to_earliest, to_latest, to_datetime, shift_by, to_position"
-                              + (f" (got {', '.join(chosen)})" if chosen else ""))
+        raise InvalidArgument(
+            "give exactly one of to_earliest, to_latest, to_datetime, shift_by, to_position"
+            + (f" (got {', '.join(chosen)})" if chosen else "")
+        )
     if to_datetime is not None and (not isinstance(to_datetime, datetime) or to_datetime.tzinfo is None):
         raise InvalidArgument("to_datetime must be a timezone-aware datetime")
     for name, value in (("shift_by", shift_by), ("to_position", to_position)):
@@ -96,8 +118,12 @@ def reset_group(client: Client, group: str, topic: str, *, to_earliest: bool = F
     if not dry_run:
         with client.connection() as conn:
             reader.seek(conn, targets)
-        log.info("group %s reset on topic %s: %s", group, topic,
-                 ", ".join(f"{r.partition}: {r.previous} -> {r.checkpoint}" for r in out))
+        log.info(
+            "group %s reset on topic %s: %s",
+            group,
+            topic,
+            ", ".join(f"{r.partition}: {r.previous} -> {r.checkpoint}" for r in out),
+        )
     return out
 
 
@@ -121,9 +147,16 @@ def original_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if not k.startswith(_DLT_PREFIX)}
 
 
-def replay_dead_letters(client: Client, dlt_topic: str, *, to: str | None = None, group: str | None = None,
-                        where_error_type: str | None = None, dry_run: bool = False,
-                        max_events: int | None = None) -> ReplayResult:
+def replay_dead_letters(
+    client: Client,
+    dlt_topic: str,
+    *,
+    to: str | None = None,
+    group: str | None = None,
+    where_error_type: str | None = None,
+    dry_run: bool = False,
+    max_events: int | None = None,
+) -> ReplayResult:
     """Publish the dead letters of ``dlt_topic`` back to the topic each came from (its ``dlt.topic``
     header), or to ``to``, with the original key, value, headers (without the ``dlt.*`` ones), event type
     and correlation and causation ids, adding the header :data:`REPLAYED_FROM`.
@@ -146,8 +179,9 @@ def replay_dead_letters(client: Client, dlt_topic: str, *, to: str | None = None
     group = check_group(group if group is not None else DEFAULT_REPLAY_GROUP)
     if where_error_type is not None and not isinstance(where_error_type, str):
         raise InvalidArgument(f"where_error_type must be a string, got {where_error_type!r}")
-    if max_events is not None and (isinstance(max_events, bool) or not isinstance(max_events, int)
-                                   or max_events < 1):
+    if max_events is not None and (
+        isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1
+    ):
         raise InvalidArgument(f"max_events must be a positive integer, got {max_events!r}")
     read = replayed = skipped = 0
     would: list[Event] = []
@@ -159,8 +193,12 @@ def replay_dead_letters(client: Client, dlt_topic: str, *, to: str | None = None
             return None
         target = to or ev.headers.get("dlt.topic")
         if not target:
-            log.warning("dead letter %s/%s/%s has no dlt.topic header and no target: passed over",
-                        dlt_topic, ev.partition, ev.position)
+            log.warning(
+                "dead letter %s/%s/%s has no dlt.topic header and no target: passed over",
+                dlt_topic,
+                ev.partition,
+                ev.position,
+            )
         return target
 
     def room() -> int:
@@ -199,13 +237,22 @@ def replay_dead_letters(client: Client, dlt_topic: str, *, to: str | None = None
                 headers = original_headers(ev.headers)
                 headers[REPLAYED_FROM] = f"{dlt_topic}/{ev.partition}/{ev.position}"
                 headers["dlt.replayed_at"] = now
-                client.publish(target, ev.value, key=ev.key, headers=headers, event_type=ev.event_type,
-                               event_id=f"replay:{dlt_topic}/{ev.partition}/{ev.position}",
-                               correlation_id=ev.correlation_id, causation_id=ev.causation_id,
-                               conn=tx.connection)
+                client.publish(
+                    target,
+                    ev.value,
+                    key=ev.key,
+                    headers=headers,
+                    event_type=ev.event_type,
+                    event_id=f"replay:{dlt_topic}/{ev.partition}/{ev.position}",
+                    correlation_id=ev.correlation_id,
+                    causation_id=ev.causation_id,
+                    conn=tx.connection,
+                )
         if not events:
             break
         if tx.outcome is not None and not tx.outcome.ok:
-            raise GroupActive(f"group {group!r} on {dlt_topic!r} was moved by another process during the "
-                              f"replay ({tx.outcome.name}): nothing of this batch was kept")
+            raise GroupActive(
+                f"group {group!r} on {dlt_topic!r} was moved by another process during the "
+                f"replay ({tx.outcome.name}): nothing of this batch was kept"
+            )
     return ReplayResult(read, replayed, skipped, False, ())

@@ -57,9 +57,13 @@ def _report(summary: dict[str, Any], seconds: float) -> MaintenanceReport:
     if summary.get("skipped"):
         return MaintenanceReport(duration=seconds, skipped=True)
     return MaintenanceReport(
-        int(summary.get("segments_created", 0)), int(summary.get("segments_sealed", 0)),
-        int(summary.get("segments_removed", 0)), int(summary.get("events_removed", 0)),
-        int(summary.get("members_expired", 0)), seconds)
+        int(summary.get("segments_created", 0)),
+        int(summary.get("segments_sealed", 0)),
+        int(summary.get("segments_removed", 0)),
+        int(summary.get("events_removed", 0)),
+        int(summary.get("members_expired", 0)),
+        seconds,
+    )
 
 
 class Maintenance:
@@ -74,8 +78,13 @@ class Maintenance:
     def run(self) -> MaintenanceReport:
         """One pass; waits for a pass of the schema running elsewhere to end first."""
         start = self._clock()
-        totals = {"segments_created": 0, "segments_sealed": 0, "segments_removed": 0, "events_removed": 0,
-                  "members_expired": 0}
+        totals = {
+            "segments_created": 0,
+            "segments_sealed": 0,
+            "segments_removed": 0,
+            "events_removed": 0,
+            "members_expired": 0,
+        }
         ops = self._ops
         with self.client.raw_connection() as conn:
             self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
@@ -87,8 +96,11 @@ class Maintenance:
                     except (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation):
                         log.info("topic id %s was deleted during maintenance", topic_id)
                     except psycopg.errors.LockNotAvailable as exc:
-                        log.warning("maintenance of topic id %s waits for a lock: %s (next pass)",
-                                    topic_id, str(exc).strip())
+                        log.warning(
+                            "maintenance of topic id %s waits for a lock: %s (next pass)",
+                            topic_id,
+                            str(exc).strip(),
+                        )
                 totals["members_expired"] = ops.expire_members(conn)
                 seconds = self._clock() - start
                 ops.record_pass(conn, seconds, "python", totals)
@@ -97,8 +109,11 @@ class Maintenance:
                     ops.unlock_pass(conn)
         report = _report(totals, self._clock() - start)
         if report.segments_removed:
-            log.info("maintenance removed %d segment(s), %d event(s)", report.segments_removed,
-                     report.events_removed)
+            log.info(
+                "maintenance removed %d segment(s), %d event(s)",
+                report.segments_removed,
+                report.events_removed,
+            )
         return report
 
     def _topic(self, conn: psycopg.Connection, topic_id: int, totals: dict[str, int]) -> None:
@@ -108,8 +123,13 @@ class Maintenance:
         plan = ops.retention_plan(conn, topic_id)
         if plan:
             # marked (and committed) before anything is detached: readers learn of the loss from the marks
-            ops.mark_removing(conn, topic_id, [s for s, _, _ in plan], sum(e for _, e, _ in plan),
-                              sum(b for _, _, b in plan))
+            ops.mark_removing(
+                conn,
+                topic_id,
+                [s for s, _, _ in plan],
+                sum(e for _, e, _ in plan),
+                sum(b for _, _, b in plan),
+            )
             totals["events_removed"] += sum(e for _, e, _ in plan)
         else:
             ops.retention_ran(conn, topic_id)
@@ -125,10 +145,13 @@ class MaintenanceService(Service):
     it over every ``interval`` seconds, and do once the leader stops or its connection dies. Database
     errors of a pass are logged and the pass retried at the next tick (with a new connection)."""
 
-    def __init__(self, client: Client, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *,
-                 name: str = "maintenance") -> None:
+    def __init__(
+        self, client: Client, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *, name: str = "maintenance"
+    ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
-            raise InvalidArgument(f"maintenance interval must be a positive number of seconds, got {interval!r}")
+            raise InvalidArgument(
+                f"maintenance interval must be a positive number of seconds, got {interval!r}"
+            )
         super().__init__(name, interval=float(interval))
         self.client = client
         self.maintenance = Maintenance(client)
@@ -189,8 +212,10 @@ def cron_schedule(every: str) -> str:
         return "0 * * * *" if n == 1 else f"0 */{n} * * *"
     if (unit == "h" and n == 24) or (unit == "d" and n == 1):
         return "0 0 * * *"
-    raise InvalidArgument(f"invalid --every {every!r}: pg_cron runs at most daily and in whole units "
-                          "below a day (e.g. 30s, 5m, 2h, 1d)")
+    raise InvalidArgument(
+        f"invalid --every {every!r}: pg_cron runs at most daily and in whole units "
+        "below a day (e.g. 30s, 5m, 2h, 1d)"
+    )
 
 
 def cron_job_name(client: Client) -> str:
@@ -204,7 +229,8 @@ def _cron_connection(client: Client) -> tuple[psycopg.Connection, str]:
     if not loaded or not cron_db:
         raise ConfigurationError(
             "pg_cron is not loaded on this server (shared_preload_libraries): run maintenance with "
-            "workers (their maintenance service) or `pgstreams maintain --loop` instead")
+            "workers (their maintenance service) or `pgstreams maintain --loop` instead"
+        )
     try:
         conn = psycopg.connect(make_conninfo(client.dsn, dbname=cron_db), autocommit=True)
     except psycopg.Error as exc:

@@ -51,7 +51,8 @@ class TopicState:
         return cls(record, record.id, record.name, record.partitions,
                    Segments(record.id, record.segment_size, covered=record.segments_end),
                    itertools.count(random.randrange(record.partitions)),
-                   max_bytes=int(record.config.get(MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])))
+                   max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
+                                                   TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])))
 
 
 def event_size(row: EventRow) -> int:

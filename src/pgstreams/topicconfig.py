@@ -4,14 +4,15 @@ A topic stores only the keys set on it (``topics.config``); every other key has 
 :data:`TOPIC_CONFIG_DEFAULTS`. Values are validated here, before anything is stored: an unknown key or a
 bad value raises :class:`pgstreams.InvalidConfig` naming the key, and nothing changes.
 
-| key | default | meaning |
-| --- | --- | --- |
-| ``retention.ms`` | -1 (keep forever) | remove a segment once its newest event is older than this |
-| ``retention.events`` | -1 (unlimited) | remove the oldest segments while the topic keeps at least this many events (per topic) |
-| ``retention.bytes`` | -1 (unlimited) | remove the oldest segments while the topic keeps at least this many bytes on disk (per topic) |
-| ``max.message.bytes`` | 1048588 | the largest event accepted: value, key and headers as stored |
-| ``segment.events`` | 1000000 | positions per storage segment (the unit retention removes); set at creation only |
-| ``cleanup.policy`` | ``delete`` | ``delete`` only (``compact`` is refused: not supported yet) |
+- ``retention.ms`` (default -1, keep forever): remove a segment once its newest event is older.
+- ``retention.events`` (default -1, unlimited): remove the oldest segments while the topic keeps at least
+  this many events (per topic).
+- ``retention.bytes`` (default -1, unlimited): remove the oldest segments while the topic keeps at least
+  this many bytes on disk (per topic).
+- ``max.message.bytes`` (default 1048588): the largest event accepted (value, key and headers as stored).
+- ``segment.events`` (default 1000000): positions per storage segment, the unit retention removes; set at
+  creation only.
+- ``cleanup.policy`` (default ``delete``): ``delete`` only (``compact`` is refused: not supported yet).
 
 Unlike Kafka, whose ``retention.bytes`` is per partition, the retention limits are per topic: a segment
 holds events of every partition of its topic, and retention removes whole segments.

@@ -5,18 +5,40 @@ from __future__ import annotations
 
 import json
 
-import pgstreams
 from test_cli import cli, ok
+
+import pgstreams
 
 
 def test_topics_config_alter_and_describe(dsn: str) -> None:
-    ok(dsn, "topics", "create", "t", "-p", "2", "--config", "retention.ms=60000", "--config", "segment.events=2000")
+    ok(
+        dsn,
+        "topics",
+        "create",
+        "t",
+        "-p",
+        "2",
+        "--config",
+        "retention.ms=60000",
+        "--config",
+        "segment.events=2000",
+    )
     desc = json.loads(ok(dsn, "topics", "describe", "t", "--json"))
     entries = {e["name"]: e for e in desc["config_entries"]}
     assert entries["retention.ms"]["value"] == 60000 and not entries["retention.ms"]["is_default"]
     assert entries["retention.bytes"]["is_default"] and entries["segment.events"]["value"] == 2000
-    ok(dsn, "topics", "alter", "t", "--config", "max.message.bytes=500", "--delete-config", "retention.ms",
-       "--partitions", "3")
+    ok(
+        dsn,
+        "topics",
+        "alter",
+        "t",
+        "--config",
+        "max.message.bytes=500",
+        "--delete-config",
+        "retention.ms",
+        "--partitions",
+        "3",
+    )
     with pgstreams.connect(dsn) as client:
         d = client.describe_topic("t")
     assert d.topic.partitions == 3 and d.topic.config == {"max.message.bytes": 500}
@@ -25,16 +47,18 @@ def test_topics_config_alter_and_describe(dsn: str) -> None:
 
 def test_bad_input_exits_2_and_changes_nothing(dsn: str) -> None:
     ok(dsn, "topics", "create", "t", "--config", "retention.ms=1000")
-    for args in (("topics", "alter", "t", "--config", "retention.ms=soon"),
-                 ("topics", "alter", "t", "--config", "nokey=1"),
-                 ("topics", "alter", "t", "--config", "cleanup.policy=compact"),
-                 ("topics", "alter", "t", "--partitions", "0"),
-                 ("topics", "alter", "t", "--delete-config", "bogus"),
-                 ("topics", "create", "u", "--config", "max.message.bytes=-3"),
-                 ("groups", "reset", "g", "--topic", "t"),
-                 ("groups", "reset", "g", "--topic", "t", "--to-earliest", "--to-latest"),
-                 ("groups", "reset", "g", "--topic", "t", "--to-datetime", "yesterday"),
-                 ("maintain", "--schedule", "--every", "often")):
+    for args in (
+        ("topics", "alter", "t", "--config", "retention.ms=soon"),
+        ("topics", "alter", "t", "--config", "nokey=1"),
+        ("topics", "alter", "t", "--config", "cleanup.policy=compact"),
+        ("topics", "alter", "t", "--partitions", "0"),
+        ("topics", "alter", "t", "--delete-config", "bogus"),
+        ("topics", "create", "u", "--config", "max.message.bytes=-3"),
+        ("groups", "reset", "g", "--topic", "t"),
+        ("groups", "reset", "g", "--topic", "t", "--to-earliest", "--to-latest"),
+        ("groups", "reset", "g", "--topic", "t", "--to-datetime", "yesterday"),
+        ("maintain", "--schedule", "--every", "often"),
+    ):
         p = cli(dsn, *args)
         assert p.returncode == 2, (args, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr and p.stderr.startswith("error:")

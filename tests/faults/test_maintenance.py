@@ -43,12 +43,13 @@ LEADER_APP = textwrap.dedent("""
 """)
 
 
-def test_exactly_one_of_three_workers_runs_maintenance_and_another_takes_over(dsn: str, tmp_path: Path) -> None:
+def test_exactly_one_of_three_workers_runs_maintenance_and_another_takes_over(
+    dsn: str, tmp_path: Path
+) -> None:
     pgstreams.connect(dsn).close()  # migrated
     app = tmp_path / "leader_app.py"
     app.write_text(LEADER_APP)
-    procs = [subprocess.Popen([sys.executable, str(app), dsn], stdout=subprocess.PIPE)
-             for _ in range(3)]
+    procs = [subprocess.Popen([sys.executable, str(app), dsn], stdout=subprocess.PIPE) for _ in range(3)]
     try:
         for p in procs:
             assert p.stdout is not None
@@ -88,7 +89,9 @@ def test_exactly_one_of_three_workers_runs_maintenance_and_another_takes_over(ds
 def _ran_after(dsn: str, before: tuple[object, ...] | None) -> bool:
     with psycopg.connect(dsn) as conn:
         row = conn.execute("SELECT ran_at FROM pgstreams.maintenance").fetchone()
-    return row is not None and row[0] is not None and (before is None or before[0] is None or row[0] > before[0])
+    return (
+        row is not None and row[0] is not None and (before is None or before[0] is None or row[0] > before[0])
+    )
 
 
 def _ensure_pg_cron() -> None:
@@ -96,7 +99,9 @@ def _ensure_pg_cron() -> None:
     if PG_CRON.exists():
         return
     if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.fail("pg_cron (postgresql-15-cron) is missing and cannot be installed here (needs apt-get as root)")
+        pytest.fail(
+            "pg_cron (postgresql-15-cron) is missing and cannot be installed here (needs apt-get as root)"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     cmd = ["apt-get", "install", "-y", "-q", "postgresql-15-cron"]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -124,21 +129,45 @@ def cron_server() -> Iterator[str]:
     if as_postgres:
         shutil.chown(root, "postgres", "postgres")
     port = _free_port()
-    subprocess.run([*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
-                   check=True, capture_output=True, timeout=120)
-    opts = (f"-h 127.0.0.1 -p {port} -k {root} -c shared_preload_libraries=pg_cron "
-            "-c cron.database_name=postgres -c cron.use_background_workers=on -c max_worker_processes=20 "
-            "-c fsync=off")
-    subprocess.run([*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-o", opts,
-                    "-l", str(root / "server.log"), "start"], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    opts = (
+        f"-h 127.0.0.1 -p {port} -k {root} -c shared_preload_libraries=pg_cron "
+        "-c cron.database_name=postgres -c cron.use_background_workers=on -c max_worker_processes=20 "
+        "-c fsync=off"
+    )
+    subprocess.run(
+        [
+            *as_postgres,
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-o",
+            opts,
+            "-l",
+            str(root / "server.log"),
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     try:
         base = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         with psycopg.connect(base, autocommit=True) as conn:
             conn.execute("CREATE DATABASE app")
         yield f"postgresql://postgres@127.0.0.1:{port}/app"
     finally:
-        subprocess.run([*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-m", "fast", "stop"],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [*as_postgres, str(PG_BIN / "pg_ctl"), "-D", str(data), "-w", "-m", "fast", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
         shutil.rmtree(root, ignore_errors=True)
 
 
@@ -147,9 +176,13 @@ def test_pg_cron_job_runs_maintenance_in_the_database(cron_server: str) -> None:
         client.create_topic("cron", 1, config={"segment.events": 1000, "retention.events": 1000})
         client.publish_many("cron", [{"value": i} for i in range(3005)])
         cli = [sys.executable, "-m", "pgstreams.cli", "maintain", "--dsn", cron_server]
-        bad = subprocess.run([*cli, "--schedule", "--every", "soon"], capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            [*cli, "--schedule", "--every", "soon"], capture_output=True, text=True, timeout=60
+        )
         assert bad.returncode == 2 and "--every" in bad.stderr
-        done = subprocess.run([*cli, "--schedule", "--every", "1m"], capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [*cli, "--schedule", "--every", "1m"], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
         job = pgstreams.maintenance.scheduled_job(client)
         assert job is not None and job["database"] == "app" and job["schedule"] == "* * * * *"
@@ -161,6 +194,10 @@ def test_pg_cron_job_runs_maintenance_in_the_database(cron_server: str) -> None:
 
 
 def test_schedule_without_pg_cron_is_a_clear_error(dsn: str) -> None:
-    done = subprocess.run([sys.executable, "-m", "pgstreams.cli", "maintain", "--schedule", "--dsn", dsn],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "pgstreams.cli", "maintain", "--schedule", "--dsn", dsn],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "pg_cron is not loaded" in done.stderr and "Traceback" not in done.stderr

@@ -23,8 +23,11 @@ SEG = 1000  # the smallest segment: tests fill a few
 def _segments(client: pgstreams.Client, topic: str) -> list[int]:
     tid = client.topic_record(topic, refresh=True).id
     with client.connection() as conn:
-        rows = conn.execute("SELECT segment FROM pgstreams.segments WHERE topic_id = %s AND removing_at IS NULL"
-                            " ORDER BY segment", (tid,)).fetchall()
+        rows = conn.execute(
+            "SELECT segment FROM pgstreams.segments WHERE topic_id = %s AND removing_at IS NULL"
+            " ORDER BY segment",
+            (tid,),
+        ).fetchall()
     return [r[0] for r in rows]
 
 
@@ -40,31 +43,57 @@ def _fill(client: pgstreams.Client, topic: str, n: int, **extra: object) -> None
 
 # -- configuration -----------------------------------------------------------------------------------
 def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Client) -> None:
-    client.create_topic("cfg", 1, config={"retention.ms": 3_600_000, "retention.events": "5000",
-                                          "retention.bytes": 10_000_000, "max.message.bytes": 2048,
-                                          "segment.events": 2000, "cleanup.policy": "delete"})
+    client.create_topic(
+        "cfg",
+        1,
+        config={
+            "retention.ms": 3_600_000,
+            "retention.events": "5000",
+            "retention.bytes": 10_000_000,
+            "max.message.bytes": 2048,
+            "segment.events": 2000,
+            "cleanup.policy": "delete",
+        },
+    )
     desc = client.describe_topic("cfg")
-    assert desc.config == {"retention.ms": 3_600_000, "retention.events": 5000, "retention.bytes": 10_000_000,
-                           "max.message.bytes": 2048, "segment.events": 2000, "cleanup.policy": "delete"}
+    assert desc.config == {
+        "retention.ms": 3_600_000,
+        "retention.events": 5000,
+        "retention.bytes": 10_000_000,
+        "max.message.bytes": 2048,
+        "segment.events": 2000,
+        "cleanup.policy": "delete",
+    }
     assert desc.topic.segment_size == 2000
     assert not any(e.is_default for e in desc.config_entries if e.name != "cleanup.policy")
-    desc = client.alter_topic("cfg", {"retention.ms": 60_000, "max.message.bytes": 4096},
-                              delete_config=["retention.bytes", "retention.events"])
+    desc = client.alter_topic(
+        "cfg",
+        {"retention.ms": 60_000, "max.message.bytes": 4096},
+        delete_config=["retention.bytes", "retention.events"],
+    )
     assert desc.config["retention.ms"] == 60_000 and desc.config["max.message.bytes"] == 4096
     defaults = {e.name for e in desc.config_entries if e.is_default}
     assert {"retention.bytes", "retention.events"} <= defaults
     assert desc.config["retention.bytes"] == TOPIC_CONFIG_DEFAULTS["retention.bytes"]
 
 
-@pytest.mark.parametrize("config, key", [
-    ({"retention.ms": "soon"}, "retention.ms"), ({"retention.ms": 0}, "retention.ms"),
-    ({"retention.events": -5}, "retention.events"), ({"retention.bytes": True}, "retention.bytes"),
-    ({"max.message.bytes": 0}, "max.message.bytes"), ({"segment.events": 10}, "segment.events"),
-    ({"cleanup.policy": "compact"}, "cleanup.policy"), ({"cleanup.policy": "keep"}, "cleanup.policy"),
-    ({"retention.hours": 1}, "retention.hours"),
-])
-def test_bad_config_is_refused_naming_the_key_and_changes_nothing(client: pgstreams.Client, config: dict,
-                                                                  key: str) -> None:
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"retention.ms": "soon"}, "retention.ms"),
+        ({"retention.ms": 0}, "retention.ms"),
+        ({"retention.events": -5}, "retention.events"),
+        ({"retention.bytes": True}, "retention.bytes"),
+        ({"max.message.bytes": 0}, "max.message.bytes"),
+        ({"segment.events": 10}, "segment.events"),
+        ({"cleanup.policy": "compact"}, "cleanup.policy"),
+        ({"cleanup.policy": "keep"}, "cleanup.policy"),
+        ({"retention.hours": 1}, "retention.hours"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_key_and_changes_nothing(
+    client: pgstreams.Client, config: dict, key: str
+) -> None:
     with pytest.raises(pgstreams.InvalidConfig, match=key.replace(".", r"\.")):
         client.create_topic("bad", 1, config=config)
     assert [t.name for t in client.list_topics()] == []
@@ -76,7 +105,7 @@ def test_bad_config_is_refused_naming_the_key_and_changes_nothing(client: pgstre
 
 def test_segment_events_cannot_change_and_partitions_cannot_decrease(client: pgstreams.Client) -> None:
     client.create_topic("t", 2, config={"segment.events": 5000})
-    with pytest.raises(pgstreams.InvalidConfig, match="segment.events"):
+    with pytest.raises(pgstreams.InvalidConfig, match=r"segment\.events"):
         client.alter_topic("t", {"segment.events": 6000})
     with pytest.raises(pgstreams.InvalidArgument, match="partitions"):
         client.alter_topic("t", partitions=1)
@@ -85,7 +114,7 @@ def test_segment_events_cannot_change_and_partitions_cannot_decrease(client: pgs
 
 def test_publishing_beyond_max_message_bytes_fails_and_stores_nothing(client: pgstreams.Client) -> None:
     client.create_topic("small", 1, config={"max.message.bytes": 100})
-    with pytest.raises(pgstreams.MessageTooLarge, match="max.message.bytes"):
+    with pytest.raises(pgstreams.MessageTooLarge, match=r"max\.message\.bytes"):
         client.publish("small", b"x" * 101)
     with pytest.raises(pgstreams.MessageTooLarge, match="event 1"):
         client.publish_many("small", [{"value": b"ok"}, {"value": b"v", "headers": {"h": "y" * 100}}])
@@ -107,11 +136,16 @@ def test_adding_partitions_keeps_events_and_groups_read_the_new_ones(client: pgs
         client.publish("grow", k + "-after", key=k)
     c = client.consumer("grow", "g")  # created again: sees 4 partitions, new ones from their start
     after = take(c, 20, commit=True)
-    assert {e.value: e.partition for e in after} == {k + "-after": pgstreams.partition_for_key(k, 4) for k in keys}
+    assert {e.value: e.partition for e in after} == {
+        k + "-after": pgstreams.partition_for_key(k, 4) for k in keys
+    }
     assert sorted(s.partition for s in client.describe_group("g")) == [0, 1, 2, 3]
     # the events published before stay where they were
-    assert {e.key: e.partition for e in pgstreams.Consumer(client, "grow", "replay").poll(100, 1)
-            if not e.value.endswith("-after")} == before
+    assert {
+        e.key: e.partition
+        for e in pgstreams.Consumer(client, "grow", "replay").poll(100, 1)
+        if not e.value.endswith("-after")
+    } == before
 
 
 # -- retention ---------------------------------------------------------------------------------------
@@ -132,10 +166,14 @@ def test_retention_by_age_removes_segments_whose_newest_event_is_past_it(client:
     _fill(client, "age", 3 * SEG + 10)
     tid = client.topic_record("age").id
     with client.connection() as conn:  # the first two segments' events were published two hours ago
-        conn.execute(f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
-                     f" WHERE position < {2 * SEG}")
-        conn.execute(f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
-                     f" WHERE position >= {2 * SEG} AND position < {2 * SEG + 500}")  # half of segment 2
+        conn.execute(
+            f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
+            f" WHERE position < {2 * SEG}"
+        )
+        conn.execute(
+            f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
+            f" WHERE position >= {2 * SEG} AND position < {2 * SEG + 500}"
+        )  # half of segment 2
     report = client.maintain()
     assert report.segments_removed == 2
     assert _positions(client, "age")[0] == 2 * SEG  # segment 2 stays: its newest event is recent
@@ -157,7 +195,8 @@ def test_retention_by_size_keeps_at_least_the_limit(client: pgstreams.Client) ->
 
 
 def test_a_consumer_behind_retention_continues_from_the_oldest_event_and_the_loss_is_visible(
-        client: pgstreams.Client, caplog: pytest.LogCaptureFixture) -> None:
+    client: pgstreams.Client, caplog: pytest.LogCaptureFixture
+) -> None:
     client.create_topic("lossy", 2, config={"segment.events": SEG, "retention.events": SEG})
     c = client.consumer("lossy", "slow")
     first = c.poll(10, timeout=0)
@@ -204,8 +243,9 @@ def test_lag_and_counts_come_from_sealed_segments_and_stay_exact(client: pgstrea
     assert sum(counts) == 4 * SEG + 123
 
 
-def test_publish_and_poll_go_on_while_retention_runs_in_another_process(client: pgstreams.Client,
-                                                                          dsn: str) -> None:
+def test_publish_and_poll_go_on_while_retention_runs_in_another_process(
+    client: pgstreams.Client, dsn: str
+) -> None:
     client.create_topic("busy", 2, config={"segment.events": SEG, "retention.events": 2 * SEG})
     c = client.consumer("busy", "g")
     stop = threading.Event()
@@ -237,8 +277,12 @@ def test_publish_and_poll_go_on_while_retention_runs_in_another_process(client: 
         removed = 0
         deadline = time.monotonic() + 60
         while removed < 3 and time.monotonic() < deadline:
-            proc = subprocess.run([sys.executable, "-m", "pgstreams.cli", "maintain", "--json", "--dsn", dsn],
-                                  capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                [sys.executable, "-m", "pgstreams.cli", "maintain", "--json", "--dsn", dsn],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             assert proc.returncode == 0, proc.stderr
             removed += int(__import__("json").loads(proc.stdout)["segments_removed"])
         mark = published[0]
@@ -257,8 +301,10 @@ def test_publish_and_poll_go_on_while_retention_runs_in_another_process(client: 
     tid = client.topic_record("busy").id
     with client.connection() as conn:  # segments are dropped, never emptied row by row: no dead tuples
         conn.execute("SELECT pg_stat_force_next_flush()")
-        dead = conn.execute("SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
-                            " WHERE relname LIKE %s", (f"topic_{tid}_s%",)).fetchone()
+        dead = conn.execute(
+            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE %s",
+            (f"topic_{tid}_s%",),
+        ).fetchone()
     assert dead is not None and dead[0] == 0
 
 
@@ -302,13 +348,21 @@ def test_reset_and_delete_are_refused_while_the_group_has_live_members(client: p
 
 
 def test_dead_letters_are_replayed_once_with_their_original_key_value_and_headers(
-        client: pgstreams.Client) -> None:
+    client: pgstreams.Client,
+) -> None:
     client.create_topic("orders", 1)
     client.create_topic("orders.dlt", 1)
     for i in range(5):
-        client.publish("orders.dlt", {"n": i}, key=f"k{i}", headers={"trace": str(i), "dlt.topic": "orders",
-                                                                    "dlt.error_type": "ValueError" if i % 2
-                                                                    else "KeyError"})
+        client.publish(
+            "orders.dlt",
+            {"n": i},
+            key=f"k{i}",
+            headers={
+                "trace": str(i),
+                "dlt.topic": "orders",
+                "dlt.error_type": "ValueError" if i % 2 else "KeyError",
+            },
+        )
     dry = client.replay_dead_letters("orders.dlt", dry_run=True)
     assert dry.replayed == 5 and client.describe_topic("orders").events == 0
     only = client.replay_dead_letters("orders.dlt", where_error_type="ValueError", group="values")
@@ -321,7 +375,9 @@ def test_dead_letters_are_replayed_once_with_their_original_key_value_and_header
     got = take(client.consumer("orders", "check"), 5)
     mine = [e for e in got if e.headers.get("dlt.replayed_from", "").startswith("orders.dlt/")]
     assert len(mine) == 5
-    assert {(e.key, e.value["n"], e.headers["trace"]) for e in mine} == {(f"k{i}", i, str(i)) for i in range(5)}
+    assert {(e.key, e.value["n"], e.headers["trace"]) for e in mine} == {
+        (f"k{i}", i, str(i)) for i in range(5)
+    }
     assert not any(k in e.headers for e in mine for k in ("dlt.topic", "dlt.error_type"))
 
 

@@ -13,7 +13,8 @@ get the traceback instead.
 Modules: :mod:`.common` (exit codes, errors and their exit codes, the options every command takes,
 opening the database, parsing option values), :mod:`.output` (everything printed: each model's JSON form
 and table), and one module per command group (:mod:`.migrate`, :mod:`.topics`, :mod:`.produce`,
-:mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.maintain`, :mod:`.dlt`, :mod:`.quickstart`), each with a ``register(app)`` that
+:mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.maintain`, :mod:`.dlt`, :mod:`.quickstart`), each
+with a ``register(app)`` that
 adds its commands to the root application :data:`app`; :mod:`.plugins` adds the commands of
 applications, declared as entry points of the ``pgstreams.commands`` group (:data:`COMMANDS_GROUP`): each
 names a callable that receives :data:`app` and adds its commands. :func:`run_app` runs any typer

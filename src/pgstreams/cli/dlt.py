@@ -18,16 +18,28 @@ dlt_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
 
 @dlt_app.command("replay")
 def dlt_replay(
-    dlt_topic: Annotated[str, typer.Argument(metavar="DLT_TOPIC", help="The dead-letter topic (e.g. T.dlt).",
-                                             show_default=False)],
-    to: Annotated[str | None, typer.Option(
-        "--to", help="Publish to this topic instead of each event's original one.", show_default=False)] = None,
-    group: Annotated[str, typer.Option(
-        "--group", help="The group recording the replay's progress.")] = DEFAULT_REPLAY_GROUP,
-    where_error_type: Annotated[str | None, typer.Option(
-        "--where-error-type", help="Only dead letters whose dlt.error_type is this.", show_default=False)] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show what would be replayed; change nothing.")
-                       ] = False,
+    dlt_topic: Annotated[
+        str,
+        typer.Argument(metavar="DLT_TOPIC", help="The dead-letter topic (e.g. T.dlt).", show_default=False),
+    ],
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to", help="Publish to this topic instead of each event's original one.", show_default=False
+        ),
+    ] = None,
+    group: Annotated[
+        str, typer.Option("--group", help="The group recording the replay's progress.")
+    ] = DEFAULT_REPLAY_GROUP,
+    where_error_type: Annotated[
+        str | None,
+        typer.Option(
+            "--where-error-type", help="Only dead letters whose dlt.error_type is this.", show_default=False
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Show what would be replayed; change nothing.")
+    ] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
@@ -39,8 +51,9 @@ def dlt_replay(
         check_topic(to)
     check_group(group)
     with open_client(dsn, schema) as client:
-        result = client.replay_dead_letters(dlt_topic, to=to, group=group, where_error_type=where_error_type,
-                                            dry_run=dry_run)
+        result = client.replay_dead_letters(
+            dlt_topic, to=to, group=group, where_error_type=where_error_type, dry_run=dry_run
+        )
     if as_json:
         out = to_json(result)
         out["events"] = [event_json(e) for e in result.events]
@@ -50,8 +63,9 @@ def dlt_replay(
     if dry_run and result.events:
         console.print(events_table(list(result.events), "would replay (dry run: nothing changed)"))
     verb = "would replay" if dry_run else "replayed"
-    console.print(f"{verb} {result.replayed} dead letter(s) of {result.read} read "
-                  f"({result.skipped} passed over)")
+    console.print(
+        f"{verb} {result.replayed} dead letter(s) of {result.read} read ({result.skipped} passed over)"
+    )
 
 
 def register(app: typer.Typer) -> None:

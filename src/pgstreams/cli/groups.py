@@ -90,14 +90,16 @@ def groups_reset(
     members on the topic."""
     check_group(group)
     check_topic(topic)
-    chosen = sum((to_earliest, to_latest, to_datetime is not None, shift_by is not None, to_position is not None))
+    chosen = sum((to_earliest, to_latest, to_datetime is not None, shift_by is not None,
+                  to_position is not None))
     if chosen != 1:
         raise usage_error("give exactly one of --to-earliest, --to-latest, --to-datetime, --shift-by, "
                           "--to-position")
     when = parse_time(to_datetime, "--to-datetime") if to_datetime is not None else None
     with open_client(dsn, schema) as client:
-        rows = client.reset_group(group, topic, to_earliest=to_earliest, to_latest=to_latest, to_datetime=when,
-                                  shift_by=shift_by, to_position=to_position, partition=partition,
+        rows = client.reset_group(group, topic, to_earliest=to_earliest, to_latest=to_latest,
+                                  to_datetime=when, shift_by=shift_by, to_position=to_position,
+                                  partition=partition,
                                   dry_run=dry_run)
     if as_json:
         print_json({"dry_run": dry_run, "partitions": [to_json(r) for r in rows]})

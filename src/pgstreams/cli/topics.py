@@ -107,7 +107,8 @@ def topics_alter(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
     config: ConfigOption = None,
     delete_config: Annotated[list[str] | None, typer.Option(
-        "--delete-config", help="Reset a config KEY to its default (repeatable).", show_default=False)] = None,
+        "--delete-config", help="Reset a config KEY to its default (repeatable).", show_default=False)
+    ] = None,
     partitions: Annotated[int | None, typer.Option(
         "--partitions", "-p", help="New partition count (increase only).", show_default=False)] = None,
     as_json: JsonOption = False,

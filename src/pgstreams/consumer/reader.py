@@ -286,7 +286,8 @@ class StreamReader:
                 continue
             else:
                 skip_to[p] = max(skip_to.get(p, c), int(last_pos))
-            n = events if first_pos > c else max(1, round(events * (last_pos - c) / (last_pos - first_pos + 1)))
+            n = events if first_pos > c else max(
+                1, round(events * (last_pos - c) / (last_pos - first_pos + 1)))
             lost.append((p, segment, n))
         if not lost:
             return

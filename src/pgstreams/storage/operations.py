@@ -44,12 +44,14 @@ class OperationsStore:
 
     def _segment_query(self, name: str, topic_id: int, segment: int) -> sql.Composed:
         tables = self.ex.tables(topic_id)
-        return CORE_QUERIES.render(name, self.ex.schema,
-                                   {**tables.identifiers, "segment": tables.segment(segment)})
+        return CORE_QUERIES.render(
+            name, self.ex.schema, {**tables.identifiers, "segment": tables.segment(segment)}
+        )
 
     # -- topic configuration -------------------------------------------------------------------------
-    def alter_topic(self, name: str, config: Mapping[str, Any] | None, delete: Sequence[str],
-                    partitions: int | None) -> tuple[int, int, dict[str, Any]] | None:
+    def alter_topic(
+        self, name: str, config: Mapping[str, Any] | None, delete: Sequence[str], partitions: int | None
+    ) -> tuple[int, int, dict[str, Any]] | None:
         """In one transaction: set ``config`` keys and remove ``delete`` keys of topic ``name``, and raise its
         partition count to ``partitions`` (groups reading it start the new partitions at their first
         event). Returns ``(id, partitions before, config after)``; ``None`` when there is no such topic.
@@ -67,8 +69,11 @@ class OperationsStore:
                 if partitions < before:
                     raise ValueError(f"topic {name!r} has {before} partitions: decreasing is not possible")
                 self.ex.run("set_topic_partitions", (partitions, topic_id), conn=conn)
-                self.ex.run("checkpoints_for_new_partitions",
-                            {"first": before, "count": partitions, "topic_id": topic_id}, conn=conn)
+                self.ex.run(
+                    "checkpoints_for_new_partitions",
+                    {"first": before, "count": partitions, "topic_id": topic_id},
+                    conn=conn,
+                )
             return topic_id, before, merged
 
     # -- maintenance ---------------------------------------------------------------------------------
@@ -111,11 +116,14 @@ class OperationsStore:
 
     def retention_plan(self, conn: psycopg.Connection, topic_id: int) -> list[tuple[int, int, int]]:
         """The segments retention removes now, oldest first: ``(segment, events, bytes)``."""
-        return [(int(s), int(e or 0), int(b or 0)) for s, e, b in self.ex.all("retention_plan", (topic_id,),
-                                                                              conn=conn)]
+        return [
+            (int(s), int(e or 0), int(b or 0))
+            for s, e, b in self.ex.all("retention_plan", (topic_id,), conn=conn)
+        ]
 
-    def mark_removing(self, conn: psycopg.Connection, topic_id: int, segments: Sequence[int], events: int,
-                      size: int) -> None:
+    def mark_removing(
+        self, conn: psycopg.Connection, topic_id: int, segments: Sequence[int], events: int, size: int
+    ) -> None:
         """Mark ``segments`` as being removed and count them as removed (committed before detaching)."""
         self.ex.one("mark_removing", (topic_id, list(segments), events, size), conn=conn)
 
@@ -145,8 +153,9 @@ class OperationsStore:
         row = self.ex.one("expire_members", conn=conn)
         return int(row[0]) if row else 0
 
-    def record_pass(self, conn: psycopg.Connection, seconds: float, runner: str, summary: Mapping[str, Any]
-                    ) -> None:
+    def record_pass(
+        self, conn: psycopg.Connection, seconds: float, runner: str, summary: Mapping[str, Any]
+    ) -> None:
         """Record the schema's last maintenance pass."""
         self.ex.run("record_maintenance", (seconds * 1000, runner, Jsonb(dict(summary))), conn=conn)
 
@@ -158,7 +167,9 @@ class OperationsStore:
             row["ran_at"] = _utc(row["ran_at"])
         return row
 
-    def maintain_sql(self, conn: psycopg.Connection | None = None, lock_timeout_ms: int = 100) -> dict[str, Any]:
+    def maintain_sql(
+        self, conn: psycopg.Connection | None = None, lock_timeout_ms: int = 100
+    ) -> dict[str, Any]:
         """Run the SQL function ``maintain()`` (what pg_cron runs); return its summary."""
         row = self.ex.one("maintain_sql", (lock_timeout_ms,), conn=conn)
         out: dict[str, Any] = row[0] if row and isinstance(row[0], dict) else json.loads(row[0])
@@ -176,11 +187,21 @@ class OperationsStore:
             out.append(RetentionStatus(**r))
         return out
 
-    def record_losses(self, conn: psycopg.Connection, group: str, topic_id: int,
-                      losses: Sequence[tuple[int, int, int]]) -> None:
+    def record_losses(
+        self, conn: psycopg.Connection, group: str, topic_id: int, losses: Sequence[tuple[int, int, int]]
+    ) -> None:
         """Record ``(partition, segment, events)`` lost by ``group`` (each once per group)."""
-        self.ex.run("record_losses", (group, topic_id, [p for p, _, _ in losses], [s for _, s, _ in losses],
-                                      [n for _, _, n in losses]), conn=conn)
+        self.ex.run(
+            "record_losses",
+            (
+                group,
+                topic_id,
+                [p for p, _, _ in losses],
+                [s for _, s, _ in losses],
+                [n for _, _, n in losses],
+            ),
+            conn=conn,
+        )
 
     def retained_floors(self, conn: psycopg.Connection | None, topic_id: int) -> dict[int, int]:
         """Per partition, the last position retention removed (partitions without removals are absent)."""
@@ -200,13 +221,15 @@ class OperationsStore:
         """The checkpoints of ``group`` on a topic, by partition."""
         return {int(p): int(pos) for p, pos in self.ex.all("group_topic_checkpoints", (group, topic_id))}
 
-    def shift(self, conn: psycopg.Connection, topic_id: int, partition: int, position: int, by: int,
-              fence: int) -> int | None:
+    def shift(
+        self, conn: psycopg.Connection, topic_id: int, partition: int, position: int, by: int, fence: int
+    ) -> int | None:
         """The checkpoint ``by`` events after (``by`` > 0, below ``fence``) or before (``by`` < 0) the
         checkpoint at ``position``; ``None`` when the partition holds fewer events that way."""
         if by >= 0:
-            row = self.ex.one("shift_forward", (partition, position, fence, by - 1), conn=conn,
-                              topic_id=topic_id)
+            row = self.ex.one(
+                "shift_forward", (partition, position, fence, by - 1), conn=conn, topic_id=topic_id
+            )
         else:
             row = self.ex.one("shift_back", (partition, position, -by), conn=conn, topic_id=topic_id)
         return None if row is None else int(row[0])
@@ -215,9 +238,11 @@ class OperationsStore:
         """Delete the state of ``group`` on ``topic_ids`` (``None``: everywhere, with its configuration);
         return the number of checkpoints deleted."""
         with self.ex.connection() as conn, conn.transaction():
-            row = self.ex.one("delete_group", {"group": group,
-                                               "topic_ids": None if topic_ids is None else list(topic_ids)},
-                              conn=conn)
+            row = self.ex.one(
+                "delete_group",
+                {"group": group, "topic_ids": None if topic_ids is None else list(topic_ids)},
+                conn=conn,
+            )
             self.ex.run("delete_group_config", (group, group), conn=conn)
         return int(row[0]) if row else 0
 

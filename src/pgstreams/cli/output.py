@@ -283,7 +283,9 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
     table.add_column("head", justify="right")
     table.add_column("lag", justify="right")
     table.add_column("updated at")
-    table.add_column("lost", justify="right")
+    lost = any(s.lost_events for s in statuses)
+    if lost:  # only when retention removed events a group had not read
+        table.add_column("lost", justify="right")
     if membership:
         table.add_column("owner", overflow="fold")
         table.add_column("last heartbeat")
@@ -291,7 +293,9 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
     for s in statuses:
         lag = f"[bold yellow]{s.lag}[/]" if s.lag else "0"
         row = [s.group, s.topic, str(s.partition), cell(s.checkpoint), cell(s.head), lag,
-               short_time(s.updated_at), f"[bold red]{s.lost_events}[/]" if s.lost_events else "0"]
+               short_time(s.updated_at)]
+        if lost:
+            row.append(f"[bold red]{s.lost_events}[/]" if s.lost_events else "0")
         if membership:
             row += [cell(s.owner), short_time(s.last_heartbeat), partition_state(s)]
         table.add_row(*row)

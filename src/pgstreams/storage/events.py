@@ -262,3 +262,17 @@ class EventStore:
             cur = conn.cursor(binary=True)
             cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
         return cur.fetchall()
+
+    def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
+        """:meth:`poll`, and in the same round trip (after the read) the segments retention removed that
+        held events after the cursors: ``(partition, segment, hi, first position, last position,
+        events)`` rows, usually none. Removed segments are marked before they are detached, so a read
+        that missed one of them is always followed by its mark here."""
+        with conn.pipeline():
+            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
+            cur = conn.cursor(binary=True)
+            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
+            removed = conn.cursor()
+            removed.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
+        return cur.fetchall(), removed.fetchall()

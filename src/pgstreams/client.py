@@ -149,7 +149,8 @@ class Client:
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
-        self._producer = Producer(self.store, self.topic_state, self.notifier.poke, channel(schema))
+        self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
+                                  channel(schema))
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------

@@ -177,12 +177,14 @@ def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
 @dataclass
 class Producer:
     """Publishes for a client: ``store`` is its storage, ``topic`` resolves a name to its state
-    (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds) and ``announce``
-    schedules a wake-up notification of a topic after a commit."""
+    (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds), ``announce``
+    schedules a wake-up notification of a topic after a commit and ``claim`` says whether a single publish
+    should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
 
     store: Store
     topic: Callable[..., TopicState]
     announce: Callable[[int], None]
+    claim: Callable[[int], bool]
     channel: str
 
     def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
@@ -207,26 +209,27 @@ class Producer:
             # getconn/putconn: the connection() context manager costs as much again on this path
             c = pool.getconn()
             try:
-                stored = self._insert_pooled(c, topic, state, row)
+                wake = (self.channel, str(state.id)) if self.claim(state.id) else None
+                stored = self._insert_pooled(c, topic, state, row, wake)
                 if stored.position >= state.segments.stats_from:
                     state.segments.check_stats(ex, stored.position, c)
             finally:
                 pool.putconn(c)
-            self.announce(state.id)
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
 
-    def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+    def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow,
+                       notify: tuple[str, str] | None) -> StoredAt:
         events = self.store.events
         try:
-            return events.insert_pooled(c, state.id, row)
+            return events.insert_pooled(c, state.id, row, notify)
         except psycopg.errors.UndefinedTable:
             fresh = self.topic(topic, refresh=True, conn=c)
-            return events.insert_pooled(c, fresh.id, row)
+            return events.insert_pooled(c, fresh.id, row, notify and (self.channel, str(fresh.id)))
         except psycopg.errors.CheckViolation:
             # the position fell beyond the last segment: add segments and retry once
             state.segments.ensure_room_after(self.store.executor, 0, c)
-            return events.insert_pooled(c, state.id, row)
+            return events.insert_pooled(c, state.id, row, notify)
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""

@@ -400,3 +400,30 @@ def test_sql_maintain_applies_retention_in_one_transaction(client: pgstreams.Cli
         summary = conn.execute("SELECT pgstreams.maintain()").fetchone()
     assert summary is not None and summary[0]["segments_removed"] == 2
     assert _positions(client, "sqlret")[0] == 2 * SEG
+
+
+def test_sql_publish_enforces_max_message_bytes_and_stores_nothing(client: pgstreams.Client) -> None:
+    client.create_topic("small_sql", 1, config={"max.message.bytes": 100})
+    client.create_topic("default_sql", 1)
+    with client.connection() as conn:
+        (limit,) = conn.execute("SELECT pgstreams.max_message_bytes('{}'::jsonb)").fetchone()
+        assert limit == TOPIC_CONFIG_DEFAULTS["max.message.bytes"]  # the SQL default is the Python one
+        too_large = [
+            ("'small_sql', %s::bytea", (b"x" * 101,)),
+            ("'small_sql', 'v'::text, key => %s", ("k" * 100,)),
+            ("'small_sql', 'v'::text, headers => %s::jsonb", ('{"h": "%s"}' % ("y" * 99),)),
+            ("'default_sql', %s::bytea", (b"x" * (limit + 1),)),
+        ]
+        for args, params in too_large:
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match=r"max\.message\.bytes \(\d+\) of topic"):
+                conn.execute(f"SELECT pgstreams.publish({args})", params)
+            conn.rollback()
+        conn.execute("SELECT pgstreams.publish('small_sql', 'v'::text, key => 'k', headers => '{\"h\": \"x\"}')")
+        conn.execute("SELECT pgstreams.publish('default_sql', %s::bytea)", (b"x" * limit,))
+        conn.commit()
+    assert client.describe_topic("small_sql").events == 1 and client.describe_topic("default_sql").events == 1
+    client.alter_topic("small_sql", {"max.message.bytes": 1000})  # a new limit applies at once
+    with client.connection() as conn:
+        conn.execute("SELECT pgstreams.publish('small_sql', %s::bytea)", (b"x" * 500,))
+        conn.commit()
+    assert client.describe_topic("small_sql").events == 2

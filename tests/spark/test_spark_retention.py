@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 
 import _spark_helpers
@@ -70,7 +71,8 @@ def test_batch_read_with_fail_on_data_loss_false_reads_from_the_oldest_retained_
     positions = sorted(r.position for r in rows)
     assert positions[0] == oldest and positions == list(range(oldest, 3 * SEG + 51))
     # the warning (planning runs in Spark's Python worker: here the same planning in this process)
-    options = {"dsn": dsn, "topic": "aged2", "startingOffsets": '{"aged2": {"0": 10}}', "failOnDataLoss": "false"}
+    options = {"dsn": dsn, "topic": "aged2", "startingOffsets": '{"aged2": {"0": 10}}',
+               "failOnDataLoss": "false"}
     with caplog.at_level(logging.WARNING, logger="pgstreams.spark"):
         _batch.BatchReader(read_options(options), pgstreams.spark.read_schema(), 1).partitions()
     assert any("'aged2'" in r.getMessage() and f"positions 10 to {oldest - 1}" in r.getMessage()
@@ -79,8 +81,9 @@ def test_batch_read_with_fail_on_data_loss_false_reads_from_the_oldest_retained_
     assert sorted(r.position for r in _read(spark, dsn, "aged2")) == positions
 
 
-def test_bad_fail_on_data_loss_value_is_refused_naming_the_option(spark: SparkSession, client: pgstreams.Client,
-                                                                 dsn: str) -> None:
+def test_bad_fail_on_data_loss_value_is_refused_naming_the_option(
+    spark: SparkSession, client: pgstreams.Client, dsn: str
+) -> None:
     client.create_topic("opt", 1)
     with pytest.raises(Exception, match="failOnDataLoss"):
         _read(spark, dsn, "opt", failOnDataLoss="maybe")
@@ -100,7 +103,7 @@ def _stream(spark: SparkSession, dsn: str, topic: str, checkpoint: Path, **optio
          .trigger(availableNow=True).start())
     try:
         q.awaitTermination(120)
-    except Exception as exc:  # the query failed: its error, as Spark reports it
+    except StreamingQueryException as exc:  # the query failed: its error, as Spark reports it
         raise RuntimeError(str(exc)) from None
     finally:
         q.stop()
@@ -118,7 +121,8 @@ def test_stream_whose_offsets_fall_behind_retention_fails_or_reads_on_with_the_o
     with pytest.raises(RuntimeError) as info:
         _stream(spark, dsn, "flow", tmp_path / "strict")
     text = str(info.value)
-    assert "'flow'" in text and "partition" in text and "retention removed" in text and "failOnDataLoss" in text
+    assert "'flow'" in text and "partition" in text and "retention removed" in text
+    assert "failOnDataLoss" in text
     got = _stream(spark, dsn, "flow", tmp_path / "lenient", failOnDataLoss="false")
     assert min(got) == oldest and len(got) == len(set(got))
     with psycopg.connect(dsn) as conn:
@@ -143,8 +147,8 @@ def test_a_read_racing_a_segment_drop_reports_data_loss_clearly(
     with pytest.raises(pgstreams.DataLoss, match=r"'race'.*while this query read them.*partition 0"):
         for split in planned:
             list(reader.read(split))
-    lenient = _batch.BatchReader(read_options({"dsn": dsn, "topic": "race", "failOnDataLoss": "false"}),
-                                 pgstreams.spark.read_schema(), 1)
+    lenient_options = read_options({"dsn": dsn, "topic": "race", "failOnDataLoss": "false"})
+    lenient = _batch.BatchReader(lenient_options, pgstreams.spark.read_schema(), 1)
     rows = sum(b.num_rows for split in planned for b in lenient.read(split))
     with psycopg.connect(dsn) as conn:
         tid = client.topic_record("race").id
@@ -156,9 +160,9 @@ def test_spark_writer_refuses_events_beyond_max_message_bytes_storing_nothing(
     spark: SparkSession, client: pgstreams.Client, dsn: str
 ) -> None:
     client.create_topic("tiny", 1, config={"max.message.bytes": 100})
-    ok = spark.createDataFrame([("k", "v" * 50, {"h": "x"})], "key string, value string, headers map<string,string>")
-    big = spark.createDataFrame([("k", "v" * 50, {"h": "x" * 60}), ("k", "v", None)],
-                                "key string, value string, headers map<string,string>").coalesce(1)
+    columns = "key string, value string, headers map<string,string>"
+    ok = spark.createDataFrame([("k", "v" * 50, {"h": "x"})], columns)
+    big = spark.createDataFrame([("k", "v" * 50, {"h": "x" * 60}), ("k", "v", None)], columns).coalesce(1)
     with pytest.raises(Exception) as info:
         big.write.format("pgstreams").option("dsn", dsn).option("topic", "tiny").mode("append").save()
     assert "max.message.bytes" in str(info.value) and "'tiny'" in str(info.value)

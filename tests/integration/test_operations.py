@@ -429,3 +429,57 @@ def test_sql_publish_enforces_max_message_bytes_and_stores_nothing(client: pgstr
         conn.execute("SELECT pgstreams.publish('small_sql', %s::bytea)", (b"x" * 500,))
         conn.commit()
     assert client.describe_topic("small_sql").events == 2
+
+
+def test_a_running_consumer_of_every_partition_reads_partitions_added_meanwhile(client: pgstreams.Client) -> None:
+    client.create_topic("widen", 2)
+    consumer = client.consumer("widen", "g")  # created before the topic grows, kept running
+    fixed = pgstreams.Consumer(client, "widen", "fixed", partitions=[0])
+    assert consumer.poll(10, timeout=0) == []
+    client.alter_topic("widen", partitions=5)
+    client.publish_many("widen", [{"value": p, "partition": p} for p in range(5)])
+    got: dict[int, int] = {}
+
+    def all_partitions() -> bool:
+        for e in consumer.poll(10, timeout=0.5):
+            got[e.partition] = e.value
+        consumer.commit()
+        return sorted(got) == [0, 1, 2, 3, 4]
+
+    until(all_partitions, timeout=10, what="the running consumer reads the new partitions")
+    assert consumer.partitions == (0, 1, 2, 3, 4) and got == {p: p for p in range(5)}
+    assert sorted(s.partition for s in client.describe_group("g") if s.lag == 0) == [0, 1, 2, 3, 4]
+    assert fixed.poll(10, timeout=1)[0].partition == 0 and fixed.partitions == (0,)  # given partitions stay
+
+
+def test_a_running_worker_group_rebalances_partitions_added_meanwhile(client: pgstreams.Client, dsn: str) -> None:
+    client.create_topic("wide", 2)
+    handled: set[int] = set()
+    lock = threading.Lock()
+
+    def handle(ev: pgstreams.Event) -> None:
+        with lock:
+            handled.add(ev.value)
+
+    opts = {"heartbeat_interval": 0.1, "session_timeout": 1.0}
+    with pgstreams.connect(dsn) as other:
+        a = pgstreams.Worker(client, member_id="a", install_signal_handlers=False)
+        a.subscribe("wide", "g", handle, **opts)  # type: ignore[arg-type]
+        b = pgstreams.Worker(other, member_id="b", install_signal_handlers=False)
+        b.subscribe("wide", "g", handle, **opts)  # type: ignore[arg-type]
+        a.start()
+        b.start()
+        try:
+            def shares(n: int) -> bool:
+                mine = [set(w.assignment()[("g", "wide")]) for w in (a, b)]
+                return mine[0].isdisjoint(mine[1]) and sorted(mine[0] | mine[1]) == list(range(n)) and all(
+                    len(m) in (n // 2, (n + 1) // 2) for m in mine)
+
+            until(lambda: shares(2), what="1 + 1 partitions")
+            client.alter_topic("wide", partitions=6)
+            until(lambda: shares(6), what="3 + 3 partitions after growing to 6")
+            client.publish_many("wide", [{"value": p, "partition": p} for p in range(6)])
+            until(lambda: handled == set(range(6)), what="events of every partition handled")
+        finally:
+            a.stop(10)
+            b.stop(10)

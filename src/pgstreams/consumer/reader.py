@@ -74,6 +74,8 @@ if tuple(Event.__dataclass_fields__) != _EVENT_FIELDS or hasattr(Event, "__slots
 ROW_FIELDS = ("partition", "position", "txid", "since_epoch", "kind", "key", "payload", "headers",
               "event_type", "event_id", "correlation_id", "causation_id")
 Row = tuple[Any, ...]
+#: What a poll's statements return: the rows, the removed segments after the cursors, the partition count.
+Polled = tuple[list[Row], list[tuple[int, ...]], int]
 
 
 def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
@@ -167,6 +169,8 @@ class StreamReader:
         self.topic_id: int = meta.id
         #: the number of partitions of the topic
         self.partition_count: int = meta.partitions
+        #: whether the reader reads every partition of the topic, new ones too (``partitions`` not given)
+        self.follows_topic = partitions is None
         if partitions is None:
             parts = list(range(meta.partitions))
         else:
@@ -185,7 +189,7 @@ class StreamReader:
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
-        self._ahead: tuple[dict[str, Any], Future[tuple[list[Row], list[tuple[int, ...]]]]] | None = None
+        self._ahead: tuple[dict[str, Any], Future[Polled]] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._storage = ReaderStorage(client, self.group, meta.id)
         self._wakeup = topic_wakeup(client, meta.id)
@@ -307,13 +311,15 @@ class StreamReader:
         except psycopg.Error as exc:  # the status then counts them from the checkpoint instead
             log.warning("could not record the loss in the group status: %s", str(exc).strip())
 
-    def _advance(self, polled: tuple[list[Row], list[tuple[int, ...]]], params: Mapping[str, Any]
-                 ) -> tuple[list[Row], dict[int, Cursor]]:
+    def _advance(self, polled: Polled, params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
         """Move the cursors past the rows of ``polled`` (read with ``params``, with the removed segments
-        after the cursors); return the rows, cut to the limit, and the cursor after them per partition."""
-        rows, removed = polled
+        after the cursors and the topic's partition count); return the rows, cut to the limit, and the
+        cursor after them per partition. A reader of every partition takes up partitions added since."""
+        rows, removed, count = polled
         if removed:
             self._losses(rows, params, removed)
+        if count > self.partition_count and self.follows_topic:
+            self._grow(count)
         if not rows:
             return rows, {}
         if len(rows) > params["limit"]:
@@ -322,6 +328,23 @@ class StreamReader:
         ends = {r[0]: r[1] for r in rows}  # rows come partition by partition, in position order
         self._cursor.update(ends)
         return rows, ends
+
+    def _grow(self, count: int) -> None:
+        """Read the partitions the topic gained (up to ``count``) from their checkpoints, created at their
+        first event where the group has none (so none of their events is missed, whatever ``start``)."""
+        new = list(range(self.partition_count, count))
+        with self.client.connection() as conn:
+            cursors = self._storage.load(conn, new)
+            missing = [p for p in new if p not in cursors]
+            if missing:
+                self._storage.init(conn, dict.fromkeys(missing, _ORIGIN))
+                cursors = self._storage.load(conn, new)
+        self.client.topic_state(self.topic, refresh=True)  # publishers of this client hash over them too
+        self.partition_count = count
+        self.partitions = (*self.partitions, *new)
+        self._committed.update(cursors)
+        self._cursor.update(cursors)
+        log.info("group %s reads the new partitions %s of topic %s", self.group, new, self.topic)
 
     def fetch_rows(self, conn: psycopg.Connection, max_events: int,
                    partitions: Sequence[int] | None = None) -> tuple[list[Row], dict[int, Cursor]]:
@@ -341,7 +364,7 @@ class StreamReader:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix=f"pgstreams-read-ahead-{self.topic}")
         storage, client = self._storage, self.client
 
-        def read() -> tuple[list[Row], list[tuple[int, ...]]]:
+        def read() -> Polled:
             with client.connection() as c:
                 return storage.poll(c, params)
 

@@ -264,15 +264,21 @@ class EventStore:
         return cur.fetchall()
 
     def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
-                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
-        """:meth:`poll`, and in the same round trip (after the read) the segments retention removed that
-        held events after the cursors: ``(partition, segment, hi, first position, last position,
-        events)`` rows, usually none. Removed segments are marked before they are detached, so a read
-        that missed one of them is always followed by its mark here."""
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
+        """:meth:`poll`, the segments retention removed that held events after the cursors (``(partition,
+        segment, hi, first position, last position, events)`` rows, usually none) and the topic's
+        partition count. The read's own snapshot tells whether a removed segment lies after a cursor (its
+        last row, see the query ``poll_checked``); only then are the segments read, in a later statement.
+        Removed segments are marked before they are detached, so a read that missed one of them always
+        learns of it."""
         with conn.pipeline():
             conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
             cur = conn.cursor(binary=True)
-            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
-            removed = conn.cursor()
-            removed.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
-        return cur.fetchall(), removed.fetchall()
+            cur.execute(self.ex.query("poll_checked", topic_id), params, prepare=True)
+        rows = cur.fetchall()
+        trailer = rows.pop()
+        removed: list[tuple[int, ...]] = []
+        if trailer[2]:
+            removed = conn.execute(self.ex.query("removed_after_cursors", topic_id), params,
+                                   prepare=True).fetchall()
+        return rows, removed, int(trailer[1] or 0)

@@ -69,11 +69,9 @@ class OperationsStore:
                 if partitions < before:
                     raise ValueError(f"topic {name!r} has {before} partitions: decreasing is not possible")
                 self.ex.run("set_topic_partitions", (partitions, topic_id), conn=conn)
-                self.ex.run(
-                    "checkpoints_for_new_partitions",
-                    {"first": before, "count": partitions, "topic_id": topic_id},
-                    conn=conn,
-                )
+                grown = {"first": before, "count": partitions, "topic_id": topic_id}
+                self.ex.run("checkpoints_for_new_partitions", grown, conn=conn)
+                self.ex.run("leases_for_new_partitions", grown, conn=conn)
             return topic_id, before, merged
 
     # -- maintenance ---------------------------------------------------------------------------------

@@ -431,7 +431,9 @@ def test_sql_publish_enforces_max_message_bytes_and_stores_nothing(client: pgstr
     assert client.describe_topic("small_sql").events == 2
 
 
-def test_a_running_consumer_of_every_partition_reads_partitions_added_meanwhile(client: pgstreams.Client) -> None:
+def test_a_running_consumer_of_every_partition_reads_partitions_added_meanwhile(
+    client: pgstreams.Client,
+) -> None:
     client.create_topic("widen", 2)
     consumer = client.consumer("widen", "g")  # created before the topic grows, kept running
     fixed = pgstreams.Consumer(client, "widen", "fixed", partitions=[0])
@@ -452,7 +454,9 @@ def test_a_running_consumer_of_every_partition_reads_partitions_added_meanwhile(
     assert fixed.poll(10, timeout=1)[0].partition == 0 and fixed.partitions == (0,)  # given partitions stay
 
 
-def test_a_running_worker_group_rebalances_partitions_added_meanwhile(client: pgstreams.Client, dsn: str) -> None:
+def test_a_running_worker_group_rebalances_partitions_added_meanwhile(
+    client: pgstreams.Client, dsn: str
+) -> None:
     client.create_topic("wide", 2)
     handled: set[int] = set()
     lock = threading.Lock()

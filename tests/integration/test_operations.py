@@ -487,3 +487,27 @@ def test_a_running_worker_group_rebalances_partitions_added_meanwhile(
         finally:
             a.stop(10)
             b.stop(10)
+
+
+def test_a_worker_group_behind_retention_continues_from_the_oldest_event_and_the_loss_is_visible(
+    client: pgstreams.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.create_topic("lossy_w", 2, config={"segment.events": SEG, "retention.events": SEG})
+    client.consumer("lossy_w", "workers").poll(10, timeout=0)  # the group's checkpoints: before everything
+    _fill(client, "lossy_w", 3 * SEG + 100)
+    client.maintain()
+    retained = _positions(client, "lossy_w")
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(ev: pgstreams.Event) -> None:
+        with lock:
+            handled.append(ev.position)
+
+    worker = pgstreams.Worker(client, install_signal_handlers=False, maintenance=None)
+    worker.subscribe("lossy_w", "workers", handle)
+    with caplog.at_level(logging.WARNING, logger="pgstreams.consumer"), worker:
+        until(lambda: len(handled) >= len(retained), 30, "the worker handled every retained event")
+    assert sorted(handled) == retained  # from the oldest retained event on, each once
+    assert sum(s.lost_events for s in client.describe_group("workers")) == retained[0] - 1
+    assert any("lost" in r.getMessage() for r in caplog.records)

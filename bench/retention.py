@@ -322,6 +322,7 @@ def retention_pass(client: pgstreams.Client, db: str, segment: int, console: Con
     console.print(f"retention: raw copy of {len(remove)} segments for the floor")
     raw_t = sql.Identifier("raw_big")
     with psycopg.connect(db, autocommit=True) as conn:
+        conn.execute("SET synchronous_commit = off")  # as a maintenance pass runs
         conn.execute(_RAW_PART.format(t=raw_t, src=table))
         for s in remove:
             seg = sql.Identifier(f"raw_big_s{s}")

@@ -511,3 +511,22 @@ def test_a_worker_group_behind_retention_continues_from_the_oldest_event_and_the
     assert sorted(handled) == retained  # from the oldest retained event on, each once
     assert sum(s.lost_events for s in client.describe_group("workers")) == retained[0] - 1
     assert any("lost" in r.getMessage() for r in caplog.records)
+
+
+def test_the_prepared_poll_keeps_one_generic_plan(client: pgstreams.Client) -> None:
+    """The poll (read, loss check and partition count in one statement) is planned once per connection
+    (PostgreSQL keeps its generic plan), not at every poll."""
+    client.create_topic("plans", 4)
+    client.publish_many("plans", [{"value": i, "key": f"k{i}"} for i in range(200)])
+    with client.connection() as conn:
+        consumer = client.consumer("plans", "g")
+        reader = consumer.reader
+        for _ in range(20):  # reading, then idle polls at the head, as a consumer does
+            reader.fetch(conn, 500)
+        rows = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%UNION ALL%%' AND statement LIKE '%%loaded_fences%%'"
+        ).fetchall()
+    assert len(rows) == 1
+    generic, custom = rows[0]
+    assert custom <= 5 and generic >= 15  # PostgreSQL tries custom plans for the first 5 executions only

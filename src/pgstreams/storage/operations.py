@@ -75,6 +75,11 @@ class OperationsStore:
             return topic_id, before, merged
 
     # -- maintenance ---------------------------------------------------------------------------------
+    def prepare_pass(self, conn: psycopg.Connection) -> None:
+        """Set up ``conn`` (a connection of its own) for a maintenance pass: its commits do not wait for
+        their WAL flush (see the query ``maintenance_session``)."""
+        self.ex.run("maintenance_session", conn=conn)
+
     def lock_pass(self, conn: psycopg.Connection) -> None:
         """Wait for and take the schema's maintenance lock on ``conn`` (a session lock)."""
         self.ex.one("maintenance_lock", (self.ex.schema,), conn=conn)

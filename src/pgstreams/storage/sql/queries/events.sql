@@ -127,25 +127,23 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
 -- a read that missed a segment's events sees its mark here; and while no removed segment lies after the
 -- cursors (always, for a topic without retention) a poll needs no other statement. The trailer comes last:
 -- UNION ALL appends its branches in order. The removed segments are probed per partition (an index
--- descent each, whatever the number of segments removed so far). The arrays and limits are given through
--- subqueries so that the planner's estimates do not depend on their values: the prepared statement then
--- keeps one generic plan instead of being planned again at every poll.
+-- descent each, whatever the number of segments removed so far).
 SELECT * FROM (
 SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
        e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id
-  FROM unnest((SELECT %(partitions)s::int[]), (SELECT %(positions)s::bigint[]), {schema}.loaded_fences({topic_id}))
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], {schema}.loaded_fences({topic_id}))
        AS c(p, pos, fence)
  CROSS JOIN LATERAL (
       SELECT * FROM {table} t
        WHERE (t.partition, t.position) > (c.p, c.pos) AND (t.partition, t.position) < (c.p, c.fence)
        ORDER BY t.partition, t.position
-       LIMIT (SELECT %(limit)s::integer)
+       LIMIT %(limit)s
 ) e
- LIMIT (SELECT %(total)s::integer)
+ LIMIT %(total)s
 ) e
 UNION ALL
 SELECT -1, (SELECT t.partitions FROM {schema}.topics t WHERE t.id = {topic_id})::bigint,
-       (EXISTS (SELECT 1 FROM unnest((SELECT %(partitions)s::int[]), (SELECT %(positions)s::bigint[])) AS c(p, pos)
+       (EXISTS (SELECT 1 FROM unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(p, pos)
                  CROSS JOIN LATERAL (
                        SELECT 1 FROM {schema}.segment_partitions sp
                         WHERE sp.topic_id = {topic_id} AND sp.partition = c.p AND sp.removed_at IS NOT NULL

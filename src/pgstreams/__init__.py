@@ -27,11 +27,21 @@ from .models import (
     Message,
     PartitionInfo,
     PublishResult,
+    Settlement,
+    ShareGroupStatus,
+    ShareOutcome,
     TopicDescription,
     TopicInfo,
 )
 from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
+from .shares import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    ShareConsumer,
+    ShareOptions,
+    ShareTransaction,
+)
 
 if TYPE_CHECKING:
     from .groups import (
@@ -80,6 +90,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_LOCK_TIMEOUT",
+    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
@@ -108,6 +120,12 @@ __all__ = [
     "PublishResult",
     "RetryPolicy",
     "ServiceFailed",
+    "Settlement",
+    "ShareConsumer",
+    "ShareGroupStatus",
+    "ShareOptions",
+    "ShareOutcome",
+    "ShareTransaction",
     "TopicConflict",
     "TopicDescription",
     "TopicInfo",

@@ -6,7 +6,7 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, gathered by :class:`Store`.
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`ShareStore`, gathered by :class:`Store`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
 from .naming import TopicTables, notification_channel
 from .queries import QueryNotFound, QuerySet, render_script
+from .shares import ShareSettings, ShareStore
 from .sinks import SinkStore
 from .topics import Segments, TopicRecord, TopicStore
 
@@ -42,6 +43,8 @@ __all__ = [
     "QueryNotFound",
     "QuerySet",
     "Segments",
+    "ShareSettings",
+    "ShareStore",
     "SinkStore",
     "Store",
     "StoredAt",
@@ -66,6 +69,7 @@ class Store:
         self.checkpoints = CheckpointStore(self.executor)
         self.groups = GroupStore(self.executor)
         self.sinks = SinkStore(self.executor)
+        self.shares = ShareStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -124,9 +124,10 @@ class ShareConsumer:
     (lock extended). An event whose lock expires becomes available again; once delivered
     ``max_deliveries`` times it goes to the dead-letter topic instead (in one transaction with its removal
     from the group). Settling an event whose lock expired, or that another consumer holds now, does
-    nothing and says so (:class:`pgstreams.ShareOutcome`): it never acks an event twice. Settling an
-    event this consumer did not acquire (another topic, group or consumer, or already settled here) raises
-    :class:`pgstreams.InvalidArgument` and changes nothing.
+    nothing and says so (:class:`pgstreams.ShareOutcome`): it never acks an event twice. Settle the
+    :class:`pgstreams.Event` objects :meth:`poll` returned: settling any other (an event of another topic,
+    group or consumer, or one already settled here) raises :class:`pgstreams.InvalidArgument` and changes
+    nothing.
     """
 
     def __init__(self, client: Client, topic: str, group: str, options: ShareOptions = SHARE_DEFAULTS, *,
@@ -150,7 +151,9 @@ class ShareConsumer:
         self.consumer_id = consumer_id or new_consumer_id()
         self.window = DEFAULT_SHARE_WINDOW
         self._store = client.store.shares
-        self._held: dict[tuple[int, int], int] = {}
+        # the events acquired and not settled, as poll returned them: only those very objects can be settled
+        # (an event of another group of the same topic has the same position and maybe delivery count)
+        self._held: dict[tuple[int, int], Event] = {}
         self._lock = threading.Lock()
         self._turn = 0
         self._dlt_partitions: int | None = None
@@ -212,7 +215,12 @@ class ShareConsumer:
         """The events this consumer acquired and has not settled: ``(partition, position, delivery
         count)``, sorted (their locks may have expired meanwhile)."""
         with self._lock:
-            return sorted((p, pos, d) for (p, pos), d in self._held.items())
+            return sorted((p, pos, e.delivery_count) for (p, pos), e in self._held.items())
+
+    def holds(self, event: Event) -> bool:
+        """``event`` (an object :meth:`poll` returned) is acquired by this consumer and not settled yet."""
+        with self._lock:
+            return self._held.get((event.partition, event.position)) is event
 
     # -- acquiring ---------------------------------------------------------------------------------------
     def _order(self, partitions: Sequence[int] | None) -> list[int]:
@@ -242,7 +250,7 @@ class ShareConsumer:
             (doomed if row[13] == "d" else acquired).append(ev)
         with self._lock:
             for ev in acquired:
-                self._held[(ev.partition, ev.position)] = ev.delivery_count
+                self._held[(ev.partition, ev.position)] = ev
         for ev in doomed:
             self._dead_letter([ev], "DeliveryLimit",
                               f"delivered {ev.delivery_count} times (max_deliveries {self.max_deliveries}); "
@@ -290,15 +298,14 @@ class ShareConsumer:
                         f"event {ev.topic}[{ev.partition}]@{ev.position} is of topic {ev.topic!r}, not of "
                         f"{self.topic!r} (share group {self.group!r})")
                 k = (ev.partition, ev.position)
-                d = self._held.get(k)
-                if d is None or d != ev.delivery_count:
+                if self._held.get(k) is not ev:
                     raise InvalidArgument(
                         f"event {ev.topic}[{ev.partition}]@{ev.position} (delivery {ev.delivery_count}) is "
                         f"not held by this consumer of share group {self.group!r}: acquired by another "
-                        "consumer or group, or already settled")
+                        "consumer or group, or already settled (pass the Event objects poll returned)")
                 if k not in seen:
                     seen.add(k)
-                    out.append((ev, d))
+                    out.append((ev, ev.delivery_count))
         return out
 
     def _forget(self, keys: Iterable[tuple[int, int]]) -> None:
@@ -343,7 +350,7 @@ class ShareConsumer:
         codes = self._settle(RELEASE, held, None, delay=d, lock_timeout=self.lock_timeout,
                              max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None)
         doomed = [e for e, _ in held if codes[(e.partition, e.position)] == "d"]
-        if doomed:
+        if doomed and self.dead_letter is not None:
             kind, msg = ("DeliveryLimit", "") if error is None else (type(error).__name__, str(error))
             msg = msg or f"delivered {self.max_deliveries} times (max_deliveries {self.max_deliveries})"
             sent = self._dead_letter(doomed, kind, msg, too_often=True)

@@ -120,8 +120,7 @@ class ShareSource:
     def retry(self, events: Sequence[Event], delay: float, error: BaseException | None = None) -> int:
         """Release those of ``events`` still held, available again after ``delay`` seconds; those delivered
         ``max_deliveries`` times go to the dead-letter topic (with ``error``). Returns how many did."""
-        mine = {(p, pos) for p, pos, _ in self.consumer.held()}
-        held = [e for e in events if (e.partition, e.position) in mine]
+        held = [e for e in events if self.consumer.holds(e)]  # the others were settled already
         if not held:
             return 0
         settled = self.consumer.release(held, delay, error=error)

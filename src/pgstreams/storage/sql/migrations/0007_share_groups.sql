@@ -264,7 +264,7 @@ $$;
 -- (claims of 'x' may have expired: nobody else took them). Returns per event 'k' (done), 'e' (its lock
 -- expired: nothing done, it is delivered again), 'o' (another acquisition holds it or it is done: nothing
 -- done) or, for a release of an event delivered p_max_deliveries times, 'd' (claimed for the dead-letter
--- topic with p_dead_letter; else dropped, returned 'k').
+-- topic with p_dead_letter; else dropped).
 CREATE FUNCTION {schema}.share_settle(
     p_group text, p_topic_id integer, p_owner text, p_partitions integer[], p_positions bigint[],
     p_deliveries integer[], p_action "char", p_delay_ms bigint, p_lock_ms bigint, p_max_deliveries integer,
@@ -342,7 +342,6 @@ BEGIN
                 UPDATE {schema}.share_partitions SET too_often = too_often + r.n
                  WHERE group_name = p_group AND topic_id = p_topic_id AND partition = r.partition;
             END LOOP;
-            v_outs := array_replace(v_outs, 'd'::"char", 'k'::"char");
         END IF;
     ELSE
         RAISE EXCEPTION 'unknown share action %', p_action USING ERRCODE = 'invalid_parameter_value';

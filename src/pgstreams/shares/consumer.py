@@ -365,19 +365,26 @@ class ShareConsumer:
         codes = self._settle(RENEW, held, None, lock_timeout=self.lock_timeout)
         return self._settlement("renew", codes, held, forget=False)
 
-    def reject(self, events: Iterable[Event] | Event, reason: str | None = None) -> Settlement:
+    def reject(self, events: Iterable[Event] | Event, reason: str | None = None, *,
+               conn: psycopg.Connection | None = None) -> Settlement:
         """Mark ``events`` as never to be delivered again: each goes to the dead-letter topic (when the
-        group has one) in the same transaction, with ``reason`` (default none) in its headers."""
+        group has one) in the same transaction, with ``reason`` (default none) in its headers. ``conn``:
+        inside that connection's open transaction (default: a transaction of its own)."""
         if reason is not None and not isinstance(reason, str):
             raise InvalidArgument(f"reason must be a string or None, not {type(reason).__name__}")
         held = self._mine(events)
+        if conn is not None:
+            return self._reject(conn, held, reason)
+        with self._client.connection() as c:
+            with c.transaction():
+                return self._reject(c, held, reason)
+
+    def _reject(self, conn: psycopg.Connection, held: list[tuple[Event, int]], reason: str | None) -> Settlement:
         by_key = {(e.partition, e.position): e for e, _ in held}
-        with self._client.connection() as conn:
-            with conn.transaction():
-                codes = self._settle(REJECT, held, conn)
-                done = [by_key[k] for k, c in codes.items() if c == "k"]
-                self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer",
-                                           rejected=True)
+        with conn.transaction():
+            codes = self._settle(REJECT, held, conn)
+            done = [by_key[k] for k, c in codes.items() if c == "k"]
+            self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer", rejected=True)
         return self._settlement("reject", codes, held)
 
     # -- dead letters ------------------------------------------------------------------------------------
@@ -489,3 +496,12 @@ class ShareTransaction:
         got = self._consumer.poll(max_events, timeout)
         self.events.extend(got)
         return got
+
+    def reject(self, events: Sequence[Event], reason: str | None = None) -> Settlement:
+        """Reject ``events`` (polled in this transaction) in the transaction (see
+        :meth:`ShareConsumer.reject`): they are not acked at its end, and their rejection is kept only
+        if it commits."""
+        out = self._consumer.reject(events, reason, conn=self.connection)
+        gone = {(e.partition, e.position) for e in events}
+        self.events = [e for e in self.events if (e.partition, e.position) not in gone]
+        return out

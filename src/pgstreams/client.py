@@ -351,8 +351,10 @@ class Client:
     # -- share groups and queues ---------------------------------------------------------------------
     def share_consumer(
         self, topic: str, group: str, *, start: Start = SHARE_DEFAULTS.start,
-        lock_timeout: float = SHARE_DEFAULTS.lock_timeout, max_deliveries: int = SHARE_DEFAULTS.max_deliveries,
-        dead_letter: bool | str = SHARE_DEFAULTS.dead_letter, ordering: ShareOrdering = SHARE_DEFAULTS.ordering,
+        lock_timeout: float = SHARE_DEFAULTS.lock_timeout,
+        max_deliveries: int = SHARE_DEFAULTS.max_deliveries,
+        dead_letter: bool | str = SHARE_DEFAULTS.dead_letter,
+        ordering: ShareOrdering = SHARE_DEFAULTS.ordering,
     ) -> ShareConsumer:
         """A :class:`pgstreams.ShareConsumer` of ``topic`` in share group ``group``: any number of them,
         in any processes, share every partition of the topic, each event going to one of them at a time.
@@ -372,7 +374,8 @@ class Client:
 
     def create_queue(
         self, name: str, partitions: int = 1, *, lock_timeout: float = SHARE_DEFAULTS.lock_timeout,
-        max_deliveries: int = SHARE_DEFAULTS.max_deliveries, dead_letter: bool | str = SHARE_DEFAULTS.dead_letter,
+        max_deliveries: int = SHARE_DEFAULTS.max_deliveries,
+        dead_letter: bool | str = SHARE_DEFAULTS.dead_letter,
         ordering: ShareOrdering = SHARE_DEFAULTS.ordering, segment_size: int = DEFAULT_SEGMENT_SIZE,
     ) -> TopicInfo:
         """Create queue ``name``: a topic (``partitions``, default 1; ``segment_size`` as for
@@ -414,5 +417,6 @@ class Client:
             check_topic(topic)
         out = self.store.shares.status(group, topic)
         if not out:
-            raise GroupNotFound(f"share group {group!r} does not exist" + (f" on topic {topic!r}" if topic else ""))
+            where = f" on topic {topic!r}" if topic else ""
+            raise GroupNotFound(f"share group {group!r} does not exist{where}")
         return out

@@ -31,8 +31,8 @@ def test_worker_runs_a_share_group_and_groups_describe_shows_it(dsn: str, tmp_pa
         client.publish_many("t", [{"value": i} for i in range(40)])
         log = open(tmp_path / "worker.log", "wb")
         procs = [subprocess.Popen(
-            [*CLI, "worker", "workers_app:record_tx", "--topic", "t", "--share-group", "sg", "--concurrency", "3",
-             "--mode", "transactional", "--dsn", dsn],
+            [*CLI, "worker", "workers_app:record_tx", "--topic", "t", "--share-group", "sg",
+             "--concurrency", "3", "--mode", "transactional", "--dsn", dsn],
             cwd=TESTS, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ, WORKERS_APP_NAME=f"w{i}"))
             for i in range(2)]
         try:

@@ -4,6 +4,7 @@ once; two consumers never hold one event's lock at once."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import threading
@@ -128,7 +129,7 @@ def test_two_consumers_never_hold_the_same_events_lock_at_once(client: pgstreams
         acqs.sort()
         counts = [a[0] for a in acqs]
         assert counts == list(range(1, len(acqs) + 1)), f"{key}: delivery counts {counts}"
-        for (_, _, start_prev, _), (_, _, _, end_next) in zip(acqs, acqs[1:]):
+        for (_, _, start_prev, _), (_, _, _, end_next) in itertools.pairwise(acqs):
             # the next acquisition came after the previous lock expired: it was taken at the earliest when
             # the previous poll started, and held at least lock seconds
             assert end_next - start_prev >= lock, f"{key} was acquired again while locked"

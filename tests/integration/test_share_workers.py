@@ -21,7 +21,8 @@ def handled_count(client: pgstreams.Client) -> int:
 
 
 @pytest.mark.parametrize("mode", ["at-least-once", "transactional"])
-def test_a_share_worker_runs_concurrent_handlers_on_one_partition(client: pgstreams.Client, mode: str) -> None:
+def test_a_share_worker_runs_concurrent_handlers_on_one_partition(client: pgstreams.Client,
+                                                                  mode: str) -> None:
     client.create_topic("t", 1)
     with client.connection() as conn:
         conn.execute("CREATE TABLE out (position bigint PRIMARY KEY)")

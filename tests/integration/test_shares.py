@@ -81,7 +81,8 @@ def test_acking_after_the_lock_expired_says_so_and_never_acks_twice(client: pgst
 
 def _expired(client: pgstreams.Client) -> bool:
     with client.connection() as conn:
-        row = conn.execute("SELECT bool_and(until <= clock_timestamp()) FROM pgstreams.share_events").fetchone()
+        row = conn.execute(
+            "SELECT bool_and(until <= clock_timestamp()) FROM pgstreams.share_events").fetchone()
     return bool(row and row[0])
 
 
@@ -137,7 +138,7 @@ def test_an_event_delivered_max_deliveries_times_goes_to_the_dead_letter_topic_o
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
         seen += a.poll(1, 0.1) + b.poll(1, 0.1)
-        if client.describe_share_group("g")[0].dead_lettered + client.describe_share_group("g")[1].dead_lettered:
+        if sum(s.dead_lettered for s in client.describe_share_group("g")):
             break
     assert sorted(e.delivery_count for e in seen) == [1, 2]
     assert state_rows(client, "g", "t") == 0
@@ -212,7 +213,7 @@ def test_ordering_by_key_never_has_two_events_of_a_key_in_flight_and_keeps_their
     assert b0.value == "b0" and b0.delivery_count == 2
     assert b.ack([a1, b0]).ok
     rest = take(a, 3)
-    assert sorted(e.value for e in rest) == ["a2", "b1"] or sorted(e.value for e in rest) == ["a2", "b1", "b2"]
+    assert sorted(e.value for e in rest) in (["a2", "b1"], ["a2", "b1", "b2"])
     values: list[str] = [e.value for e in rest]
     a.ack(rest)
     values += [e.value for e in take(a, 4 - len(values), timeout=3)]
@@ -345,7 +346,8 @@ def test_bad_input_raises_a_clear_error_and_changes_nothing(client: pgstreams.Cl
         (lambda: client.share_consumer("t", "bad group!"), pgstreams.InvalidName, "group"),
         (lambda: client.share_consumer("t", "g", lock_timeout=-1), pgstreams.InvalidArgument, "lock_timeout"),
         (lambda: client.share_consumer("t", "g", lock_timeout=0), pgstreams.InvalidArgument, "lock_timeout"),
-        (lambda: client.share_consumer("t", "g", max_deliveries=0), pgstreams.InvalidArgument, "max_deliveries"),
+        (lambda: client.share_consumer("t", "g", max_deliveries=0), pgstreams.InvalidArgument,
+         "max_deliveries"),
         (lambda: client.share_consumer("t", "g", dead_letter="t"), pgstreams.InvalidArgument, "itself"),
         (lambda: client.share_consumer("t", "g", dead_letter=3), pgstreams.InvalidArgument, "dead_letter"),
         (lambda: client.share_consumer("t", "g", ordering="time"), pgstreams.InvalidArgument, "ordering"),

@@ -23,8 +23,8 @@ from .output import (
     share_table,
 )
 
-groups_app = typer.Typer(help="Stream groups (checkpoints, heads and lag) and share groups (events in flight).",
-                         no_args_is_help=True)
+groups_app = typer.Typer(help="Stream groups (checkpoints, heads and lag) and share groups (events in "
+                         "flight).", no_args_is_help=True)
 
 
 @groups_app.command("list")
@@ -73,8 +73,9 @@ def groups_describe(
             console.print(member_line(m))
     if shares:
         console.print(share_table(shares))
-        console.print(f"acquired: {sum(s.acquired for s in shares)}, available: "
-                      f"{sum(s.available for s in shares)}, dead-lettered: {sum(s.dead_lettered for s in shares)}")
+        console.print(f"acquired: {sum(s.acquired for s in shares)}, "
+                      f"available: {sum(s.available for s in shares)}, "
+                      f"dead-lettered: {sum(s.dead_lettered for s in shares)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from ..consumer.reader import Start, _event, check_start
 from ..codec import decode_value
+from ..consumer.reader import Start, _event, check_start
+from ..consumer.wakeup import topic_wakeup
 from ..errors import InvalidArgument, TopicConflict, TopicNotFound
 from ..models import Event, Settlement, ShareOutcome
 from ..names import check_group, check_topic
 from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW
-from ..consumer.wakeup import topic_wakeup
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -319,7 +319,8 @@ class ShareConsumer:
             return {}
         triples = [(e.partition, e.position, d) for e, d in held]
         if conn is not None:
-            return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, triples, **kw)
+            return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, triples,
+                                      **kw)
         with self._client.connection() as c:
             return self._store.settle(c, self.group, self.topic_id, self.consumer_id, action, triples, **kw)
 
@@ -379,12 +380,14 @@ class ShareConsumer:
             with c.transaction():
                 return self._reject(c, held, reason)
 
-    def _reject(self, conn: psycopg.Connection, held: list[tuple[Event, int]], reason: str | None) -> Settlement:
+    def _reject(self, conn: psycopg.Connection, held: list[tuple[Event, int]], reason: str | None
+                ) -> Settlement:
         by_key = {(e.partition, e.position): e for e, _ in held}
         with conn.transaction():
             codes = self._settle(REJECT, held, conn)
             done = [by_key[k] for k, c in codes.items() if c == "k"]
-            self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer", rejected=True)
+            self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer",
+                                       rejected=True)
         return self._settlement("reject", codes, held)
 
     # -- dead letters ------------------------------------------------------------------------------------

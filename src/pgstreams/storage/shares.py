@@ -96,7 +96,8 @@ class ShareStore:
     def count(self, conn: psycopg.Connection, group: str, topic_id: int, partition: int, *,
               too_often: int = 0, rejected: int = 0, dead_lettered: int = 0) -> None:
         """Add to the group's counters of a partition."""
-        self.ex.one("share_count", (group, topic_id, partition, too_often, rejected, dead_lettered), conn=conn)
+        self.ex.one("share_count", (group, topic_id, partition, too_often, rejected, dead_lettered),
+                    conn=conn)
 
     def status(self, group: str, topic: str | None = None) -> list[ShareGroupStatus]:
         """The state of share group ``group`` per topic and partition (of one ``topic`` if given)."""

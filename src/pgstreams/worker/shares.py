@@ -32,8 +32,8 @@ log = logging.getLogger("pgstreams.worker")
 
 
 class ShareHandlerTransaction:
-    """A handler's transaction on a share group: ``connection`` is in it; the acks of :meth:`ShareSource.commit`
-    made in it are kept only if every one of them took effect."""
+    """A handler's transaction on a share group: ``connection`` is in it; the acks of
+    :meth:`ShareSource.commit` made in it are kept only if every one of them took effect."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.connection = conn

@@ -121,7 +121,8 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
         raise InvalidArgument(f"share must be true or false, not {o.share!r}")
     if (isinstance(o.concurrency, bool) or not isinstance(o.concurrency, int)
             or not 1 <= o.concurrency <= MAX_CONCURRENCY):
-        raise InvalidArgument(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, got {o.concurrency!r}")
+        raise InvalidArgument(
+            f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, got {o.concurrency!r}")
     if o.concurrency != 1 and not o.share:
         raise InvalidArgument("concurrency needs share=True (a stream group processes a partition in order, "
                               "with one handler at a time)")

@@ -216,12 +216,13 @@ class Worker:
 
     def _share_runners(self, sub: Subscription) -> list[ShareRunner]:
         """The ``concurrency`` runners of share subscription ``sub``, over one consumer of its group."""
-        consumer = ShareConsumer(self.client, sub.topic, sub.group, ShareOptions(
-            start=sub.start, max_deliveries=sub.retry.max_attempts if sub.dead_letter is not None else _FOREVER,
-            dead_letter=sub.dead_letter if sub.dead_letter is not None else False), consumer_id=self.member_id)
-        source = ShareSource(consumer)
-        return [ShareRunner(sub, source, index=i, member_id=self.member_id, clock=self.clock, stats=self.stats)
-                for i in range(sub.concurrency)]
+        dlt = sub.dead_letter
+        options = ShareOptions(start=sub.start, max_deliveries=sub.retry.max_attempts if dlt else _FOREVER,
+                               dead_letter=dlt if dlt is not None else False)
+        source = ShareSource(ShareConsumer(self.client, sub.topic, sub.group, options,
+                                           consumer_id=self.member_id))
+        return [ShareRunner(sub, source, index=i, member_id=self.member_id, clock=self.clock,
+                            stats=self.stats) for i in range(sub.concurrency)]
 
     def _on_failure(self, failed: ServiceFailed) -> None:
         self.failure = failed

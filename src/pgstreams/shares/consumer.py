@@ -36,6 +36,9 @@ DEFAULT_MAX_DELIVERIES = 5
 DEFAULT_SHARE_WINDOW = 10_000
 #: The orderings of a share group: ``None`` (no order) or ``"key"``.
 ORDERINGS: tuple[str | None, ...] = (None, "key")
+#: Longest interval (seconds) between a busy consumer's searches for events whose lock expired (half the
+#: lock timeout when shorter; a consumer that finds nothing else searches at once).
+_EXPIRY_SCAN = 1.0
 #: Longest delay of a release (seconds): a day.
 _MAX_DELAY = 86_400.0
 
@@ -154,8 +157,13 @@ class ShareConsumer:
         # the events acquired and not settled, as poll returned them: only those very objects can be settled
         # (an event of another group of the same topic has the same position and maybe delivery count)
         self._held: dict[tuple[int, int], Event] = {}
+        # of those acquired in one go past the frontier: the first position of their shared batch row (a hint
+        # for settling them: a batch acked whole is one row deleted; a stale hint costs nothing)
+        self._batch: dict[tuple[int, int], int] = {}
+        self._members: dict[tuple[int, int], tuple[int, ...]] = {}  # (partition, first) -> its positions
         self._lock = threading.Lock()
         self._turn = 0
+        self._next_expiry_scan = 0.0
         self._dlt_partitions: int | None = None
         if dlt is not None:
             self._ensure_dead_letter_topic(dlt)
@@ -235,22 +243,52 @@ class ShareConsumer:
     def acquire(self, max_events: int = 500, partitions: Sequence[int] | None = None) -> list[Event]:
         """Acquire up to ``max_events`` events (default 500) of ``partitions`` (default all) now, without
         waiting; events due for the dead-letter topic on the way are sent there first."""
+        now = time.monotonic()
+        expired = now >= self._next_expiry_scan
+        if expired:
+            self._next_expiry_scan = now + min(_EXPIRY_SCAN, self.lock_timeout / 2)
+        order = self._order(partitions)
         with self._client.connection() as conn:
             rows = self._store.acquire(
-                conn, self.group, self.topic_id, self._order(partitions), owner=self.consumer_id,
+                conn, self.group, self.topic_id, order, owner=self.consumer_id,
                 max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
                 dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                window=self.window)
+                window=self.window, expired=expired)
+            if not rows:
+                # nothing at hand: wait for a consumer advancing the first partition now (consumers of one
+                # partition take turns), and look for expired locks
+                rows = self._store.acquire(
+                    conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                    max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
+                    dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
+                    window=self.window, expired=True, wait=True)
+                if not rows and not expired:
+                    rows = self._store.acquire(
+                        conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                        max_events=max_events, lock_timeout=self.lock_timeout,
+                        max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
+                        ordered=self.ordering == "key", window=self.window, expired=True)
         if not rows:
             return []
         acquired: list[Event] = []
         doomed: list[Event] = []
+        batches: dict[tuple[int, int], int] = {}
+        members: dict[tuple[int, int], list[int]] = {}
         for row in rows:
             ev = self._event(row)
-            (doomed if row[13] == "d" else acquired).append(ev)
+            if row[13] == "d":
+                doomed.append(ev)
+            else:
+                acquired.append(ev)
+                if row[14] is not None:
+                    batches[(ev.partition, ev.position)] = row[14]
+                    members.setdefault((ev.partition, row[14]), []).append(ev.position)
         with self._lock:
             for ev in acquired:
                 self._held[(ev.partition, ev.position)] = ev
+            self._batch.update(batches)
+            for k, ps in members.items():
+                self._members[k] = tuple(ps)
         for ev in doomed:
             self._dead_letter([ev], "DeliveryLimit",
                               f"delivered {ev.delivery_count} times (max_deliveries {self.max_deliveries}); "
@@ -258,7 +296,7 @@ class ShareConsumer:
         return acquired
 
     def _event(self, row: Sequence[Any]) -> Event:
-        p, pos, x, since, kind, key, value, headers, et, eid, cid, sid, deliveries, _state = row
+        p, pos, x, since, kind, key, value, headers, et, eid, cid, sid, deliveries = row[:13]
         return _event(self.topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
                       headers or {}, et, eid, cid, sid, _EPOCH + since, x, deliveries)
 
@@ -312,17 +350,50 @@ class ShareConsumer:
         with self._lock:
             for k in keys:
                 self._held.pop(k, None)
+                first = self._batch.pop(k, None)
+                if first is not None:
+                    self._members.pop((k[0], first), None)
+
+    def _whole_batches(self, held: list[tuple[Event, int]]) -> dict[tuple[int, int], tuple[int, ...]]:
+        """The batch rows all of whose events are in ``held``."""
+        named: dict[tuple[int, int], set[int]] = {}
+        with self._lock:
+            for e, _ in held:
+                first = self._batch.get((e.partition, e.position))
+                if first is not None:
+                    named.setdefault((e.partition, first), set()).add(e.position)
+            return {k: self._members[k] for k, ps in named.items()
+                    if k in self._members and len(ps) == len(self._members[k])}
 
     def _settle(self, action: str, held: list[tuple[Event, int]], conn: psycopg.Connection | None,
                 **kw: Any) -> dict[tuple[int, int], str]:
         if not held:
             return {}
-        triples = [(e.partition, e.position, d) for e, d in held]
+        if action == ACK:
+            whole = self._whole_batches(held)
+            if whole:
+                if conn is not None:
+                    acked = self._store.ack_batches(conn, self.group, self.topic_id, self.consumer_id, whole)
+                else:
+                    with self._client.connection() as c:
+                        acked = self._store.ack_batches(c, self.group, self.topic_id, self.consumer_id, whole)
+                done = {(p, pos) for (p, first) in acked for pos in whole[(p, first)]}
+                rest = [(e, d) for e, d in held if (e.partition, e.position) not in done]
+                codes = dict.fromkeys(done, "k")
+                if rest:
+                    codes.update(self._settle_each(action, rest, conn, **kw))
+                return codes
+        return self._settle_each(action, held, conn, **kw)
+
+    def _settle_each(self, action: str, held: list[tuple[Event, int]], conn: psycopg.Connection | None,
+                     **kw: Any) -> dict[tuple[int, int], str]:
+        with self._lock:
+            quads = [(e.partition, e.position, d, self._batch.get((e.partition, e.position))) for e, d in held]
         if conn is not None:
-            return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, triples,
+            return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, quads,
                                       **kw)
         with self._client.connection() as c:
-            return self._store.settle(c, self.group, self.topic_id, self.consumer_id, action, triples, **kw)
+            return self._store.settle(c, self.group, self.topic_id, self.consumer_id, action, quads, **kw)
 
     def _settlement(self, name: str, codes: dict[tuple[int, int], str], held: list[tuple[Event, int]],
                     forget: bool = True) -> Settlement:
@@ -396,12 +467,12 @@ class ShareConsumer:
         """Finish the dead-letter claims of ``events``: publish their copies and remove them from the
         group in one transaction; return those this consumer sent (a claim taken over by another consumer
         is theirs)."""
-        triples = [(e.partition, e.position, e.delivery_count) for e in events]
+        claims = [(e.partition, e.position, e.delivery_count, None) for e in events]
         by_key = {(e.partition, e.position): e for e in events}
         with self._client.connection() as conn:
             with conn.transaction():
                 codes = self._store.settle(conn, self.group, self.topic_id, self.consumer_id,
-                                           FINISH_DEAD_LETTER, triples)
+                                           FINISH_DEAD_LETTER, claims)
                 done = [by_key[k] for k, c in codes.items() if c == "k"]
                 self._publish_dead_letters(conn, done, kind, message, too_often=too_often)
         return {(e.partition, e.position) for e in done}

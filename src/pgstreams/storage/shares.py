@@ -6,21 +6,39 @@ in flight (acquired, available again, waiting, or being dead-lettered); done eve
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timezone
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..models import ShareGroupStatus
 from .executor import Executor
+from .naming import TopicTables
+from .queries import QuerySet
+
+#: The acquisition of new events (``sql/shares/advance.sql``), rendered per topic and lock mode.
+SHARE_QUERIES = QuerySet("pgstreams.storage", "sql", "shares")
+
+
+@functools.lru_cache(maxsize=1024)
+def _advance(schema: str, topic_id: int, wait: bool) -> sql.Composed:
+    ids = dict(TopicTables(schema, topic_id).identifiers)
+    ids["wait"] = sql.SQL("" if wait else "SKIP LOCKED")
+    return SHARE_QUERIES.render("share_advance", schema, ids)
 
 #: What :meth:`ShareStore.acquire` returns per event: the columns of a poll's row (see
-#: ``pgstreams.consumer.ROW_FIELDS``), then the delivery count and the state (``"a"`` acquired, ``"d"``
-#: claimed for the dead-letter topic).
+#: ``pgstreams.consumer.ROW_FIELDS``), then the delivery count, the state (``"a"`` acquired, ``"d"``
+#: claimed for the dead-letter topic) and the first position of its batch row (``None``: its own row).
 AcquiredRow = tuple[Any, ...]
+
+#: An acquisition to settle: ``(partition, position, delivery count, first position of its batch row or
+#: None)``.
+Held = tuple[int, int, int, "int | None"]
 
 #: The actions of :meth:`ShareStore.settle`.
 ACK, RELEASE, RENEW, REJECT, FINISH_DEAD_LETTER = "k", "l", "n", "j", "x"
@@ -72,26 +90,52 @@ class ShareStore:
 
     def acquire(self, conn: psycopg.Connection, group: str, topic_id: int, partitions: Sequence[int], *,
                 owner: str, max_events: int, lock_timeout: float, max_deliveries: int, dead_letter: bool,
-                ordered: bool, window: int) -> list[AcquiredRow]:
-        """Acquire up to ``max_events`` events for ``owner`` (see ``share_acquire``)."""
-        return self.ex.all("share_acquire", {
-            "group": group, "topic_id": topic_id, "partitions": list(partitions), "owner": owner,
+                ordered: bool, window: int, expired: bool, wait: bool = False) -> list[AcquiredRow]:
+        """Acquire up to ``max_events`` events of ``partitions`` for ``owner``: events due again (with
+        ``expired``, also those whose lock expired), then new events past the frontiers, below the read
+        fences, in one round trip (see ``share_take_due()`` and ``share_advance``). ``wait``: advance only
+        the first partition, waiting for a consumer advancing it now (default: skip such partitions)."""
+        params = {
+            "group": group, "partitions": list(partitions[:1] if wait else partitions), "owner": owner,
             "max": max_events, "lock_ms": round(lock_timeout * 1000), "max_deliveries": max_deliveries,
-            "dead_letter": dead_letter, "ordered": ordered, "window": window},
-            conn=conn, prepare=True, binary=True)
+            "dead_letter": dead_letter, "ordered": ordered, "window": window, "expired": expired}
+        with conn.pipeline(), conn.transaction():
+            conn.execute(self.ex.query("share_generic_plans"))
+            due = None
+            if not wait:
+                due = conn.cursor(binary=True)
+                due.execute(self.ex.query("share_take_due", topic_id), params, prepare=True)
+            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
+            new = conn.cursor(binary=True)
+            new.execute(_advance(self.ex.schema, topic_id, wait), params, prepare=True)
+        rows: list[AcquiredRow] = due.fetchall() if due is not None else []
+        rows += new.fetchall()
+        return rows
 
     def settle(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str, action: str,
-               held: Sequence[tuple[int, int, int]], *, delay: float = 0.0, lock_timeout: float = 0.0,
+               held: Sequence[Held], *, delay: float = 0.0, lock_timeout: float = 0.0,
                max_deliveries: int = 0, dead_letter: bool = False) -> dict[tuple[int, int], str]:
-        """Settle acquisitions ``(partition, position, delivery count)`` of ``owner`` with ``action``;
-        return the outcome code per ``(partition, position)`` (see ``share_settle``)."""
+        """Settle acquisitions of ``owner`` with ``action``; return the outcome code per ``(partition,
+        position)`` (see ``share_settle``)."""
         rows = self.ex.all("share_settle", {
             "group": group, "topic_id": topic_id, "owner": owner,
             "partitions": [h[0] for h in held], "positions": [h[1] for h in held],
-            "deliveries": [h[2] for h in held], "action": action, "delay_ms": round(delay * 1000),
+            "deliveries": [h[2] for h in held], "batches": [h[3] for h in held],
+            "action": action, "delay_ms": round(delay * 1000),
             "lock_ms": round(lock_timeout * 1000), "max_deliveries": max_deliveries,
             "dead_letter": dead_letter}, conn=conn, prepare=True)
         return {(int(p), int(pos)): str(o) for p, pos, o in rows}
+
+    def ack_batches(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
+                    batches: Mapping[tuple[int, int], Sequence[int]]) -> set[tuple[int, int]]:
+        """Ack whole batch rows of ``owner``, given as ``(partition, first position) -> every position``;
+        return those acked (the others are no longer held as a batch: settle their events one by one)."""
+        keys = list(batches)
+        rows = self.ex.all("share_ack_batches", {
+            "group": group, "topic_id": topic_id, "owner": owner, "partitions": [k[0] for k in keys],
+            "firsts": [k[1] for k in keys],
+            "batches": ["{" + ",".join(map(str, batches[k])) + "}" for k in keys]}, conn=conn, prepare=True)
+        return {(int(p), int(pos)) for p, pos in rows}
 
     def count(self, conn: psycopg.Connection, group: str, topic_id: int, partition: int, *,
               too_often: int = 0, rejected: int = 0, dead_lettered: int = 0) -> None:

@@ -6,13 +6,18 @@
 --   share_partitions  one row per (group, topic, partition): the acquisition frontier. Every event at or
 --                     below it has been taken into the group's state once; an event at or below it
 --                     without a share_events row is done (acked, rejected or dead-lettered).
---   share_events      one row per event taken but not done: acquired (locked by a consumer until a
---                     time), available again (released, lock expired, delayed, or waiting behind an
---                     earlier event of its key), or being dead-lettered. Done events lose their row.
+--   share_events      the events taken but not done: acquired (locked by a consumer until a time),
+--                     available again (released, lock expired, delayed, or waiting behind an earlier
+--                     event of its key), or being dead-lettered, one row each; except that the events a
+--                     consumer takes past the frontier in one go (without ordering by key) share one
+--                     "batch" row (their positions in an array) until one of them is settled alone, its
+--                     lock expires, or all are acked together (the common case: one row inserted and one
+--                     deleted per poll, not one per event). Done events lose their row.
 --
 -- The frontier moves only over events below the partition's read fence (partition_fences(),
 -- 0004_partition_fence.sql), so no committed event is ever passed over. It stops while a partition has
--- p_window rows (the bounded window of events in flight, like Kafka's share-partition record locks).
+-- a window of rows not acquired (released, delayed, waiting for their key): the bounded window, like
+-- Kafka's share-partition record locks. Acquired rows are bounded by what the consumers hold.
 -- Rendered with the target schema as {schema} / '{schema_raw}'; literal braces are doubled.
 
 CREATE TABLE {schema}.share_groups (
@@ -43,8 +48,9 @@ CREATE TABLE {schema}.share_partitions (
         ON DELETE CASCADE
 );
 
--- state: 'a' acquired by owner until "until"; 'r' available from "until" on; 'd' claimed by owner until
--- "until" to be published to the dead-letter topic. key: only with ordering by key.
+-- state: 'a' acquired by owner until "until"; 'b' a batch acquired by owner until "until" (position is its
+-- first event's, batch all its positions, sorted; deliveries 1); 'r' available from "until" on; 'd' claimed
+-- by owner until "until" to be published to the dead-letter topic. key: only with ordering by key.
 CREATE TABLE {schema}.share_events (
     group_name  text        NOT NULL,
     topic_id    integer     NOT NULL,
@@ -56,10 +62,16 @@ CREATE TABLE {schema}.share_events (
     until       timestamptz NOT NULL,
     acquired_at timestamptz,
     key         text,
+    batch       bigint[],
     PRIMARY KEY (group_name, topic_id, partition, position)
 );
--- rows due (lock expired, released, delay over) are found by time, not by scanning those in flight
-CREATE INDEX share_events_due_idx ON {schema}.share_events (group_name, topic_id, partition, until);
+-- Rows due again are found by time. Two partial indexes: acked rows (deleted) leave dead entries behind
+-- until VACUUM, and those are all in the index of acquired rows, which is searched for expired locks only
+-- when asked (p_expired); rows released, waiting or being dead-lettered are few and searched every time.
+CREATE INDEX share_events_waiting_idx ON {schema}.share_events (group_name, topic_id, partition, until)
+    WHERE state NOT IN ('a', 'b');
+CREATE INDEX share_events_locked_idx ON {schema}.share_events (group_name, topic_id, partition, until)
+    WHERE state IN ('a', 'b');
 -- ordering by key: the earliest row of a key
 CREATE INDEX share_events_key_idx ON {schema}.share_events (group_name, topic_id, partition, key, position)
     WHERE key IS NOT NULL;
@@ -72,58 +84,99 @@ LANGUAGE sql STABLE AS $$
                 THEN p_created_at + (p_headers ->> 'pgstreams.delay')::numeric * interval '1 second' END;
 $$;
 
--- Acquire up to p_max events of a share group for p_owner, each locked for p_lock_ms: first events due
--- again (lock expired, released, delay over), oldest first, then new events past each partition's
--- frontier (partitions in the order given: callers rotate it), below the read fence. An event due again
--- that was delivered p_max_deliveries times already is not delivered: it is claimed for the dead-letter
--- topic (state 'd', returned with p_dead_letter) or, without one, dropped. With p_ordered, an event with a
--- key is acquired only when no earlier event of that key is in the group's state (in flight, or waiting).
--- Returns the rows acquired ('a') or claimed ('d') with their events, in partition and position order.
-CREATE FUNCTION {schema}.share_acquire(
-    p_group text, p_topic_id integer, p_partitions integer[], p_owner text, p_max integer, p_lock_ms bigint,
-    p_max_deliveries integer, p_dead_letter boolean, p_ordered boolean, p_window integer
-) RETURNS TABLE (
-    o_partition integer, o_position bigint, o_xid bigint, o_since_epoch interval, o_kind "char", o_key text,
-    o_value bytea, o_headers jsonb, o_event_type text, o_event_id text, o_correlation_id text,
-    o_causation_id text, o_deliveries integer, o_state "char"
-)
+-- Turn batch rows into one row per event (same owner, lock and delivery count), so that their events can
+-- be settled, expire or be taken one by one. p_positions: the batch rows' first positions.
+CREATE FUNCTION {schema}.share_explode(p_group text, p_topic_id integer, p_partitions integer[],
+                                       p_positions bigint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_now     timestamptz := clock_timestamp();
-    v_until   timestamptz := clock_timestamp() + p_lock_ms * interval '1 millisecond';
-    v_table   text := format('%I.%I', '{schema_raw}', 'topic_' || p_topic_id);
-    v_seq     regclass := format('%I.%I', '{schema_raw}', 'topic_' || p_topic_id || '_seq')::regclass;
-    v_parts   integer[] := '{{}}';
-    v_pos     bigint[] := '{{}}';
-    v_dels    integer[] := '{{}}';
-    v_states  "char"[] := '{{}}';
-    v_fences  bigint[];
-    v_got     integer;
-    v_i       integer;
-    v_p       integer;
-    v_front   bigint;
-    v_low     bigint;
-    v_rows    integer;
-    v_dropped integer;
-    r         record;
+    v_parts integer[];
+    v_pos   bigint[];
+    v_dels  integer[];
+    v_owner text[];
+    v_until timestamptz[];
+    v_at    timestamptz[];
 BEGIN
-    IF p_max < 1 THEN
-        RETURN;
+    WITH gone AS (
+        DELETE FROM {schema}.share_events s
+         USING unnest(p_partitions, p_positions) AS c(partition, position)
+         WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = c.partition
+           AND s.position = c.position AND s.state = 'b'
+        RETURNING s.partition, s.batch, s.deliveries, s.owner, s.until, s.acquired_at
+    ), each AS (
+        SELECT g.partition, b.position, g.deliveries, g.owner, g.until, g.acquired_at
+          FROM gone g CROSS JOIN LATERAL unnest(g.batch) AS b(position)
+    )
+    SELECT array_agg(e.partition), array_agg(e.position), array_agg(e.deliveries), array_agg(e.owner),
+           array_agg(e.until), array_agg(e.acquired_at)
+      INTO v_parts, v_pos, v_dels, v_owner, v_until, v_at
+      FROM each e;
+    IF v_pos IS NOT NULL THEN
+        INSERT INTO {schema}.share_events (group_name, topic_id, partition, position, state, deliveries, owner,
+                                           until, acquired_at)
+        SELECT p_group, p_topic_id, c.partition, c.position, 'a', c.deliveries, c.owner, c.until, c.acquired_at
+          FROM unnest(v_parts, v_pos, v_dels, v_owner, v_until, v_at)
+               AS c(partition, position, deliveries, owner, until, acquired_at);
     END IF;
-    -- (1) events due again
-    FOR r IN
-        WITH cand AS (
-            SELECT s.partition, s.position FROM {schema}.share_events s
-             WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = ANY (p_partitions)
-               AND s.until <= v_now
-               AND (NOT p_ordered OR s.key IS NULL OR NOT EXISTS (
-                        SELECT 1 FROM {schema}.share_events o
-                         WHERE o.group_name = p_group AND o.topic_id = p_topic_id AND o.partition = s.partition
-                           AND o.key = s.key AND o.position < s.position))
-             ORDER BY s.position
-             LIMIT p_max
-               FOR UPDATE SKIP LOCKED
-        )
+END;
+$$;
+
+-- Acquiring (pgstreams.storage.shares) sends three statements in one round trip: share_take_due() takes
+-- events due again; load_fences() reads the read fences; the named query share_advance (per topic, plan
+-- cached) takes new events past the frontiers below the fences, up to what share_take_due left.
+
+-- Take up to p_max events of a share group due again for p_owner, each locked for p_lock_ms: released,
+-- delay over, claims for the dead-letter topic expired, and with p_expired those whose lock expired
+-- (batch rows first become one row per event), oldest first. An event delivered p_max_deliveries times
+-- already is not delivered: it is claimed for the dead-letter topic (state 'd', returned, with
+-- p_dead_letter) or, without one, dropped. With p_ordered, an event with a key is taken only when no
+-- earlier event of that key is in the group's state. Leaves how many it returned in the session setting
+-- pgstreams.share_due (for share_advance).
+CREATE FUNCTION {schema}.share_take_due(
+    p_group text, p_topic_id integer, p_partitions integer[], p_owner text, p_max integer, p_lock_ms bigint,
+    p_max_deliveries integer, p_dead_letter boolean, p_ordered boolean, p_expired boolean
+) RETURNS TABLE (o_partition integer, o_position bigint, o_deliveries integer, o_state "char")
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_now    timestamptz := clock_timestamp();
+    v_until  timestamptz := clock_timestamp() + p_lock_ms * interval '1 millisecond';
+    v_parts  integer[];
+    v_pos    bigint[];
+    v_dels   integer[];
+    v_states "char"[];
+    r        record;
+BEGIN
+    PERFORM set_config('pgstreams.share_due', '0', false);
+    IF p_expired THEN  -- batches whose lock expired: their events are taken one by one from now on
+        PERFORM {schema}.share_explode(p_group, p_topic_id, array_agg(e.partition), array_agg(e.position))
+           FROM (SELECT s.partition, s.position FROM {schema}.share_events s
+                  WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = ANY (p_partitions)
+                    AND s.state = 'b' AND s.until <= v_now
+                    FOR UPDATE SKIP LOCKED) e
+         HAVING count(*) > 0;
+    END IF;
+    WITH cand AS (
+        SELECT s.partition, s.position FROM (
+            SELECT w.partition, w.position FROM {schema}.share_events w
+             WHERE w.group_name = p_group AND w.topic_id = p_topic_id AND w.partition = ANY (p_partitions)
+               AND w.state NOT IN ('a', 'b') AND w.until <= v_now
+            UNION ALL
+            SELECT x.partition, x.position FROM {schema}.share_events x
+             WHERE p_expired AND x.group_name = p_group AND x.topic_id = p_topic_id
+               AND x.partition = ANY (p_partitions) AND x.state = 'a' AND x.until <= v_now
+        ) c
+          JOIN {schema}.share_events s
+            ON s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = c.partition
+           AND s.position = c.position
+         WHERE s.until <= v_now
+           AND (NOT p_ordered OR s.key IS NULL OR NOT EXISTS (
+                    SELECT 1 FROM {schema}.share_events o
+                     WHERE o.group_name = p_group AND o.topic_id = p_topic_id AND o.partition = s.partition
+                       AND o.key = s.key AND o.position < s.position))
+         ORDER BY s.position
+         LIMIT p_max
+           FOR UPDATE OF s SKIP LOCKED
+    ), upd AS (
         UPDATE {schema}.share_events s
            SET state = CASE WHEN s.state = 'd' OR s.deliveries >= p_max_deliveries THEN 'd' ELSE 'a' END,
                deliveries = CASE WHEN s.state = 'd' OR s.deliveries >= p_max_deliveries THEN s.deliveries
@@ -133,12 +186,13 @@ BEGIN
          WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = cand.partition
            AND s.position = cand.position
         RETURNING s.partition, s.position, s.deliveries, s.state
-    LOOP
-        v_parts := v_parts || r.partition;
-        v_pos := v_pos || r.position;
-        v_dels := v_dels || r.deliveries;
-        v_states := v_states || r.state;
-    END LOOP;
+    )
+    SELECT array_agg(u.partition), array_agg(u.position), array_agg(u.deliveries), array_agg(u.state)
+      INTO v_parts, v_pos, v_dels, v_states
+      FROM upd u;
+    IF v_pos IS NULL THEN
+        RETURN;
+    END IF;
     IF NOT p_dead_letter AND 'd' = ANY (v_states) THEN
         -- no dead-letter topic: events delivered too often are dropped
         FOR r IN
@@ -154,105 +208,12 @@ BEGIN
             UPDATE {schema}.share_partitions SET too_often = too_often + r.n
              WHERE group_name = p_group AND topic_id = p_topic_id AND partition = r.partition;
         END LOOP;
-        SELECT array_agg(c.partition ORDER BY c.i), array_agg(c.position ORDER BY c.i),
-               array_agg(c.deliveries ORDER BY c.i), array_agg(c.state ORDER BY c.i)
-          INTO v_parts, v_pos, v_dels, v_states
-          FROM unnest(v_parts, v_pos, v_dels, v_states) WITH ORDINALITY AS c(partition, position, deliveries, state, i)
-         WHERE c.state <> 'd';
-        v_parts := coalesce(v_parts, '{{}}');
-        v_pos := coalesce(v_pos, '{{}}');
-        v_dels := coalesce(v_dels, '{{}}');
-        v_states := coalesce(v_states, '{{}}');
     END IF;
-    v_got := cardinality(v_pos);
-    -- (2) new events past the frontiers, below the read fences (read in later statements)
-    IF v_got < p_max THEN
-        v_fences := {schema}.partition_fences(p_topic_id, p_partitions, v_seq);
-        FOR v_i IN 1 .. cardinality(p_partitions) LOOP
-            EXIT WHEN v_got >= p_max;
-            v_p := p_partitions[v_i];
-            -- the first partition (nothing is locked yet): wait for a competing consumer to finish
-            -- its advance (consumers of one partition take turns); the others: skip busy ones
-            IF v_i = 1 THEN
-                SELECT sp.frontier INTO v_front FROM {schema}.share_partitions sp
-                 WHERE sp.group_name = p_group AND sp.topic_id = p_topic_id AND sp.partition = v_p
-                   FOR UPDATE;
-            ELSE
-                SELECT sp.frontier INTO v_front FROM {schema}.share_partitions sp
-                 WHERE sp.group_name = p_group AND sp.topic_id = p_topic_id AND sp.partition = v_p
-                   FOR UPDATE SKIP LOCKED;
-            END IF;
-            CONTINUE WHEN NOT FOUND OR v_front >= v_fences[v_i] - 1;
-            -- the window: positions are topic-wide, so a span below p_window holds fewer rows
-            SELECT s.position INTO v_low FROM {schema}.share_events s
-             WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = v_p
-             ORDER BY s.position LIMIT 1;
-            IF v_low IS NOT NULL AND v_front - v_low >= p_window THEN
-                SELECT count(*) INTO v_rows FROM (
-                    SELECT 1 FROM {schema}.share_events s
-                     WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = v_p
-                     LIMIT p_window) w;
-                CONTINUE WHEN v_rows >= p_window;
-            END IF;
-            FOR r IN EXECUTE format($q$
-                WITH ev AS (
-                    SELECT e.position, e.key, {schema}.share_not_before(e.created_at, e.headers) AS nb
-                      FROM %s e
-                     WHERE e.partition = $1 AND (e.partition, e.position) > ($1, $2) AND e.position < $3
-                     ORDER BY e.position
-                     LIMIT $4
-                ), cls AS (
-                    SELECT ev.position, ev.key, ev.nb,
-                           (ev.nb IS NULL OR ev.nb <= $5)
-                           AND (NOT $6 OR ev.key IS NULL
-                                OR (row_number() OVER (PARTITION BY ev.key ORDER BY ev.position) = 1
-                                    AND NOT EXISTS (
-                                        SELECT 1 FROM {schema}.share_events o
-                                         WHERE o.group_name = $7 AND o.topic_id = $8 AND o.partition = $1
-                                           AND o.key = ev.key))) AS take
-                      FROM ev
-                ), ins AS (
-                    INSERT INTO {schema}.share_events
-                           (group_name, topic_id, partition, position, state, deliveries, owner, until,
-                            acquired_at, key)
-                    SELECT $7, $8, $1, c.position, CASE WHEN c.take THEN 'a' ELSE 'r' END,
-                           CASE WHEN c.take THEN 1 ELSE 0 END, CASE WHEN c.take THEN $9 END,
-                           CASE WHEN c.take THEN $10 ELSE coalesce(c.nb, '-infinity') END,
-                           CASE WHEN c.take THEN $5 END, CASE WHEN $6 THEN c.key END
-                      FROM cls c
-                    RETURNING position, state
-                )
-                SELECT (SELECT max(position) FROM ev) AS top,
-                       array_agg(ins.position ORDER BY ins.position) FILTER (WHERE ins.state = 'a') AS taken
-                  FROM ins$q$, v_table)
-                USING v_p, v_front, v_fences[v_i], p_max - v_got, v_now, p_ordered, p_group, p_topic_id,
-                      p_owner, v_until
-            LOOP
-                IF r.top IS NOT NULL THEN
-                    UPDATE {schema}.share_partitions SET frontier = r.top
-                     WHERE group_name = p_group AND topic_id = p_topic_id AND partition = v_p;
-                END IF;
-                IF r.taken IS NOT NULL THEN
-                    v_parts := v_parts || array_fill(v_p, ARRAY[cardinality(r.taken)]);
-                    v_pos := v_pos || r.taken;
-                    v_dels := v_dels || array_fill(1, ARRAY[cardinality(r.taken)]);
-                    v_states := v_states || array_fill('a'::"char", ARRAY[cardinality(r.taken)]);
-                    v_got := v_got + cardinality(r.taken);
-                END IF;
-            END LOOP;
-        END LOOP;
-    END IF;
-    IF cardinality(v_pos) = 0 THEN
-        RETURN;
-    END IF;
-    RETURN QUERY EXECUTE format($q$
-        SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
-               e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id,
-               c.deliveries, c.state
-          FROM unnest($1::integer[], $2::bigint[], $3::integer[], $4::"char"[]) AS c(partition, position, deliveries, state)
-          JOIN %s e ON e.partition = c.partition AND e.position = c.position
-         ORDER BY e.partition, e.position$q$, v_table)
-        USING v_parts, v_pos, v_dels, v_states;
+    PERFORM set_config('pgstreams.share_due', cardinality(v_pos)::text, false);
+    RETURN QUERY
+        SELECT c.partition, c.position, c.deliveries, c.state
+          FROM unnest(v_parts, v_pos, v_dels, v_states) AS c(partition, position, deliveries, state)
+         WHERE p_dead_letter OR c.state <> 'd';
 END;
 $$;
 
@@ -267,8 +228,8 @@ $$;
 -- topic with p_dead_letter; else dropped).
 CREATE FUNCTION {schema}.share_settle(
     p_group text, p_topic_id integer, p_owner text, p_partitions integer[], p_positions bigint[],
-    p_deliveries integer[], p_action "char", p_delay_ms bigint, p_lock_ms bigint, p_max_deliveries integer,
-    p_dead_letter boolean
+    p_deliveries integer[], p_batches bigint[], p_action "char", p_delay_ms bigint, p_lock_ms bigint,
+    p_max_deliveries integer, p_dead_letter boolean
 ) RETURNS TABLE (o_partition integer, o_position bigint, o_outcome "char")
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -276,8 +237,43 @@ DECLARE
     v_parts integer[];
     v_pos   bigint[];
     v_outs  "char"[];
+    v_bp    integer[];
+    v_bpos  bigint[];
     r       record;
 BEGIN
+    IF p_action = 'k' THEN
+        -- batches acked whole and still held: one row deleted for all their events
+        WITH req AS (
+            SELECT c.partition, c.batch, array_agg(c.position ORDER BY c.position) AS ps
+              FROM unnest(p_partitions, p_positions, p_batches) AS c(partition, position, batch)
+             WHERE c.batch IS NOT NULL
+             GROUP BY c.partition, c.batch
+        ), done AS (
+            DELETE FROM {schema}.share_events s USING req
+             WHERE s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = req.partition
+               AND s.position = req.batch AND s.state = 'b' AND s.owner = p_owner AND s.until > v_now
+               AND s.batch = req.ps
+            RETURNING s.partition, s.batch
+        )
+        SELECT array_agg(d.partition), array_agg(b.position), array_agg('k'::"char")
+          INTO v_parts, v_pos, v_outs
+          FROM done d CROSS JOIN LATERAL unnest(d.batch) AS b(position);
+    END IF;
+    IF cardinality(v_pos) = cardinality(p_positions) THEN  -- all acked with their batches
+        RETURN QUERY SELECT c.partition, c.position, 'k'::"char"
+                       FROM unnest(p_partitions, p_positions) AS c(partition, position);
+        RETURN;
+    END IF;
+    -- the other batches named (held by this owner): one row per event from now on
+    SELECT array_agg(c.partition), array_agg(c.batch) INTO v_bp, v_bpos
+      FROM (SELECT DISTINCT c.partition, c.batch
+              FROM unnest(p_partitions, p_batches) AS c(partition, batch) WHERE c.batch IS NOT NULL) c
+      JOIN {schema}.share_events s
+        ON s.group_name = p_group AND s.topic_id = p_topic_id AND s.partition = c.partition
+       AND s.position = c.batch AND s.state = 'b' AND s.owner = p_owner;
+    IF v_bpos IS NOT NULL THEN
+        PERFORM {schema}.share_explode(p_group, p_topic_id, v_bp, v_bpos);
+    END IF;
     IF p_action IN ('k', 'j') THEN
         WITH done AS (
             DELETE FROM {schema}.share_events s
@@ -287,7 +283,9 @@ BEGIN
                AND s.state = 'a' AND s.until > v_now
             RETURNING s.partition, s.position
         )
-        SELECT array_agg(d.partition), array_agg(d.position), array_agg('k'::"char")
+        SELECT coalesce(v_parts, '{{}}') || coalesce(array_agg(d.partition), '{{}}'),
+               coalesce(v_pos, '{{}}') || coalesce(array_agg(d.position), '{{}}'),
+               coalesce(v_outs, '{{}}') || coalesce(array_agg('k'::"char"), '{{}}')
           INTO v_parts, v_pos, v_outs FROM done d;
     ELSIF p_action = 'x' THEN
         WITH done AS (
@@ -393,12 +391,14 @@ SELECT g.group_name, t.name AS topic, sp.topic_id, sp.partition, g.queue,
   JOIN {schema}.topics t ON t.id = sp.topic_id
  CROSS JOIN LATERAL {schema}.partition_progress(sp.topic_id, sp.partition, sp.frontier) pe
   LEFT JOIN LATERAL (
-      SELECT count(*) FILTER (WHERE s.state IN ('a', 'd') AND s.until > now()) AS acquired,
-             count(*) FILTER (WHERE s.until <= now()) AS due,
+      SELECT sum(coalesce(cardinality(s.batch), 1)) FILTER (WHERE s.state IN ('a', 'b', 'd') AND s.until > now())
+                 AS acquired,
+             sum(coalesce(cardinality(s.batch), 1)) FILTER (WHERE s.until <= now()) AS due,
              count(*) FILTER (WHERE s.state = 'r' AND s.until > now()) AS waiting,
-             count(*) FILTER (WHERE s.deliveries >= g.max_deliveries AND NOT (s.state = 'a' AND s.until > now()))
+             sum(coalesce(cardinality(s.batch), 1)) FILTER (
+                 WHERE s.deliveries >= g.max_deliveries AND NOT (s.state IN ('a', 'b') AND s.until > now()))
                  AS too_often,
-             min(s.acquired_at) FILTER (WHERE s.state IN ('a', 'd') AND s.until > now()) AS oldest_lock
+             min(s.acquired_at) FILTER (WHERE s.state IN ('a', 'b', 'd') AND s.until > now()) AS oldest_lock
         FROM {schema}.share_events s
        WHERE s.group_name = sp.group_name AND s.topic_id = sp.topic_id AND s.partition = sp.partition
   ) st ON true;

@@ -26,14 +26,37 @@ SELECT %(group)s, %(topic_id)s, c.p, c.pos, c.pos
   FROM unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(p, pos)
 ON CONFLICT DO NOTHING;
 
--- name: share_acquire
-SELECT * FROM {schema}.share_acquire(%(group)s, %(topic_id)s, %(partitions)s::int[], %(owner)s, %(max)s,
-                                     %(lock_ms)s, %(max_deliveries)s, %(dead_letter)s, %(ordered)s,
-                                     %(window)s);
+-- name: share_generic_plans
+-- An acquisition runs in a transaction of its own with generic plans: planning its statements (a join of
+-- a topic's segments) costs more than running them.
+SET LOCAL plan_cache_mode = force_generic_plan;
+
+-- name: share_take_due
+-- An acquisition's first statement: events due again, with their events (see share_take_due()). The events
+-- were read below a fence before (they are at or below the frontier): this statement's snapshot sees them.
+SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id,
+       d.o_deliveries, d.o_state, NULL::bigint
+  FROM {schema}.share_take_due(%(group)s, {topic_id}, %(partitions)s::int[], %(owner)s, %(max)s, %(lock_ms)s,
+                               %(max_deliveries)s, %(dead_letter)s, %(ordered)s, %(expired)s) d
+  JOIN {table} e ON e.partition = d.o_partition AND e.position = d.o_position
+ ORDER BY e.partition, e.position;
+
+-- name: share_ack_batches
+-- Ack whole batch rows (the common case): each given by its partition, first position and every position
+-- in it; only those still held by the owner are deleted. Returns the deleted rows' partition and first
+-- position.
+DELETE FROM {schema}.share_events s
+ USING unnest(%(partitions)s::int[], %(firsts)s::bigint[], %(batches)s::text[]) AS c(partition, first, batch)
+ WHERE s.group_name = %(group)s AND s.topic_id = %(topic_id)s AND s.partition = c.partition
+   AND s.position = c.first AND s.state = 'b' AND s.owner = %(owner)s AND s.until > clock_timestamp()
+   AND s.batch = c.batch::bigint[]
+RETURNING s.partition, s.position;
 
 -- name: share_settle
 SELECT * FROM {schema}.share_settle(%(group)s, %(topic_id)s, %(owner)s, %(partitions)s::int[],
-                                    %(positions)s::bigint[], %(deliveries)s::int[], %(action)s::"char",
+                                    %(positions)s::bigint[], %(deliveries)s::int[], %(batches)s::bigint[],
+                                    %(action)s::"char",
                                     %(delay_ms)s, %(lock_ms)s, %(max_deliveries)s, %(dead_letter)s);
 
 -- name: share_count

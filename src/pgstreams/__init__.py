@@ -38,6 +38,7 @@ from .partitioner import partition_for_key
 from .shares import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
+    SHARE_DEFAULTS,
     ShareConsumer,
     ShareOptions,
     ShareTransaction,
@@ -96,6 +97,7 @@ __all__ = [
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME",
+    "SHARE_DEFAULTS",
     "BatchConfig",
     "Client",
     "CommitOutcome",

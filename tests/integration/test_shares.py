@@ -437,3 +437,35 @@ def test_event_times_are_utc(client: pgstreams.Client) -> None:
     client.publish("t", "x")
     [ev] = client.share_consumer("t", "g").poll(1, 1)
     assert ev.created_at.tzinfo == timezone.utc
+
+
+def test_events_of_one_poll_can_be_settled_one_by_one_or_expire(client: pgstreams.Client) -> None:
+    client.create_topic("t")
+    client.publish_many("t", [{"value": i} for i in range(10)])
+    a = client.share_consumer("t", "g", lock_timeout=0.5)
+    b = client.share_consumer("t", "g")
+    got = a.poll(10, 1)
+    assert [e.value for e in got] == list(range(10))
+    assert a.ack(got[:5]).ok  # part of the poll
+    assert a.release(got[5:7]).ok
+    released = wait_until(lambda: b.poll(10, 0.2), 10, "the released events")
+    assert [(e.value, e.delivery_count) for e in released] == [(5, 2), (6, 2)]
+    expired = take(b, 3)  # a's lock on the rest expires
+    assert sorted((e.value, e.delivery_count) for e in expired) == [(7, 2), (8, 2), (9, 2)]
+    assert a.ack(got[7:]).failed() == [(e.partition, e.position) for e in got[7:]]
+    assert b.ack(released + expired).ok
+    assert state_rows(client, "g", "t") == 0
+
+
+def test_the_frontier_stops_at_the_window_of_waiting_events(client: pgstreams.Client) -> None:
+    client.create_topic("t")
+    for i in range(30):
+        client.publish("t", i, delay=3600)
+    a = client.share_consumer("t", "g")
+    a.window = 5
+    for _ in range(10):
+        assert a.poll(3, 0) == []
+    rows = state_rows(client, "g", "t")
+    assert 5 <= rows <= 5 + 3  # the window, and at most one poll beyond it
+    [st] = client.describe_share_group("g")
+    assert st.waiting == rows and st.frontier == rows

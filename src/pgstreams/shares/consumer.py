@@ -274,6 +274,11 @@ class ShareConsumer:
         doomed: list[Event] = []
         batches: dict[tuple[int, int], int] = {}
         members: dict[tuple[int, int], list[int]] = {}
+        removed = [(row[0], row[1]) for row in rows if row[4] is None]
+        if removed:  # retention removed these events before the group settled them
+            rows = [row for row in rows if row[4] is not None]
+            with self._client.connection() as conn:
+                self._store.forget(conn, self.group, self.topic_id, self.consumer_id, removed)
         for row in rows:
             ev = self._event(row)
             if row[13] == "d":

@@ -126,6 +126,13 @@ class ShareStore:
             "dead_letter": dead_letter}, conn=conn, prepare=True)
         return {(int(p), int(pos)): str(o) for p, pos, o in rows}
 
+    def forget(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
+               events: Sequence[tuple[int, int]]) -> None:
+        """Remove ``owner``'s rows of these ``(partition, position)``: events retention removed."""
+        self.ex.run("share_forget", {"group": group, "topic_id": topic_id, "owner": owner,
+                                     "partitions": [e[0] for e in events],
+                                     "positions": [e[1] for e in events]}, conn=conn)
+
     def ack_batches(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
                     batches: Mapping[tuple[int, int], Sequence[int]]) -> set[tuple[int, int]]:
         """Ack whole batch rows of ``owner``, given as ``(partition, first position) -> every position``;

@@ -33,14 +33,22 @@ SET LOCAL plan_cache_mode = force_generic_plan;
 
 -- name: share_take_due
 -- An acquisition's first statement: events due again, with their events (see share_take_due()). The events
--- were read below a fence before (they are at or below the frontier): this statement's snapshot sees them.
-SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+-- were read below a fence before (they are at or below the frontier): this statement's snapshot sees them,
+-- unless retention removed them meanwhile (kind is then NULL).
+SELECT d.o_partition, d.o_position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
        e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id,
        d.o_deliveries, d.o_state, NULL::bigint
   FROM {schema}.share_take_due(%(group)s, {topic_id}, %(partitions)s::int[], %(owner)s, %(max)s, %(lock_ms)s,
                                %(max_deliveries)s, %(dead_letter)s, %(ordered)s, %(expired)s) d
-  JOIN {table} e ON e.partition = d.o_partition AND e.position = d.o_position
- ORDER BY e.partition, e.position;
+  LEFT JOIN {table} e ON e.partition = d.o_partition AND e.position = d.o_position
+ ORDER BY d.o_partition, d.o_position;
+
+-- name: share_forget
+-- Remove an owner's rows of events that retention removed from the topic.
+DELETE FROM {schema}.share_events s
+ USING unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(partition, position)
+ WHERE s.group_name = %(group)s AND s.topic_id = %(topic_id)s AND s.partition = c.partition
+   AND s.position = c.position AND s.owner = %(owner)s;
 
 -- name: share_ack_batches
 -- Ack whole batch rows (the common case): each given by its partition, first position and every position

@@ -34,7 +34,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import psycopg
-from psycopg import sql
 
 import pgstreams
 
@@ -73,8 +72,8 @@ CREATE TABLE seed_events (id bigserial PRIMARY KEY, payload bytea NOT NULL,
                           created_at timestamptz NOT NULL DEFAULT now());
 CREATE TABLE seed_consumers (name text PRIMARY KEY);
 CREATE TABLE seed_state (event_id bigint NOT NULL REFERENCES seed_events (id), consumer text NOT NULL,
-                         status text NOT NULL DEFAULT 'pending', updated_at timestamptz NOT NULL DEFAULT now(),
-                         PRIMARY KEY (consumer, event_id));
+                         status text NOT NULL DEFAULT 'pending',
+                         updated_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, event_id));
 CREATE INDEX seed_state_pending ON seed_state (consumer, event_id) WHERE status = 'pending';
 CREATE FUNCTION seed_fanout() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -95,7 +94,8 @@ _SEED_LOCK = """
 SELECT s.event_id, e.payload FROM seed_state s JOIN seed_events e ON e.id = s.event_id
  WHERE s.consumer = %s AND s.status = 'pending' ORDER BY s.event_id LIMIT %s FOR UPDATE OF s SKIP LOCKED
 """
-_SEED_ACK = "UPDATE seed_state SET status = 'done', updated_at = now() WHERE consumer = %s AND event_id = ANY(%s)"
+_SEED_ACK = ("UPDATE seed_state SET status = 'done', updated_at = now()"
+             " WHERE consumer = %s AND event_id = ANY(%s)")
 
 
 def seed_setup(dsn: str, events: int) -> None:
@@ -112,7 +112,8 @@ def seed_join(dsn: str, consumer: str) -> None:
     """A consumer joining later: its state row per event (as seed 000's backfill does)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("INSERT INTO seed_consumers VALUES (%s)", (consumer,))
-        conn.execute("INSERT INTO seed_state (event_id, consumer) SELECT id, %s FROM seed_events", (consumer,))
+        conn.execute("INSERT INTO seed_state (event_id, consumer) SELECT id, %s FROM seed_events",
+                     (consumer,))
         conn.execute("VACUUM ANALYZE seed_state")
 
 
@@ -318,8 +319,8 @@ def run(dsn: str, duration: float, events: int, work_events: int, rounds: int) -
             rows.append(Measurement(f"acks/s, {mode}, 1 process, batches of {BATCH}", one, "events/s", raw1,
                                     "seed 000 by hand (trigger, SKIP LOCKED, UPDATE per ack), 1 process",
                                     ">= 1.5 x raw", one >= 1.5 * raw1))
-            rows.append(Measurement(f"acks/s, {mode}, 4 processes, batches of {BATCH}", four, "events/s", raw4,
-                                    "seed 000 by hand, 4 processes", ">= 1.5 x raw and >= 20,000/s",
+            rows.append(Measurement(f"acks/s, {mode}, 4 processes, batches of {BATCH}", four, "events/s",
+                                    raw4, "seed 000 by hand, 4 processes", ">= 1.5 x raw and >= 20,000/s",
                                     four >= 1.5 * raw4 and four >= 20_000))
         p50, p99 = latency(db, duration)
         loads.append(f"latency: load {load()}")

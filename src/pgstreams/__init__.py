@@ -34,11 +34,11 @@ from .models import (
     Message,
     PartitionInfo,
     PublishResult,
+    ReplayResult,
+    RetentionStatus,
     Settlement,
     ShareGroupStatus,
     ShareOutcome,
-    ReplayResult,
-    RetentionStatus,
     TopicDescription,
     TopicInfo,
 )
@@ -105,8 +105,8 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_LOCK_TIMEOUT",
-    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_MAINTENANCE_INTERVAL",
+    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",

@@ -34,9 +34,9 @@ from .models import (
     MaintenanceReport,
     Message,
     PublishResult,
-    ShareGroupStatus,
     ReplayResult,
     RetentionStatus,
+    ShareGroupStatus,
     TopicDescription,
     TopicInfo,
 )

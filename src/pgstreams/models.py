@@ -320,6 +320,33 @@ class ShareGroupStatus:
     ``dead_letter``, ``max_deliveries``, ``lock_timeout`` (seconds) and ``ordering`` are the group's
     settings as its latest consumer set them; ``queue`` is true for queues (:meth:`Client.create_queue`).
     """
+
+    group: str
+    topic: str
+    partition: int
+    queue: bool
+    start: int | None
+    frontier: int
+    head: int | None
+    acquired: int
+    available: int
+    waiting: int
+    delivered_too_often: int
+    oldest_lock: datetime | None
+    removed_too_often: int
+    rejected: int
+    dead_lettered: int
+    dead_letter: str | None
+    max_deliveries: int
+    lock_timeout: float
+    ordering: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
+        out: dict[str, Any] = to_json(self)
+        return out
+
+
 @dataclass(frozen=True)
 class RetentionStatus:
     """A topic's retention: its policy (``None``: unlimited; see :mod:`pgstreams.topicconfig`), the oldest
@@ -364,27 +391,6 @@ class CheckpointReset:
     group: str
     topic: str
     partition: int
-    queue: bool
-    start: int | None
-    frontier: int
-    head: int | None
-    acquired: int
-    available: int
-    waiting: int
-    delivered_too_often: int
-    oldest_lock: datetime | None
-    removed_too_often: int
-    rejected: int
-    dead_lettered: int
-    dead_letter: str | None
-    max_deliveries: int
-    lock_timeout: float
-    ordering: str | None
-
-    def as_dict(self) -> dict[str, Any]:
-        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
-        out: dict[str, Any] = to_json(self)
-        return out
     previous: int | None
     checkpoint: int
 

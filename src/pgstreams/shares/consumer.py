@@ -393,7 +393,8 @@ class ShareConsumer:
     def _settle_each(self, action: str, held: list[tuple[Event, int]], conn: psycopg.Connection | None,
                      **kw: Any) -> dict[tuple[int, int], str]:
         with self._lock:
-            quads = [(e.partition, e.position, d, self._batch.get((e.partition, e.position))) for e, d in held]
+            batch = self._batch
+            quads = [(e.partition, e.position, d, batch.get((e.partition, e.position))) for e, d in held]
         if conn is not None:
             return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, quads,
                                       **kw)

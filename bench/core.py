@@ -28,6 +28,7 @@ this machine only) and drops it at the end.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -155,7 +156,7 @@ def latency_consumer(args: LatencyArgs) -> Iterator[Callable[[], int]]:
     """Operation: poll (waking on notifications), record each event's latency; commit if
     ``args.commit``."""
     with pgstreams.connect(args.dsn, migrate=False, pool_size=2) as client:
-        consumer = client.consumer(args.target, "latency", start="latest")
+        consumer = client.consumer(args.target, f"latency-{os.getpid()}", start="latest")
         sink = LatencySink(args.skip)
 
         def op() -> int:

@@ -29,12 +29,13 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
 * ``latency``: publish-to-receive at a steady 2,000 events/s for ``--latency-duration`` s (default 10):
   a paced producer process stamps each value with the time, a consumer process records now minus the
   stamp. pgstreams ``publish`` and ``poll(1000, timeout=0.25)`` woken by notifications, with a
-  ``commit()`` after every poll (the peers acknowledge too); raw INSERT + NOTIFY in one transaction,
-  LISTEN + keyset SELECT; PgQ ``insert_event``, a ticker process calling ``pgq.ticker()`` every 10 ms
-  (queue ``ticker_max_lag`` 0: a tick whenever there are new events), the consumer taking batches,
-  polling ``next_batch`` every 5 ms when there is none (PgQ's latency is bound by its tick interval);
+  ``commit()`` after every poll (the peers acknowledge too) and without; raw INSERT + NOTIFY in one
+  transaction, LISTEN + keyset SELECT; PgQ ``insert_event``, a ticker process calling ``pgq.ticker()``
+  every 10 ms (queue ``ticker_max_lag`` 0: a tick whenever there are new events), the consumer taking
+  batches, polling ``next_batch`` every 5 ms when there is none (PgQ's latency is bound by its tick interval);
   JetStream ``publish`` awaiting the ack, an ephemeral push consumer delivering new messages, AckAll
   policy, the last message of what arrived together acknowledged (as a group commits once per poll).
+  Then pgstreams and raw again with the same total rate from 8 producer processes (``latency x8``).
 
 Throughput measurements of a fixed number of events stop after 1.5 x ``--duration`` s (7.5 s by
 default); a figure that stopped early is marked. The load average of the machine at each measurement is
@@ -58,6 +59,7 @@ Ctrl-C too.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -182,6 +184,18 @@ def _latency(jobs: list[Job]) -> Sample:
     prod, cons = results[0], results[1]
     lat = cons.extra or []
     return Sample(rate=prod.rate, events=len(lat), seconds=prod.seconds, p50=percentile(lat, 50) * 1000,
+                  p99=percentile(lat, 99) * 1000)
+
+
+def _latency_many(producer: Callable, consumer: Callable, args: LatencyArgs, producers: int,
+                  duration: float) -> Sample:
+    """Run ``producers`` paced producers, together at ``args.rate``, and one consumer: the consumer's
+    latency percentiles (ms) and the producers' summed rate."""
+    each = dataclasses.replace(args, rate=args.rate / producers)
+    results = run_jobs([Job(consumer, args, duration + 1.0), *[Job(producer, each, duration)] * producers])
+    lat = results[0].extra or []
+    return Sample(rate=sum(r.rate for r in results[1:]), events=len(lat),
+                  seconds=max(r.seconds for r in results[1:]), p50=percentile(lat, 50) * 1000,
                   p99=percentile(lat, 99) * 1000)
 
 
@@ -331,6 +345,8 @@ class Workloads:
                         "latency", self._entries(
             (OURS, "publish; poll(1000, timeout=0.25) woken by NOTIFY, commit() after each poll",
              lambda r: pair(latency_producer, latency_consumer, LatencyArgs(db, "d", rate, commit=True))),
+            (OURS, "the same without commit()",
+             lambda r: pair(latency_producer, latency_consumer, LatencyArgs(db, "d", rate, commit=False))),
             (RAW, "INSERT + NOTIFY a transaction; LISTEN + keyset SELECT",
              lambda r: pair(raw_latency_producer, raw_latency_consumer, LatencyArgs(db, f"raw_d{r}", rate))),
             (PGQ, f"insert_event; pgq.ticker() every {tick}; next_batch polled every {idle} when idle",
@@ -344,6 +360,21 @@ class Workloads:
         ))
 
 
+    def latency_producers(self) -> Workload:
+        p, db = self.plan, self.db
+        d, rate, n = p.latency_duration, LATENCY_RATE, PRODUCERS
+        return Workload(f"latency x{n}", f"(D) publish-to-receive latency at {rate:,.0f} events/s from {n} "
+                        f"producer processes ({rate / n:,.0f} events/s each), {d:g} s", "latency",
+                        self._entries(
+            (OURS, "publish; poll(1000, timeout=0.25) woken by NOTIFY, commit() after each poll",
+             lambda r: _latency_many(latency_producer, latency_consumer,
+                                     LatencyArgs(db, "d", rate, commit=True), n, d)),
+            (RAW, "INSERT + NOTIFY a transaction; LISTEN + keyset SELECT",
+             lambda r: _latency_many(raw_latency_producer, raw_latency_consumer,
+                                     LatencyArgs(db, f"raw_d{n}_{r}", rate), n, d)),
+        ))
+
+
 # --------------------------------------------------------------------------------------------------------
 # set-up
 
@@ -353,7 +384,8 @@ def _prepare_postgres(db: str, plan: Plan, pgq_ok: bool, console: Console) -> No
     with pgstreams.connect(db) as client:
         for name in ("a", "b1", f"b{PRODUCERS}", "c", "d"):
             client.create_topic(name, partitions=plan.partitions)
-    for name in ("raw_a", "raw_b1", f"raw_b{PRODUCERS}", "raw_c", *(f"raw_d{r}" for r in range(plan.rounds))):
+    for name in ("raw_a", "raw_b1", f"raw_b{PRODUCERS}", "raw_c", *(f"raw_d{r}" for r in range(plan.rounds)),
+                 *(f"raw_d{PRODUCERS}_{r}" for r in range(plan.rounds))):
         create_raw_table(db, name)
     if pgq_ok:
         pgq.setup_database(db)
@@ -462,7 +494,7 @@ def run(server: str, plan: Plan, nats_url: str, info: dict[str, str], console: C
         if "consume" in plan.only:
             workloads.append(build.consume())
         if "latency" in plan.only:
-            workloads.append(build.latency())
+            workloads += [build.latency(), build.latency_producers()]
         for w in workloads:
             _run_workload(w, plan.rounds, db, console)
     return workloads, durability

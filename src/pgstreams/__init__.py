@@ -11,27 +11,37 @@ from .client import DEFAULT_SEGMENT_SIZE, Client, connect
 from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
     ConfigurationError,
+    DataLoss,
+    GroupActive,
     GroupNotFound,
     InvalidArgument,
+    InvalidConfig,
     InvalidName,
+    MessageTooLarge,
     MigrationError,
     PgStreamsError,
     TopicConflict,
     TopicNotFound,
 )
 from .models import (
+    CheckpointReset,
     CommitOutcome,
+    ConfigEntry,
     Event,
     GroupInfo,
     GroupPartitionStatus,
+    MaintenanceReport,
     Message,
     PartitionInfo,
     PublishResult,
+    ReplayResult,
+    RetentionStatus,
     TopicDescription,
     TopicInfo,
 )
 from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
+from .topicconfig import TOPIC_CONFIG_DEFAULTS
 
 if TYPE_CHECKING:
     from .groups import (
@@ -45,6 +55,7 @@ if TYPE_CHECKING:
         group_members,
         group_status,
     )
+    from .maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
     from .services import ServiceFailed
     from .worker import BatchConfig, EventFailed, RetryPolicy, Worker
 
@@ -52,6 +63,8 @@ if TYPE_CHECKING:
 # plain producers and consumers start without them.
 _LAZY = {
     "ServiceFailed": ".services",
+    "DEFAULT_MAINTENANCE_INTERVAL": ".maintenance",
+    "MaintenanceService": ".maintenance",
     **dict.fromkeys(("DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_SESSION_TIMEOUT", "GroupConfig", "MemberInfo",
                      "PartitionStatus", "configure_group", "get_group_config", "group_members",
                      "group_status"), ".groups"),
@@ -80,32 +93,44 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_MAINTENANCE_INTERVAL",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME",
+    "TOPIC_CONFIG_DEFAULTS",
     "BatchConfig",
+    "CheckpointReset",
     "Client",
     "CommitOutcome",
+    "ConfigEntry",
     "ConfigurationError",
     "Consumer",
     "ConsumerTransaction",
+    "DataLoss",
     "Event",
     "EventBatch",
     "EventFailed",
+    "GroupActive",
     "GroupConfig",
     "GroupInfo",
     "GroupNotFound",
     "GroupPartitionStatus",
     "InvalidArgument",
+    "InvalidConfig",
     "InvalidName",
+    "MaintenanceReport",
+    "MaintenanceService",
     "MemberInfo",
     "Message",
+    "MessageTooLarge",
     "MigrationError",
     "PartitionInfo",
     "PartitionStatus",
     "PgStreamsError",
     "PublishResult",
+    "ReplayResult",
+    "RetentionStatus",
     "RetryPolicy",
     "ServiceFailed",
     "TopicConflict",

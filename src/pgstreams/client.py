@@ -11,18 +11,31 @@ import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from .errors import ConfigurationError, InvalidArgument, MigrationError, TopicConflict, TopicNotFound
+from . import topicconfig
+from .errors import (
+    ConfigurationError,
+    InvalidArgument,
+    InvalidConfig,
+    MigrationError,
+    TopicConflict,
+    TopicNotFound,
+)
 from .models import (
     DEFAULT_SEGMENT_SIZE,
+    CheckpointReset,
     GroupInfo,
     GroupPartitionStatus,
+    MaintenanceReport,
     Message,
     PublishResult,
+    ReplayResult,
+    RetentionStatus,
     TopicDescription,
     TopicInfo,
 )
@@ -136,7 +149,8 @@ class Client:
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
-        self._producer = Producer(self.store, self.topic_state, self.notifier.poke, channel(schema))
+        self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
+                                  channel(schema))
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -199,20 +213,30 @@ class Client:
 
     # -- topics --------------------------------------------------------------------------------------
     def create_topic(
-        self, name: str, partitions: int = 1, *, segment_size: int = DEFAULT_SEGMENT_SIZE
+        self, name: str, partitions: int = 1, *, segment_size: int = DEFAULT_SEGMENT_SIZE,
+        config: Mapping[str, Any] | None = None,
     ) -> TopicInfo:
         """Create topic ``name`` with ``partitions`` partitions (default 1, at most
-        :data:`pgstreams.MAX_PARTITIONS`).
+        :data:`pgstreams.MAX_PARTITIONS`) and configuration ``config`` (default none: every key has its
+        default; keys and defaults in :mod:`pgstreams.topicconfig`, values as ints or strings).
 
         Idempotent for an identical definition; raises :class:`TopicConflict` if the topic exists with
-        another partition count or segment size, :class:`InvalidName` for a bad name. ``segment_size``
-        (default :data:`pgstreams.DEFAULT_SEGMENT_SIZE` positions) is the storage unit of the topic.
+        another partition count, segment size or (when ``config`` is given) configuration,
+        :class:`InvalidName` for a bad name, :class:`InvalidConfig` naming a bad key or value.
+        ``segment_size`` (default :data:`pgstreams.DEFAULT_SEGMENT_SIZE` positions; config key
+        ``segment.events``) is the storage unit of the topic: retention removes whole segments.
         """
         check_topic(name)
         check_partitions(partitions)
         if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 1000:
             raise InvalidArgument(f"segment_size must be an integer >= 1000, got {segment_size!r}")
-        self.store.topics.create(name, partitions, segment_size, {})
+        settings = topicconfig.check_config(config)
+        if topicconfig.SEGMENT_EVENTS in settings:
+            events = int(settings.pop(topicconfig.SEGMENT_EVENTS))
+            if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
+                raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
+            segment_size = events
+        self.store.topics.create(name, partitions, segment_size, settings)
         info = self._info(name)
         if info.partitions != partitions:
             raise TopicConflict(
@@ -222,7 +246,70 @@ class Client:
             raise TopicConflict(
                 f"topic {name!r} exists with segment_size {info.segment_size}, not {segment_size}"
             )
+        if config is not None and dict(info.config) != settings:
+            raise TopicConflict(f"topic {name!r} exists with config {dict(info.config)}, not {settings}")
         return info
+
+    def alter_topic(self, name: str, config: Mapping[str, Any] | None = None, *,
+                    partitions: int | None = None, delete_config: Iterable[str] = ()) -> TopicDescription:
+        """Change a topic: set the ``config`` keys (default none), reset the ``delete_config`` keys to their
+        defaults, and raise the partition count to ``partitions`` (default: unchanged). All or nothing.
+
+        Like Kafka, adding partitions keeps every event where it is, but keys may hash to other partitions
+        from now on (per-key order holds only among events published with the same count); every group
+        reading the topic starts the new partitions at their first event. Running consumers and workers
+        see the new partitions once they are created again; clients of other processes use the new count
+        for keys once they read the topic again. Decreasing is refused, as is changing ``segment.events``.
+        Raises :class:`InvalidConfig` (naming the key), :class:`InvalidArgument`, :class:`TopicNotFound`.
+        """
+        check_topic(name)
+        settings = topicconfig.check_config(config)
+        if isinstance(delete_config, str):
+            delete_config = [delete_config]
+        deleted = list(delete_config)
+        for key in deleted:
+            if not isinstance(key, str) or key not in topicconfig.TOPIC_CONFIG_DEFAULTS:
+                raise InvalidConfig(f"unknown topic config key {key!r}")
+            if key in settings:
+                raise InvalidConfig(f"{key}: both set and deleted")
+        current = self.topic_state(name, refresh=True).record
+        for key in (topicconfig.CREATE_ONLY & (set(settings) | set(deleted))):
+            if key in deleted or int(settings[key]) != current.segment_size:
+                raise InvalidConfig(f"{key} cannot be changed after the topic is created "
+                                    f"(it is {current.segment_size})")
+            settings.pop(key)
+        if partitions is not None:
+            check_partitions(partitions)
+            if partitions < current.partitions:
+                raise InvalidArgument(f"partitions: topic {name!r} has {current.partitions} partitions; "
+                                      "decreasing is not possible")
+        try:
+            done = self.store.operations.alter_topic(name, settings, deleted, partitions)
+        except ValueError as exc:
+            raise InvalidArgument(f"partitions: {exc}") from None
+        if done is None:
+            raise TopicNotFound(f"topic {name!r} does not exist")
+        self._forget(name)
+        return self.describe_topic(name)
+
+    def maintain(self) -> MaintenanceReport:
+        """Run one maintenance pass now (see :mod:`pgstreams.maintenance`): segments ahead of publishers and
+        their statistics, sealing, retention, expiry of stale group members. Waits for a pass of the schema
+        running elsewhere to end first."""
+        from .maintenance import Maintenance
+
+        return Maintenance(self).run()
+
+    def retention_status(self, topic: str | None = None) -> list[RetentionStatus]:
+        """Per topic (or for ``topic`` only): its retention policy, oldest retained event, size on disk,
+        segments, and when retention last ran (the ``retention_status`` view). Raises
+        :class:`TopicNotFound` for an unknown ``topic``."""
+        if topic is not None:
+            check_topic(topic)
+        out = self.store.operations.retention_status(topic)
+        if topic is not None and not out:
+            raise TopicNotFound(f"topic {topic!r} does not exist")
+        return out
 
     def _info(self, name: str) -> TopicInfo:
         record = self.store.topics.get(name)
@@ -235,12 +322,15 @@ class Client:
         return [r.info() for r in self.store.topics.all()]
 
     def describe_topic(self, name: str) -> TopicDescription:
-        """A topic's definition with, per partition, its event count and head position.
+        """A topic's definition with, per partition, its event count and head position, and every
+        configuration key (``.config``; defaults marked in ``.config_entries``).
 
-        Counting is proportional to the topic's size.
+        Counting reads the statistics of sealed segments (recorded by maintenance) and counts only the
+        segments not sealed yet, so it stays flat as the topic grows while maintenance runs.
         """
         record = self.topic_state(name, refresh=True).record
-        return TopicDescription(record.info(), tuple(self.store.topics.partition_figures(record)))
+        return TopicDescription(record.info(), tuple(self.store.topics.partition_figures(record)),
+                                topicconfig.effective(record.config, record.segment_size))
 
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its events and every group checkpoint on it. Raises :class:`TopicNotFound`."""
@@ -329,3 +419,41 @@ class Client:
     def list_groups(self) -> list[GroupInfo]:
         """Every group with checkpoints, the topics it reads and its total lag."""
         return self.store.groups.summaries()
+
+    # -- administration ------------------------------------------------------------------------------
+    def reset_group(self, group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
+                    to_datetime: datetime | None = None, shift_by: int | None = None,
+                    to_position: int | None = None, partition: int | None = None, dry_run: bool = False
+                    ) -> list[CheckpointReset]:
+        """Move the checkpoints of ``group`` on ``topic`` (every partition, or ``partition``), as Kafka's
+        ``kafka-consumer-groups --reset-offsets``; exactly one target: ``to_earliest`` (the oldest retained
+        event), ``to_latest`` (after every committed event), ``to_datetime`` (the first event at or after
+        it; aware), ``shift_by`` (N events forward, or back when negative, within what is retained) or
+        ``to_position`` (the next event read is the first at or after it). ``dry_run`` (default false)
+        changes nothing. Refused with :class:`GroupActive` while the group has live members on the topic.
+        Returns each partition's checkpoint before and after."""
+        from .admin import reset_group
+
+        return reset_group(self, group, topic, to_earliest=to_earliest, to_latest=to_latest,
+                           to_datetime=to_datetime, shift_by=shift_by, to_position=to_position,
+                           partition=partition, dry_run=dry_run)
+
+    def delete_group(self, group: str, topic: str | None = None) -> int:
+        """Delete ``group``'s checkpoints, leases, losses and (without ``topic``) configuration, on ``topic``
+        only if given. Refused with :class:`GroupActive` while it has live members there. Raises
+        ``GroupNotFound`` when it has no checkpoints there. Returns the number of checkpoints deleted."""
+        from .admin import delete_group
+
+        return delete_group(self, group, topic)
+
+    def replay_dead_letters(self, dlt_topic: str, *, to: str | None = None, group: str | None = None,
+                            where_error_type: str | None = None, dry_run: bool = False,
+                            max_events: int | None = None) -> ReplayResult:
+        """Publish the dead letters of ``dlt_topic`` back to their original topic (``to``: another one), with
+        their original key, value and headers, recording the replay in the header ``dlt.replayed_from``.
+        See :func:`pgstreams.admin.replay_dead_letters` for the defaults and how each one is replayed
+        exactly once."""
+        from .admin import replay_dead_letters
+
+        return replay_dead_letters(self, dlt_topic, to=to, group=group, where_error_type=where_error_type,
+                                   dry_run=dry_run, max_events=max_events)

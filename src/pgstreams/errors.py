@@ -37,3 +37,20 @@ class ConfigurationError(PgStreamsError):
 
 class MigrationError(PgStreamsError):
     """The database schema is missing, older or newer than this version of pgstreams expects."""
+
+
+class InvalidConfig(InvalidArgument):
+    """A topic configuration key is unknown or its value is bad (the message names the key)."""
+
+
+class MessageTooLarge(InvalidArgument):
+    """An event is larger than its topic's ``max.message.bytes``; nothing was stored."""
+
+
+class GroupActive(PgStreamsError):
+    """A group administration command was refused because the group has live members."""
+
+
+class DataLoss(PgStreamsError):
+    """Events a reader needed were removed by retention before it read them (Spark's
+    ``failOnDataLoss=true``)."""

@@ -67,8 +67,9 @@ class PublishResult:
 @dataclass(frozen=True)
 class TopicInfo:
     """A topic's definition: name, partition count, creation time (aware, UTC), ``segment_size``
-    (positions per storage segment, default :data:`DEFAULT_SEGMENT_SIZE`) and ``config`` (per-topic
-    settings; no setting is defined yet, so it is empty)."""
+    (positions per storage segment, default :data:`DEFAULT_SEGMENT_SIZE`; the config key
+    ``segment.events``) and ``config`` (the configuration keys set on the topic; the others have their
+    defaults, see :mod:`pgstreams.topicconfig` and :attr:`TopicDescription.config`)."""
 
     name: str
     partitions: int
@@ -88,11 +89,27 @@ class PartitionInfo:
 
 
 @dataclass(frozen=True)
+class ConfigEntry:
+    """One configuration key of a topic: its ``value`` and whether it is the default (``is_default``)."""
+
+    name: str
+    value: int | str
+    is_default: bool
+
+
+@dataclass(frozen=True)
 class TopicDescription:
-    """A topic's definition with per-partition figures (see :meth:`Client.describe_topic`)."""
+    """A topic's definition with per-partition figures (see :meth:`Client.describe_topic`) and every
+    configuration key (``config_entries``, defaults marked; :attr:`config` as a plain mapping)."""
 
     topic: TopicInfo
     partition_info: tuple[PartitionInfo, ...]
+    config_entries: tuple[ConfigEntry, ...] = ()
+
+    @property
+    def config(self) -> dict[str, int | str]:
+        """Every configuration key's value, defaults included."""
+        return {e.name: e.value for e in self.config_entries}
 
     @property
     def name(self) -> str:
@@ -162,6 +179,10 @@ class GroupPartitionStatus:
     ``last_error`` at ``error_at``), ``"blocked"`` when its retries are spent and no dead-letter topic
     takes it (the group retries it forever), else ``None``. Every one of these defaults to ``None``
     (``stale`` to false).
+
+    ``lost_events`` (default 0) counts the events of the partition that retention removed before the
+    group read them: those its consumers skipped, and those after its checkpoint already removed (the
+    events of the segment holding the checkpoint are estimated from positions).
     """
 
     group: str
@@ -182,6 +203,7 @@ class GroupPartitionStatus:
     retry_attempts: int | None = None
     last_error: str | None = None
     error_at: datetime | None = None
+    lost_events: int = 0
 
     @property
     def checkpoint_at(self) -> datetime:
@@ -230,3 +252,63 @@ class GroupInfo:
     group: str
     topics: tuple[str, ...]
     lag: int
+
+
+@dataclass(frozen=True)
+class RetentionStatus:
+    """A topic's retention: its policy (``None``: unlimited; see :mod:`pgstreams.topicconfig`), the oldest
+    retained event (``oldest_position``, ``oldest_at``; ``None`` when empty), its size on disk in bytes
+    (segments, indexes and TOAST), the number of segments, when retention last ran on it
+    (``retention_ran_at``, ``None``: never) and what it removed so far. Times are aware, in UTC."""
+
+    topic: str
+    cleanup_policy: str
+    retention_ms: int | None
+    retention_events: int | None
+    retention_bytes: int | None
+    oldest_position: int | None
+    oldest_at: datetime | None
+    bytes: int
+    segments: int
+    retention_ran_at: datetime | None
+    segments_removed: int
+    events_removed: int
+    bytes_removed: int
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    """What one maintenance pass did: segments created ahead of publishers, segments sealed (their
+    statistics recorded), segments and events removed by retention, stale members expired, and how long
+    it took (seconds). ``skipped`` is true when another pass of the schema was running (nothing done)."""
+
+    segments_created: int = 0
+    segments_sealed: int = 0
+    segments_removed: int = 0
+    events_removed: int = 0
+    members_expired: int = 0
+    duration: float = 0.0
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointReset:
+    """One partition of a group reset: its checkpoint before (``None``: none) and after."""
+
+    group: str
+    topic: str
+    partition: int
+    previous: int | None
+    checkpoint: int
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    """What a dead-letter replay did: events read from the dead-letter topic, events published (or, with
+    ``dry_run``, that would be), events skipped by the filter, and the target topic per source topic."""
+
+    read: int
+    replayed: int
+    skipped: int
+    dry_run: bool
+    events: tuple[Event, ...] = ()

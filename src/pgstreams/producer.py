@@ -18,10 +18,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
-from .errors import InvalidArgument
+from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
 from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
+from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 
 _MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
 # Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).
@@ -42,13 +43,38 @@ class TopicState:
     round_robin: Iterator[int]
     copies_until_check: int = 0  # events publish_many may still COPY before it re-checks the segments ahead
     copied_lower_bound: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
+    max_bytes: int = int(TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])  # the topic's max.message.bytes
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
         """A fresh state for ``record``."""
         return cls(record, record.id, record.name, record.partitions,
                    Segments(record.id, record.segment_size, covered=record.segments_end),
-                   itertools.count(random.randrange(record.partitions)))
+                   itertools.count(random.randrange(record.partitions)),
+                   max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
+                                                   TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])))
+
+
+def event_size(row: EventRow) -> int:
+    """The size :data:`max.message.bytes <pgstreams.topicconfig.MAX_MESSAGE_BYTES>` limits: the value's bytes
+    as stored, plus the key's and the header names' and values' (UTF-8)."""
+    n = len(row[3])
+    key = row[2]
+    if key is not None:
+        n += len(key) if key.isascii() else len(key.encode("utf-8"))
+    headers = row[4]
+    if headers is not None:
+        n += sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in headers.obj.items())
+    return n
+
+
+def check_sizes(state: TopicState, rows: Iterable[EventRow]) -> None:
+    """Raise :class:`MessageTooLarge` for the first event larger than the topic's ``max.message.bytes``."""
+    limit = state.max_bytes
+    for i, row in enumerate(rows):
+        if len(row[3]) > limit or ((row[2] is not None or row[4] is not None) and event_size(row) > limit):
+            raise MessageTooLarge(f"event {i}: {event_size(row)} bytes exceed max.message.bytes ({limit}) "
+                                  f"of topic {state.name!r}; nothing was stored")
 
 
 def _bad_text(s: str) -> str | None:
@@ -151,12 +177,14 @@ def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
 @dataclass
 class Producer:
     """Publishes for a client: ``store`` is its storage, ``topic`` resolves a name to its state
-    (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds) and ``announce``
-    schedules a wake-up notification of a topic after a commit."""
+    (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds), ``announce``
+    schedules a wake-up notification of a topic after a commit and ``claim`` says whether a single publish
+    should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
 
     store: Store
     topic: Callable[..., TopicState]
     announce: Callable[[int], None]
+    claim: Callable[[int], bool]
     channel: str
 
     def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
@@ -164,6 +192,9 @@ class Producer:
         """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         state = self.topic(topic)
         row = event_row(state, *row_args)
+        if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
+            raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
+                                  f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
         events = self.store.events
         ex = self.store.executor
         if conn is not None:
@@ -178,26 +209,27 @@ class Producer:
             # getconn/putconn: the connection() context manager costs as much again on this path
             c = pool.getconn()
             try:
-                stored = self._insert_pooled(c, topic, state, row)
+                wake = (self.channel, str(state.id)) if self.claim(state.id) else None
+                stored = self._insert_pooled(c, topic, state, row, wake)
                 if stored.position >= state.segments.stats_from:
                     state.segments.check_stats(ex, stored.position, c)
             finally:
                 pool.putconn(c)
-            self.announce(state.id)
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
 
-    def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+    def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow,
+                       notify: tuple[str, str] | None) -> StoredAt:
         events = self.store.events
         try:
-            return events.insert_pooled(c, state.id, row)
+            return events.insert_pooled(c, state.id, row, notify)
         except psycopg.errors.UndefinedTable:
             fresh = self.topic(topic, refresh=True, conn=c)
-            return events.insert_pooled(c, fresh.id, row)
+            return events.insert_pooled(c, fresh.id, row, notify and (self.channel, str(fresh.id)))
         except psycopg.errors.CheckViolation:
             # the position fell beyond the last segment: add segments and retry once
             state.segments.ensure_room_after(self.store.executor, 0, c)
-            return events.insert_pooled(c, state.id, row)
+            return events.insert_pooled(c, state.id, row, notify)
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
@@ -205,6 +237,7 @@ class Producer:
         rows, has_ids = event_rows(state, events)
         if not rows:
             return 0
+        check_sizes(state, rows)
         pool = self.store.executor.pool
         assert pool is not None
         with pool.connection() as conn:

@@ -14,6 +14,7 @@ from psycopg.conninfo import make_conninfo
 import pgstreams
 from _core_helpers import running, take, until
 from pgstreams.embedded import temporary_server
+from pgstreams.storage import core_query
 
 
 def _values(events: list[pgstreams.Event]) -> list[object]:
@@ -87,6 +88,30 @@ def test_a_long_publisher_holds_back_only_its_partition(client: pgstreams.Client
     assert _values(got) == ["held", "p0-after"]  # position order, none skipped
     assert got[0].position == held.position
     assert _values(take(late, 2)) == ["held", "p0-after"]
+
+
+def test_a_single_key_registration_holds_back_only_its_partition(client: pgstreams.Client, dsn: str) -> None:
+    """An autocommit publish registers with one key (insert_event_own); while its statement runs, its
+    transaction holds back its partition only. Held open here by running the statement in a transaction,
+    beside a transaction that registered the usual two keys on another partition of the same topic."""
+    client.create_topic("t", 3)
+    c = client.consumer("t", "g")
+    tid = client.topic_state("t").id
+    own = core_query("insert_event_own", "pgstreams", tid)
+    row = (0, 0, "b", None, b"own", None, None, None, None, None)
+    with psycopg.connect(dsn) as single, psycopg.connect(dsn) as double:
+        single.execute(own, row)
+        client.publish("t", "two-keys", partition=1, conn=double)
+        client.publish("t", "p0-after", partition=0)
+        client.publish("t", "p1-after", partition=1)
+        client.publish("t", "p2", partition=2)
+        assert _by_partition(take(c, 1, commit=True)) == {2: ["p2"]}
+        assert c.poll(10, timeout=0.2) == []
+        double.commit()
+        assert _by_partition(take(c, 2, commit=True)) == {1: ["two-keys", "p1-after"]}
+        assert c.poll(10, timeout=0.2) == []
+        single.commit()
+        assert _by_partition(take(c, 2, commit=True)) == {0: [b"own", "p0-after"]}
 
 
 def test_a_rolled_back_savepoint_releases_its_partition_and_delivers_nothing(client: pgstreams.Client,

@@ -77,6 +77,44 @@ def test_consumer_of_a_partition_subset(client: pgstreams.Client) -> None:
     assert lags == {1: 0, 3: 0}
 
 
+def test_events_published_right_after_a_notification_wake_the_consumer_too(dsn: str) -> None:
+    # the first publish after a pause sends the notification itself; those right after it (within the
+    # notifier's interval) are announced by the notifier a moment later: none may wait for the fallback
+    client = pgstreams.connect(dsn, poll_interval=60)
+    client.create_topic("t", 1)
+    c = client.consumer("t", "g")
+    assert c.poll(timeout=0) == []
+    with psycopg.connect(dsn, autocommit=True) as probe:
+        wait_until(lambda: probe.execute(
+            "SELECT count(*) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN %'"
+        ).fetchone() == (1,), 10, "the listener")
+    timeout = 10.0
+    for round_ in range(3):
+        started = threading.Event()
+
+        def publish(n: int = round_, started: threading.Event = started) -> None:
+            started.wait(10)
+            time.sleep(0.2)  # workload: publish while the consumer is waiting
+            for i in range(3):
+                client.publish("t", [n, i])
+
+        t = threading.Thread(target=publish)
+        t.start()
+        t0 = time.monotonic()
+        started.set()
+        got: list[object] = []
+        while len(got) < 3 and time.monotonic() - t0 < timeout:
+            batch = c.poll(timeout=timeout)
+            got += [e.value for e in batch]
+            c.commit()
+        elapsed = time.monotonic() - t0
+        t.join()
+        assert got == [[round_, 0], [round_, 1], [round_, 2]]
+        assert elapsed < timeout * 0.5, f"{elapsed:.2f}s to see three events published while waiting"
+    client.close()
+
+
 def test_poll_wakes_promptly_when_an_event_is_published(dsn: str) -> None:
     # fallback polling only every 60 s: an early return within the 10 s timeout proves the notification
     client = pgstreams.connect(dsn, poll_interval=60)

@@ -1,7 +1,8 @@
 """The ``pgstreams`` command line.
 
-Commands: ``migrate``, ``topics create|list|describe|delete``, ``produce``, ``consume``,
-``groups list|describe``, ``worker`` and ``quickstart``; ``docs/cli.md`` describes each one (``worker``:
+Commands: ``migrate``, ``topics create|list|describe|alter|delete``, ``produce``, ``consume``,
+``groups list|describe|reset|delete``, ``worker``, ``maintain``, ``retention``, ``dlt replay`` and
+``quickstart``; ``docs/cli.md`` describes each one (``worker``:
 ``docs/workers.md``).
 
 Exit codes: 0 on success, 2 on usage errors (bad options or values, invalid names, a time without a zone,
@@ -12,7 +13,8 @@ get the traceback instead.
 Modules: :mod:`.common` (exit codes, errors and their exit codes, the options every command takes,
 opening the database, parsing option values), :mod:`.output` (everything printed: each model's JSON form
 and table), and one module per command group (:mod:`.migrate`, :mod:`.topics`, :mod:`.produce`,
-:mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.quickstart`), each with a ``register(app)`` that
+:mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.maintain`, :mod:`.dlt`, :mod:`.quickstart`), each
+with a ``register(app)`` that
 adds its commands to the root application :data:`app`; :mod:`.plugins` adds the commands of
 applications, declared as entry points of the ``pgstreams.commands`` group (:data:`COMMANDS_GROUP`): each
 names a callable that receives :data:`app` and adds its commands. :func:`run_app` runs any typer
@@ -36,7 +38,7 @@ import typer
 
 import pgstreams
 
-from . import consume, groups, migrate, produce, quickstart, topics, worker
+from . import consume, dlt, groups, maintain, migrate, produce, quickstart, topics, worker
 from .common import (
     DEFAULT_SCHEMA,
     EXIT_BROKEN_PIPE,
@@ -128,7 +130,7 @@ _HELP = (
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
-for _module in (migrate, topics, produce, consume, groups, worker, quickstart):
+for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, quickstart):
     _module.register(app)
 
 

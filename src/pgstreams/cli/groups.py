@@ -7,9 +7,10 @@ from typing import Annotated
 import typer
 
 import pgstreams
+from pgstreams.models import to_json
 from pgstreams.names import check_group, check_topic
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, parse_time, usage_error
 from .output import (
     group_json,
     group_partition_json,
@@ -19,9 +20,11 @@ from .output import (
     out_console,
     print_json,
     print_listing,
+    resets_table,
 )
 
-groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag.", no_args_is_help=True)
+groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag; reset and delete.",
+                         no_args_is_help=True)
 
 
 @groups_app.command("list")
@@ -59,6 +62,68 @@ def groups_describe(
     console.print(f"total lag: {sum(s.lag for s in statuses)}")
     for m in members:
         console.print(member_line(m))
+
+
+@groups_app.command("reset")
+def groups_reset(
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.", show_default=False)],
+    topic: Annotated[str, typer.Option("--topic", "-t", help="The topic.", show_default=False)],
+    to_earliest: Annotated[bool, typer.Option("--to-earliest", help="The oldest retained event.")] = False,
+    to_latest: Annotated[bool, typer.Option("--to-latest", help="After the last committed event.")] = False,
+    to_datetime: Annotated[str | None, typer.Option(
+        "--to-datetime", help="The first event at or after this ISO 8601 time (with a zone).",
+        show_default=False)] = None,
+    shift_by: Annotated[int | None, typer.Option(
+        "--shift-by", help="Move by N events (negative: back).", show_default=False)] = None,
+    to_position: Annotated[int | None, typer.Option(
+        "--to-position", help="The next event read is the first at or after position P.",
+        show_default=False)] = None,
+    partition: Annotated[int | None, typer.Option(
+        "--partition", help="Only this partition.", show_default=False)] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Show the new checkpoints; change nothing.")
+                       ] = False,
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Move a group's checkpoints (kafka-consumer-groups --reset-offsets). Refused while the group has live
+    members on the topic."""
+    check_group(group)
+    check_topic(topic)
+    chosen = sum((to_earliest, to_latest, to_datetime is not None, shift_by is not None,
+                  to_position is not None))
+    if chosen != 1:
+        raise usage_error("give exactly one of --to-earliest, --to-latest, --to-datetime, --shift-by, "
+                          "--to-position")
+    when = parse_time(to_datetime, "--to-datetime") if to_datetime is not None else None
+    with open_client(dsn, schema) as client:
+        rows = client.reset_group(group, topic, to_earliest=to_earliest, to_latest=to_latest,
+                                  to_datetime=when, shift_by=shift_by, to_position=to_position,
+                                  partition=partition,
+                                  dry_run=dry_run)
+    if as_json:
+        print_json({"dry_run": dry_run, "partitions": [to_json(r) for r in rows]})
+        return
+    out_console().print(resets_table(rows, dry_run))
+
+
+@groups_app.command("delete")
+def groups_delete(
+    group: Annotated[str, typer.Argument(metavar="GROUP", help="Group name.", show_default=False)],
+    topic: Annotated[str | None, typer.Option(
+        "--topic", "-t", help="Only on this topic.", show_default=False)] = None,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Delete a group's checkpoints, leases and configuration (kafka-consumer-groups --delete). Refused
+    while the group has live members."""
+    check_group(group)
+    if topic is not None:
+        check_topic(topic)
+    with open_client(dsn, schema) as client:
+        n = client.delete_group(group, topic)
+    out_console().print(f"deleted group {group!r}" + (f" on topic {topic!r}" if topic else "")
+                        + f" ({n} checkpoint(s))")
 
 
 def register(app: typer.Typer) -> None:

@@ -126,7 +126,8 @@ def topic_json(info: pgstreams.TopicInfo) -> dict[str, Any]:
 def topic_description_json(desc: pgstreams.TopicDescription) -> dict[str, Any]:
     """A described topic: its :func:`topic_json` with ``"events"`` and
     ``"partition_info": [{"partition", "events", "head"}]``."""
-    return {**topic_json(desc.topic), "events": desc.events, "partition_info": to_json(desc.partition_info)}
+    return {**topic_json(desc.topic), "events": desc.events, "partition_info": to_json(desc.partition_info),
+            "config_entries": to_json(desc.config_entries)}
 
 
 def group_json(group: pgstreams.GroupInfo) -> dict[str, Any]:
@@ -214,6 +215,46 @@ def partitions_table(desc: pgstreams.TopicDescription) -> Table:
     return table
 
 
+def config_table(desc: pgstreams.TopicDescription) -> Table:
+    """A described topic's configuration: every key, its value, and whether it is the default."""
+    from rich.table import Table
+
+    table = Table(title="config")
+    table.add_column("key")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    for e in desc.config_entries:
+        table.add_row(e.name, str(e.value), "default" if e.is_default else "set")
+    return table
+
+
+def retention_table(rows: Sequence[pgstreams.RetentionStatus]) -> Table:
+    """Retention per topic: policy, oldest retained event, size, segments, last run, removed so far."""
+    from rich.table import Table
+
+    table = Table()
+    for name in ("topic", "retention.ms", "retention.events", "retention.bytes", "oldest", "bytes",
+                 "segments", "retention ran", "removed events"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        table.add_row(r.topic, cell(r.retention_ms), cell(r.retention_events), cell(r.retention_bytes),
+                      f"{cell(r.oldest_position)} ({short_time(r.oldest_at)})", str(r.bytes), str(r.segments),
+                      short_time(r.retention_ran_at), str(r.events_removed))
+    return table
+
+
+def resets_table(rows: Sequence[pgstreams.CheckpointReset], dry_run: bool) -> Table:
+    """A group reset: per partition, the checkpoint before and after."""
+    from rich.table import Table
+
+    table = Table(title="dry run: nothing changed" if dry_run else None)
+    for name in ("group", "topic", "partition", "checkpoint before", "checkpoint after"):
+        table.add_column(name, overflow="fold")
+    for r in rows:
+        table.add_row(r.group, r.topic, str(r.partition), cell(r.previous), str(r.checkpoint))
+    return table
+
+
 def groups_table(groups: Sequence[pgstreams.GroupInfo]) -> Table:
     """Groups: name, the topics they read, total lag."""
     from rich.table import Table
@@ -242,6 +283,9 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
     table.add_column("head", justify="right")
     table.add_column("lag", justify="right")
     table.add_column("updated at")
+    lost = any(s.lost_events for s in statuses)
+    if lost:  # only when retention removed events a group had not read
+        table.add_column("lost", justify="right")
     if membership:
         table.add_column("owner", overflow="fold")
         table.add_column("last heartbeat")
@@ -250,6 +294,8 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
         lag = f"[bold yellow]{s.lag}[/]" if s.lag else "0"
         row = [s.group, s.topic, str(s.partition), cell(s.checkpoint), cell(s.head), lag,
                short_time(s.updated_at)]
+        if lost:
+            row.append(f"[bold red]{s.lost_events}[/]" if s.lost_events else "0")
         if membership:
             row += [cell(s.owner), short_time(s.last_heartbeat), partition_state(s)]
         table.add_row(*row)

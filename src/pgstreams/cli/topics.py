@@ -8,9 +8,11 @@ import typer
 
 import pgstreams
 from pgstreams.names import check_partitions, check_topic
+from pgstreams.topicconfig import TOPIC_CONFIG_DEFAULTS, check_config
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, usage_error
 from .output import (
+    config_table,
     out_console,
     partitions_table,
     plural,
@@ -22,7 +24,22 @@ from .output import (
     topics_table,
 )
 
-topics_app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
+topics_app = typer.Typer(help="Create, list, describe, alter and delete topics.", no_args_is_help=True)
+
+ConfigOption = Annotated[list[str] | None, typer.Option(
+    "--config", help="A topic config KEY=VALUE (repeatable); keys: " + ", ".join(TOPIC_CONFIG_DEFAULTS) + ".",
+    show_default=False)]
+
+
+def parse_config(items: list[str] | None) -> dict[str, int | str]:
+    """``KEY=VALUE`` items of ``--config``, validated (usage error naming the key)."""
+    out: dict[str, int | str] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise usage_error(f"invalid --config {item!r}: expected KEY=VALUE")
+        out[key.strip()] = value.strip()
+    return check_config(out)
 
 
 @topics_app.command("create")
@@ -34,16 +51,19 @@ def topics_create(
     segment_size: Annotated[int, typer.Option(
         "--segment-size", help="Positions per storage segment.")
     ] = pgstreams.DEFAULT_SEGMENT_SIZE,
+    config: ConfigOption = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
-    """Create a topic. Succeeds if it already exists with the same partition count."""
+    """Create a topic. Succeeds if it already exists with the same partition count (and config)."""
     check_topic(name)
     check_partitions(partitions)
+    settings = parse_config(config)
     with open_client(dsn, schema) as client:
         existed = any(t.name == name for t in client.list_topics())
-        info = client.create_topic(name, partitions, segment_size=segment_size)
+        info = client.create_topic(name, partitions, segment_size=segment_size,
+                                   config=settings if config else None)
     if as_json:
         print_json({**topic_json(info), "created": not existed})
     elif existed:
@@ -79,6 +99,41 @@ def topics_describe(
     console = out_console()
     console.print(topic_heading(desc))
     console.print(partitions_table(desc))
+    console.print(config_table(desc))
+
+
+@topics_app.command("alter")
+def topics_alter(
+    name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
+    config: ConfigOption = None,
+    delete_config: Annotated[list[str] | None, typer.Option(
+        "--delete-config", help="Reset a config KEY to its default (repeatable).", show_default=False)
+    ] = None,
+    partitions: Annotated[int | None, typer.Option(
+        "--partitions", "-p", help="New partition count (increase only).", show_default=False)] = None,
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Change a topic's config and raise its partition count (like kafka-configs --alter and
+    kafka-topics --alter). All or nothing."""
+    check_topic(name)
+    settings = parse_config(config)
+    for key in delete_config or ():
+        if key not in TOPIC_CONFIG_DEFAULTS:
+            raise usage_error(f"unknown topic config key {key!r} in --delete-config")
+    if partitions is not None:
+        check_partitions(partitions)
+    if not settings and not delete_config and partitions is None:
+        raise usage_error("nothing to change: give --config, --delete-config or --partitions")
+    with open_client(dsn, schema) as client:
+        desc = client.alter_topic(name, settings, partitions=partitions, delete_config=delete_config or ())
+    if as_json:
+        print_json(topic_description_json(desc))
+        return
+    console = out_console()
+    console.print(f"altered topic {name!r}")
+    console.print(config_table(desc))
 
 
 @topics_app.command("delete")

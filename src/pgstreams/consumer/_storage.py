@@ -45,9 +45,16 @@ class ReaderStorage:
         """Per partition, the cursor before its first event below its fence created at or after ``dt``."""
         return self._store.events.time_cursors(conn, self._tid, fences, dt)
 
-    def poll(self, conn: psycopg.Connection, params: dict[str, Any]) -> list[tuple[Any, ...]]:
-        """The rows of a poll (fences, then the events below them; see ``EventStore.poll``)."""
-        return self._store.events.poll(conn, self._tid, params)
+    def poll(self, conn: psycopg.Connection, params: dict[str, Any]
+             ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
+        """The rows of a poll (fences, then the events below them) and the removed segments after the
+        cursors (see ``EventStore.poll_checked``)."""
+        return self._store.events.poll_checked(conn, self._tid, params)
+
+    def record_losses(self, losses: list[tuple[int, int, int]]) -> None:
+        """Record ``(partition, segment, events)`` the group lost to retention (once per group)."""
+        with self._ex.connection() as conn:
+            self._store.operations.record_losses(conn, self._group, self._tid, losses)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
               lease: LeaseClaim | None) -> dict[int, CommitOutcome]:

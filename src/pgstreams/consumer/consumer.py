@@ -86,6 +86,12 @@ class Consumer:
         return self._reader.partitions
 
     @property
+    def lost_events(self) -> int:
+        """Events retention removed before this consumer read them (0 unless it fell behind retention;
+        the consumer then reads on from the oldest retained event and logs a warning)."""
+        return self._reader.lost_events
+
+    @property
     def last_outcomes(self) -> dict[int, CommitOutcome]:
         """The outcome per partition of the last commit."""
         return self._reader.last_outcomes

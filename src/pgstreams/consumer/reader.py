@@ -3,6 +3,7 @@ checkpoints stored with outcomes (fenced by a lease claim for group members) and
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,8 @@ from .wakeup import topic_wakeup
 
 if TYPE_CHECKING:
     from ..client import Client
+
+log = logging.getLogger("pgstreams.consumer")
 
 Start = Union[Literal["earliest", "latest"], datetime]
 Cursor = int  # the position of the last event read; 0 is before every event
@@ -175,10 +178,14 @@ class StreamReader:
         self.partitions: tuple[int, ...] = tuple(parts)
         #: the outcome per partition of the last :meth:`store`
         self.last_outcomes: dict[int, CommitOutcome] = {}
+        #: events retention removed before this reader read them (see :meth:`_losses`)
+        self.lost_events = 0
+        #: whether losses found are recorded in the group status (false for dry runs)
+        self.record_losses = True
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
-        self._ahead: tuple[dict[str, Any], Future[list[Row]]] | None = None
+        self._ahead: tuple[dict[str, Any], Future[tuple[list[Row], list[tuple[int, ...]]]]] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._storage = ReaderStorage(client, self.group, meta.id)
         self._wakeup = topic_wakeup(client, meta.id)
@@ -249,9 +256,64 @@ class StreamReader:
         return {"partitions": parts, "positions": [cursor[p] for p in parts], "limit": max_events,
                 "total": max_events + 1}
 
-    def _advance(self, rows: list[Row], params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
-        """Move the cursors past ``rows`` (read with ``params``); return them, cut to the limit, and the
-        cursor after them per partition."""
+    def _losses(self, rows: list[Row], params: Mapping[str, Any], removed: list[tuple[int, ...]]) -> None:
+        """Tell apart, among the removed segments after the cursors (``removed``, read after ``rows``),
+        those whose events this read missed: retention dropped them before the read. A partition whose
+        first row read is ``r`` missed the removed segments wholly below ``r`` (one holding ``r`` was still
+        there when it was read, and so were the older ones it did not skip); a partition without rows
+        missed all of them, unless the poll was cut before reaching it. Counts the events lost (those of
+        the segment holding the cursor estimated from positions), logs a warning, records them for the
+        group status, and moves the cursor of a partition without rows past them."""
+        first: dict[int, int] = {}
+        for r in rows:
+            if r[0] not in first:
+                first[r[0]] = r[1]
+        order = params["partitions"]
+        if len(rows) > params["limit"]:
+            last = order.index(rows[-1][0])
+            known = set(order[:last + 1])
+        else:
+            known = set(order)
+        cursors: dict[int, int] = dict(zip(order, params["positions"], strict=True))
+        lost: list[tuple[int, int, int]] = []
+        skip_to: dict[int, int] = {}
+        for p, segment, hi, first_pos, last_pos, events in removed:
+            c = cursors[p]
+            if p in first:
+                if hi > first[p]:
+                    continue
+            elif p not in known:
+                continue
+            else:
+                skip_to[p] = max(skip_to.get(p, c), int(last_pos))
+            n = events if first_pos > c else max(
+                1, round(events * (last_pos - c) / (last_pos - first_pos + 1)))
+            lost.append((p, segment, n))
+        if not lost:
+            return
+        for p, end in skip_to.items():
+            if self._cursor.get(p, end) < end:
+                self._cursor[p] = end
+        total = sum(n for _, _, n in lost)
+        self.lost_events += total
+        parts = sorted({p for p, _, _ in lost})
+        log.warning("group %s lost %d event(s) of topic %s (partitions %s): retention removed them before "
+                    "they were read; reading on from the oldest retained events", self.group, total,
+                    self.topic, parts)
+        if not self.record_losses:
+            return
+        try:
+            self._storage.record_losses(lost)
+        except psycopg.Error as exc:  # the status then counts them from the checkpoint instead
+            log.warning("could not record the loss in the group status: %s", str(exc).strip())
+
+    def _advance(self, polled: tuple[list[Row], list[tuple[int, ...]]], params: Mapping[str, Any]
+                 ) -> tuple[list[Row], dict[int, Cursor]]:
+        """Move the cursors past the rows of ``polled`` (read with ``params``, with the removed segments
+        after the cursors); return the rows, cut to the limit, and the cursor after them per partition."""
+        rows, removed = polled
+        if removed:
+            self._losses(rows, params, removed)
         if not rows:
             return rows, {}
         if len(rows) > params["limit"]:
@@ -279,7 +341,7 @@ class StreamReader:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix=f"pgstreams-read-ahead-{self.topic}")
         storage, client = self._storage, self.client
 
-        def read() -> list[Row]:
+        def read() -> tuple[list[Row], list[tuple[int, ...]]]:
             with client.connection() as c:
                 return storage.poll(c, params)
 

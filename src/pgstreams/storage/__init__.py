@@ -6,7 +6,8 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, gathered by :class:`Store`.
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`, gathered by
+  :class:`Store`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
 from .naming import TopicTables, notification_channel
+from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
 from .sinks import SinkStore
 from .topics import Segments, TopicRecord, TopicStore
@@ -39,8 +41,10 @@ __all__ = [
     "Migration",
     "MigrationSet",
     "MigrationStatus",
+    "OperationsStore",
     "QueryNotFound",
     "QuerySet",
+    "RemovedSegment",
     "Segments",
     "SinkStore",
     "Store",
@@ -66,6 +70,7 @@ class Store:
         self.checkpoints = CheckpointStore(self.executor)
         self.groups = GroupStore(self.executor)
         self.sinks = SinkStore(self.executor)
+        self.operations = OperationsStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -63,12 +63,54 @@ def _insert_sql(schema: str, topic_id: int) -> bytes:
     return core_query("insert_event", schema, topic_id).as_bytes(None)
 
 
+#: Topic ids below this register an autocommit single-event publish with one advisory lock (query
+#: insert_event_own); larger ones with next_position()'s two.
+SINGLE_KEY_TOPICS = 1024
+
+
 @functools.lru_cache(maxsize=1024)
 def _insert_statement(schema: str, topic_id: int) -> tuple[bytes, bytes]:
-    """Name and text (with $n placeholders) of a topic's single-event insert, for libpq."""
-    parts = _insert_sql(schema, topic_id).split(b"%s")
+    """Name and text (with $n placeholders) of a topic's single-event insert in its own transaction, for
+    libpq."""
+    name = "insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event"
+    parts = core_query(name, schema, topic_id).as_bytes(None).split(b"%s")
     text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
     return b"pgstreams_insert_" + hashlib.sha1(text).hexdigest()[:16].encode(), text
+
+
+_NOTIFY = b"SELECT pg_notify($1, $2)"
+
+
+def _exec_then_notify(pg: pq.abc.PGconn, name: bytes, params: Sequence[bytes | None],
+                      notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
+    """Run prepared statement ``name`` (its own transaction, on an autocommit connection), then
+    ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a libpq
+    pipeline with a sync after each). Returns the statement's result; the notification's is dropped (a
+    wake-up hint: consumers poll anyway)."""
+    pg.enter_pipeline_mode()
+    try:
+        pg.send_query_prepared(name, params, _INSERT_FORMATS)
+        pg.pipeline_sync()
+        pg.send_query_params(_NOTIFY, notify)
+        pg.pipeline_sync()
+        first: pq.abc.PGresult | None = None
+        syncs = 0
+        while syncs < 2:
+            res = pg.get_result()
+            if res is None:
+                if pg.status != pq.ConnStatus.OK:
+                    raise psycopg.OperationalError(
+                        pg.error_message.decode("utf-8", "replace").strip() or "connection lost")
+                continue
+            if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                syncs += 1
+            elif first is None:
+                first = res
+    finally:
+        if pg.status == pq.ConnStatus.OK:
+            pg.exit_pipeline_mode()
+    assert first is not None
+    return first
 
 
 class EventStore:
@@ -90,11 +132,17 @@ class EventStore:
         assert got is not None
         return StoredAt(row[PARTITION], int(got[0]))
 
-    def insert_pooled(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
-        """Insert one event on a pooled autocommit connection (its own transaction)."""
+    def insert_pooled(self, conn: psycopg.Connection, topic_id: int, row: EventRow,
+                      notify: tuple[str, str] | None = None) -> StoredAt:
+        """Insert one event on a pooled autocommit connection (its own transaction). With ``notify``
+        (channel, payload), also send that notification once the insert committed, in the same round
+        trip (events with an id: in a second one)."""
         if row[EVENT_ID] is not None:
-            return self._insert_idempotent(conn, topic_id, row)
-        return StoredAt(row[PARTITION], self._insert_direct(conn, topic_id, row))
+            stored = self._insert_idempotent(conn, topic_id, row)
+            if notify is not None:
+                self.notify(conn, *notify)
+            return stored
+        return StoredAt(row[PARTITION], self._insert_direct(conn, topic_id, row, notify))
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
@@ -107,9 +155,10 @@ class EventStore:
             raise psycopg.errors.UndefinedTable("the topic changed while publishing")
         return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)
 
-    def _insert_direct(self, conn: psycopg.Connection, topic_id: int, row: EventRow, retry: bool = True
-                       ) -> int:
-        """Insert an event without event id; return its position.
+    def _insert_direct(self, conn: psycopg.Connection, topic_id: int, row: EventRow,
+                       notify: tuple[str, str] | None = None, retry: bool = True) -> int:
+        """Insert an event without event id; return its position. With ``notify``, see
+        :meth:`insert_pooled`.
 
         Straight through libpq: psycopg's query layer (adaptation, prepared-statement bookkeeping) cost
         twice the client CPU of this whole call. The statement is prepared once per connection.
@@ -134,11 +183,14 @@ class EventStore:
             None if et is None else et.encode(enc), None,
             None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
         ]
-        res = pg.exec_prepared(name, params, _INSERT_FORMATS)  # type: ignore[arg-type]  # None: NULL
+        if notify is None:
+            res = pg.exec_prepared(name, params, _INSERT_FORMATS)  # type: ignore[arg-type]  # None: NULL
+        else:
+            res = _exec_then_notify(pg, name, params, (notify[0].encode(enc), notify[1].encode(enc)))
         if res.status != pq.ExecStatus.TUPLES_OK:
             if retry and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
                 names.discard(name)  # the prepared statement was discarded (DISCARD ALL, DEALLOCATE)
-                return self._insert_direct(conn, topic_id, row, retry=False)
+                return self._insert_direct(conn, topic_id, row, notify, retry=False)
             raise psycopg.errors.error_from_result(res, encoding=enc)
         return int(res.get_value(0, 0))  # type: ignore[arg-type]
 
@@ -210,3 +262,17 @@ class EventStore:
             cur = conn.cursor(binary=True)
             cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
         return cur.fetchall()
+
+    def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
+        """:meth:`poll`, and in the same round trip (after the read) the segments retention removed that
+        held events after the cursors: ``(partition, segment, hi, first position, last position,
+        events)`` rows, usually none. Removed segments are marked before they are detached, so a read
+        that missed one of them is always followed by its mark here."""
+        with conn.pipeline():
+            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
+            cur = conn.cursor(binary=True)
+            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
+            removed = conn.cursor()
+            removed.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
+        return cur.fetchall(), removed.fetchall()

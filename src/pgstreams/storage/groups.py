@@ -28,6 +28,7 @@ def _status(row: dict[str, Any]) -> GroupPartitionStatus:
         row[name] = _utc(row[name])
     row["lag"] = int(row["lag"] or 0)
     row["stale"] = bool(row["stale"])
+    row["lost_events"] = int(row.get("lost_events") or 0)
     return GroupPartitionStatus(**row)
 
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..consumer import Start, StreamReader, create_checkpoints
 from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
+from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
 from ..services import Service, ServiceFailed, Supervisor
 from ._checks import number
 from .batching import Clock
@@ -42,18 +43,27 @@ class Worker:
     limit) bounds how long stopping waits for a handler to finish the batch in hand; past it the leases
     are given back while the handler still runs (its commit is then fenced).
 
+    ``maintenance`` (default :data:`pgstreams.maintenance.DEFAULT_MAINTENANCE_INTERVAL` seconds; ``None``:
+    none) runs a :class:`pgstreams.maintenance.MaintenanceService`: of all the workers of a database,
+    exactly one (the leader) runs a maintenance pass (segments ahead, retention, expiry of stale members)
+    every that many seconds, so a deployment with workers needs no pg_cron.
+
     Use :meth:`run` (blocks until stopped), or :meth:`start` / :meth:`stop` (or ``with worker:``).
     """
 
     def __init__(self, client: Client, *, member_id: str | None = None, clock: Clock | None = None,
-                 install_signal_handlers: bool = True, shutdown_timeout: float | None = None) -> None:
+                 install_signal_handlers: bool = True, shutdown_timeout: float | None = None,
+                 maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL) -> None:
         if member_id is not None and (not isinstance(member_id, str) or not 0 < len(member_id) <= 200):
             raise InvalidArgument(f"member_id must be a string of 1 to 200 characters, got {member_id!r}")
         if clock is not None and not callable(clock):
             raise InvalidArgument(f"clock must be a callable returning seconds, not {type(clock).__name__}")
         if shutdown_timeout is not None:
             number("shutdown_timeout", shutdown_timeout)
+        if maintenance is not None:
+            number("maintenance", maintenance, allow_low=False)
         self.client = client
+        self.maintenance = maintenance
         self.member_id = member_id or new_member_id()
         self.clock: Clock = clock or time.monotonic
         self.install_signal_handlers = install_signal_handlers
@@ -166,6 +176,8 @@ class Worker:
                 self._stopped = True
             self._done.set()
             raise
+        if self.maintenance is not None:
+            members.append(MaintenanceService(self.client, self.maintenance))
         self._services = members + list(self._runners)
         for svc in self._services:
             svc.start()

@@ -10,6 +10,22 @@ INSERT INTO {table} (partition, position, kind, key, value, headers, event_type,
 VALUES (%s, {schema}.next_position({topic_id}, %s, {seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s)
 RETURNING position;
 
+-- name: insert_event_own
+-- insert_event for a statement that is its own transaction (autocommit): it registers as the publisher
+-- of its partition with one single key (0006_single_key_publish.sql), taken before its position is drawn
+-- (f is evaluated first: a WITH query calling a volatile function is never merged into the INSERT).
+-- Topic ids below 1024 only. Parameters in insert_event's order.
+WITH f AS (
+    SELECT %s::integer AS partition,
+           pg_advisory_xact_lock_shared((7::bigint << 60) | (%s::bigint << 50) | ({topic_id}::bigint << 40)
+                                        | (coalesce(pg_sequence_last_value({seq_name}::regclass), 0)
+                                           & 1099511627775))
+)
+INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
+                     causation_id)
+SELECT f.partition, nextval({seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s FROM f
+RETURNING position;
+
 -- name: insert_event_idempotent
 WITH ins AS (
     INSERT INTO {schema}.event_ids (topic_id, event_id, partition, position)
@@ -82,9 +98,13 @@ SELECT c.p, h.position
 -- name: poll
 -- A poll's second statement (sent with load_fences): only events below the partitions' fences are read.
 -- The nested loop emits the partitions in the order given, each in position order; the outer LIMIT stops
--- it once enough rows are read, so partitions after the cut cost nothing. The lower bound is a row
--- comparison so that the planner does not take the two bounds for a narrow range (it would estimate a
--- handful of rows, then read them by bitmap and sort them): with it, it reads the index in order.
+-- it once enough rows are read, so partitions after the cut cost nothing. Both bounds are row comparisons
+-- on the read index's (partition, position) and nothing else: with a separate "partition = p" the index
+-- scan of every segment below the cursor would start at the partition's first entry (the equality is its
+-- start key) and filter its way up to the cursor, O(events of the partition) per poll; and with it, or
+-- with a plain range on position, a segment without statistics (a new one) is estimated at a few rows,
+-- which the planner would rather sort than read in index order. Segments above the fence cost one index
+-- descent each.
 -- created_at comes as the interval since the Unix epoch, which the client adds to the epoch in UTC: it
 -- loads several times faster than a timestamptz (no conversion to the session's time zone).
 SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
@@ -93,10 +113,10 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
        AS c(p, pos, fence)
  CROSS JOIN LATERAL (
       SELECT * FROM {table} t
-       WHERE t.partition = c.p AND (t.partition, t.position) > (c.p, c.pos) AND t.position < c.fence
-       ORDER BY t.position
+       WHERE (t.partition, t.position) > (c.p, c.pos) AND (t.partition, t.position) < (c.p, c.fence)
+       ORDER BY t.partition, t.position
        LIMIT %(limit)s
- ) e
+) e
  LIMIT %(total)s;
 
 -- name: copy_events

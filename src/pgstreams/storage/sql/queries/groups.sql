@@ -51,12 +51,26 @@ RETURNING updated_at;
 
 -- name: consumer_group_status
 -- A group's status per topic and partition (the view counts each partition's head and lag once).
-SELECT group_name AS "group", topic, partition, checkpoint, head, lag, checkpoint_at AS updated_at,
-       owner, pending_owner, epoch, acquired_at, last_heartbeat, stale,
-       retry_state, retry_position, retry_attempts, last_error, error_at
-  FROM {schema}.consumer_group_status
- WHERE group_name = %s AND (%s::text IS NULL OR topic = %s)
- ORDER BY topic, partition;
+-- lost_events: events retention removed before the group read them, recorded by its consumers, plus
+-- those after its checkpoint already removed and not yet recorded (see removed_after, 0008_operations).
+SELECT v.group_name AS "group", v.topic, v.partition, v.checkpoint, v.head, v.lag, v.checkpoint_at AS updated_at,
+       v.owner, v.pending_owner, v.epoch, v.acquired_at, v.last_heartbeat, v.stale,
+       v.retry_state, v.retry_position, v.retry_attempts, v.last_error, v.error_at,
+       (SELECT coalesce(sum(gl.events), 0) FROM {schema}.group_losses gl
+         WHERE gl.group_name = v.group_name AND gl.topic_id = v.topic_id AND gl.partition = v.partition)
+       + (SELECT coalesce(sum(CASE WHEN sp.first_position > coalesce(v.checkpoint, 0) THEN sp.events
+                                   ELSE greatest(1, round(sp.events::numeric
+                                        * (sp.last_position - coalesce(v.checkpoint, 0))
+                                        / (sp.last_position - sp.first_position + 1)))::bigint END), 0)
+            FROM {schema}.segment_partitions sp
+           WHERE sp.topic_id = v.topic_id AND sp.partition = v.partition AND sp.removed_at IS NOT NULL
+             AND sp.last_position > coalesce(v.checkpoint, 0)
+             AND NOT EXISTS (SELECT 1 FROM {schema}.group_losses gl
+                              WHERE gl.group_name = v.group_name AND gl.topic_id = sp.topic_id
+                                AND gl.partition = sp.partition AND gl.segment = sp.segment)) AS lost_events
+  FROM {schema}.consumer_group_status v
+ WHERE v.group_name = %s AND (%s::text IS NULL OR v.topic = %s)
+ ORDER BY v.topic, v.partition;
 
 -- name: list_groups
 SELECT group_name AS "group", array_agg(DISTINCT topic ORDER BY topic) AS topics, sum(lag) AS lag

@@ -1,0 +1,284 @@
+"""Maintenance: the pass that keeps a schema healthy, the service that runs it on workers, and pg_cron jobs.
+
+One pass (:class:`Maintenance`, :meth:`pgstreams.Client.maintain`, ``pgstreams maintain``), for every
+topic: create segments ahead of the publishers (two empty ones, so no publish pays a ``CREATE TABLE``),
+give the segment being filled column statistics, seal the segments every read fence has passed (their
+per-partition figures, which keep lag and counts off the log), apply retention by removing whole
+segments (see :mod:`pgstreams.topicconfig`), then expire group members that missed their session
+timeout. One pass of a schema runs at a time (an advisory lock; the SQL function ``maintain()`` takes
+the same one).
+
+Retention detaches a segment with ``DETACH PARTITION ... CONCURRENTLY`` (a ``SHARE UPDATE EXCLUSIVE``
+lock: publishers and readers go on) and then drops it; its events were marked as removed first, so
+readers behind retention notice the loss. The SQL function ``maintain()``, which pg_cron runs inside one
+transaction where ``CONCURRENTLY`` is not allowed, drops segments with a short lock timeout instead.
+
+Where pg_cron is loaded, :func:`schedule_maintenance` registers a job running ``maintain()`` in the
+database (``pgstreams maintain --schedule``); elsewhere :class:`MaintenanceService` runs the pass on
+workers: every worker starts one, and exactly one of them per database (the holder of an advisory lock)
+runs passes, every :data:`DEFAULT_MAINTENANCE_INTERVAL` seconds.
+
+Share groups (a later addition) add their own step here: return expired visibility timeouts and count
+delivery attempts in :meth:`Maintenance.run` after the members are expired.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from .errors import ConfigurationError, InvalidArgument
+from .models import MaintenanceReport
+from .services import Service
+
+if TYPE_CHECKING:
+    from .client import Client
+
+log = logging.getLogger("pgstreams.maintenance")
+
+#: Seconds between two passes of the maintenance service (and between a follower's tries to lead).
+DEFAULT_MAINTENANCE_INTERVAL = 60.0
+#: How often a pg_cron job runs the pass unless ``every`` says otherwise.
+DEFAULT_SCHEDULE_EVERY = "1m"
+#: Longest wait of a segment's detach for its lock, in seconds (it is retried at the next pass).
+DETACH_LOCK_TIMEOUT = 30.0
+
+_EVERY_RE = re.compile(r"(\d+)\s*([smhd])")
+
+
+def _report(summary: dict[str, Any], seconds: float) -> MaintenanceReport:
+    if summary.get("skipped"):
+        return MaintenanceReport(duration=seconds, skipped=True)
+    return MaintenanceReport(
+        int(summary.get("segments_created", 0)),
+        int(summary.get("segments_sealed", 0)),
+        int(summary.get("segments_removed", 0)),
+        int(summary.get("events_removed", 0)),
+        int(summary.get("members_expired", 0)),
+        seconds,
+    )
+
+
+class Maintenance:
+    """Runs maintenance passes of a client's schema (see the module docstring). ``clock`` (default
+    :func:`time.monotonic`) times them."""
+
+    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self._ops = client.store.operations
+        self._clock = clock
+
+    def run(self) -> MaintenanceReport:
+        """One pass; waits for a pass of the schema running elsewhere to end first."""
+        start = self._clock()
+        totals = {
+            "segments_created": 0,
+            "segments_sealed": 0,
+            "segments_removed": 0,
+            "events_removed": 0,
+            "members_expired": 0,
+        }
+        ops = self._ops
+        with self.client.raw_connection() as conn:
+            self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
+            ops.lock_pass(conn)
+            try:
+                for topic_id in ops.topic_ids(conn):
+                    try:
+                        self._topic(conn, topic_id, totals)
+                    except (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation):
+                        log.info("topic id %s was deleted during maintenance", topic_id)
+                    except psycopg.errors.LockNotAvailable as exc:
+                        log.warning(
+                            "maintenance of topic id %s waits for a lock: %s (next pass)",
+                            topic_id,
+                            str(exc).strip(),
+                        )
+                totals["members_expired"] = ops.expire_members(conn)
+                seconds = self._clock() - start
+                ops.record_pass(conn, seconds, "python", totals)
+            finally:
+                if not conn.closed:
+                    ops.unlock_pass(conn)
+        report = _report(totals, self._clock() - start)
+        if report.segments_removed:
+            log.info(
+                "maintenance removed %d segment(s), %d event(s)",
+                report.segments_removed,
+                report.events_removed,
+            )
+        return report
+
+    def _topic(self, conn: psycopg.Connection, topic_id: int, totals: dict[str, int]) -> None:
+        ops = self._ops
+        totals["segments_created"] += ops.prepare_segments(conn, topic_id)
+        totals["segments_sealed"] += ops.seal_segments(conn, topic_id)
+        plan = ops.retention_plan(conn, topic_id)
+        if plan:
+            # marked (and committed) before anything is detached: readers learn of the loss from the marks
+            ops.mark_removing(
+                conn,
+                topic_id,
+                [s for s, _, _ in plan],
+                sum(e for _, e, _ in plan),
+                sum(b for _, _, b in plan),
+            )
+            totals["events_removed"] += sum(e for _, e, _ in plan)
+        else:
+            ops.retention_ran(conn, topic_id)
+        for segment in ops.removing_segments(conn, topic_id):
+            ops.remove_segment(conn, topic_id, segment)
+            totals["segments_removed"] += 1
+
+
+class MaintenanceService(Service):
+    """Runs a maintenance pass every ``interval`` seconds (default :data:`DEFAULT_MAINTENANCE_INTERVAL`)
+    while it leads its schema: of all the services of a database, only the one holding the schema's
+    leader lock (a session advisory lock on a connection of its own) runs passes; the others try to take
+    it over every ``interval`` seconds, and do once the leader stops or its connection dies. Database
+    errors of a pass are logged and the pass retried at the next tick (with a new connection)."""
+
+    def __init__(
+        self, client: Client, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *, name: str = "maintenance"
+    ) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise InvalidArgument(
+                f"maintenance interval must be a positive number of seconds, got {interval!r}"
+            )
+        super().__init__(name, interval=float(interval))
+        self.client = client
+        self.maintenance = Maintenance(client)
+        self.leader = False
+        self.passes = 0
+        self.last_report: MaintenanceReport | None = None
+        self._conn: psycopg.Connection | None = None
+
+    def step(self) -> None:
+        """Lead if possible, then run a pass."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self.leader = False
+                self._conn = self.client.raw_connection()
+            if not self.leader:
+                self.leader = self.client.store.operations.try_lead(self._conn)
+                if self.leader:
+                    log.info("maintenance: this process leads schema %s", self.client.schema)
+            if self.leader:
+                self.client.store.operations.ping(self._conn)  # still connected: still the leader
+                self.last_report = self.maintenance.run()
+                self.passes += 1
+        except psycopg.OperationalError as exc:
+            log.warning("maintenance pass failed (retried at the next tick): %s", str(exc).strip())
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        self.leader = False
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except psycopg.Error:  # pragma: no cover - already broken
+                pass
+        self._conn = None
+
+    def finish(self) -> None:
+        """Give up the leadership (closing the connection releases the lock)."""
+        self._drop_connection()
+
+
+# -- pg_cron -------------------------------------------------------------------------------------------
+def cron_schedule(every: str) -> str:
+    """The pg_cron schedule of ``every``: ``Ns`` (1 to 59 seconds), ``Nm``, ``Nh`` or ``1d``; raises
+    :class:`InvalidArgument` for anything else."""
+    m = _EVERY_RE.fullmatch(str(every).strip().lower())
+    if not m or int(m.group(1)) < 1:
+        raise InvalidArgument(f"invalid --every {every!r}: expected e.g. 30s, 1m, 5m, 1h or 1d")
+    n, unit = int(m.group(1)), m.group(2)
+    if unit == "s" and n < 60:
+        return f"{n} seconds"
+    if unit == "s" and n % 60 == 0:
+        n, unit = n // 60, "m"
+    if unit == "m" and n < 60:
+        return "* * * * *" if n == 1 else f"*/{n} * * * *"
+    if unit == "m" and n % 60 == 0:
+        n, unit = n // 60, "h"
+    if unit == "h" and n < 24:
+        return "0 * * * *" if n == 1 else f"0 */{n} * * *"
+    if (unit == "h" and n == 24) or (unit == "d" and n == 1):
+        return "0 0 * * *"
+    raise InvalidArgument(
+        f"invalid --every {every!r}: pg_cron runs at most daily and in whole units "
+        "below a day (e.g. 30s, 5m, 2h, 1d)"
+    )
+
+
+def cron_job_name(client: Client) -> str:
+    """The name of a schema's pg_cron job: ``pgstreams-maintain:<database>:<schema>``."""
+    _, _, database = client.store.operations.pg_cron_settings()
+    return f"pgstreams-maintain:{database}:{client.schema}"
+
+
+def _cron_connection(client: Client) -> tuple[psycopg.Connection, str]:
+    loaded, cron_db, database = client.store.operations.pg_cron_settings()
+    if not loaded or not cron_db:
+        raise ConfigurationError(
+            "pg_cron is not loaded on this server (shared_preload_libraries): run maintenance with "
+            "workers (their maintenance service) or `pgstreams maintain --loop` instead"
+        )
+    try:
+        conn = psycopg.connect(make_conninfo(client.dsn, dbname=cron_db), autocommit=True)
+    except psycopg.Error as exc:
+        raise ConfigurationError(f"cannot connect to pg_cron's database {cron_db!r}: {exc}") from exc
+    return conn, database
+
+
+def schedule_maintenance(client: Client, every: str = DEFAULT_SCHEDULE_EVERY) -> int:
+    """Register (or replace) the pg_cron job that runs the SQL function ``maintain()`` of the client's
+    schema in its database every ``every`` (default :data:`DEFAULT_SCHEDULE_EVERY`; see
+    :func:`cron_schedule`); creates the pg_cron extension in pg_cron's database if needed. Returns the
+    job id. Raises :class:`ConfigurationError` where pg_cron is not loaded."""
+    schedule = cron_schedule(every)
+    name = cron_job_name(client)
+    ex = client.store.executor
+    conn, database = _cron_connection(client)
+    with conn:
+        ex.run("pg_cron_create", conn=conn)
+        command = sql.SQL("SELECT {}.maintain()").format(sql.Identifier(client.schema)).as_string(conn)
+        row = ex.one("pg_cron_schedule", (name, schedule, command, database), conn=conn)
+    assert row is not None
+    return int(row[0])
+
+
+def unschedule_maintenance(client: Client) -> bool:
+    """Remove the schema's pg_cron job; False when there was none."""
+    ex = client.store.executor
+    conn, _ = _cron_connection(client)
+    with conn:
+        try:
+            rows = ex.all("pg_cron_unschedule", (cron_job_name(client),), conn=conn)
+        except psycopg.errors.UndefinedTable:  # the extension is not created: no job
+            return False
+    return bool(rows)
+
+
+def scheduled_job(client: Client) -> dict[str, Any] | None:
+    """The schema's pg_cron job (``jobid``, ``schedule``, ``command``, ``database``, ``active``), ``None``
+    when there is none or pg_cron is not loaded."""
+    loaded, cron_db, _ = client.store.operations.pg_cron_settings()
+    if not loaded or not cron_db:
+        return None
+    conn, _ = _cron_connection(client)
+    with conn:
+        try:
+            row = client.store.executor.one("pg_cron_job", (cron_job_name(client),), conn=conn)
+        except psycopg.errors.UndefinedTable:
+            return None
+    if row is None:
+        return None
+    return dict(zip(("jobid", "schedule", "command", "database", "active"), row, strict=True))

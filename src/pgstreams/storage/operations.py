@@ -1,0 +1,255 @@
+"""Typed operations of operations: topic configuration changes, maintenance steps (segments ahead,
+sealing, retention, member expiry), retention status, data-loss bookkeeping, group administration and
+pg_cron jobs. The SQL is in ``sql/queries/operations.sql`` and ``0008_operations.sql``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from ..models import RetentionStatus
+from .executor import CORE_QUERIES, Executor
+
+
+@dataclass(frozen=True)
+class RemovedSegment:
+    """A segment retention removed (or is removing), as seen for one partition: the segment's end
+    ``hi``, the first and last positions of the partition's events in it, and how many there were."""
+
+    partition: int
+    segment: int
+    hi: int
+    first_position: int
+    last_position: int
+    events: int
+
+
+def _utc(dt: datetime | None) -> datetime | None:
+    return None if dt is None else dt.astimezone(timezone.utc)
+
+
+class OperationsStore:
+    """Operations on one schema (see the module docstring)."""
+
+    def __init__(self, executor: Executor) -> None:
+        self.ex = executor
+
+    def _segment_query(self, name: str, topic_id: int, segment: int) -> sql.Composed:
+        tables = self.ex.tables(topic_id)
+        return CORE_QUERIES.render(
+            name, self.ex.schema, {**tables.identifiers, "segment": tables.segment(segment)}
+        )
+
+    # -- topic configuration -------------------------------------------------------------------------
+    def alter_topic(
+        self, name: str, config: Mapping[str, Any] | None, delete: Sequence[str], partitions: int | None
+    ) -> tuple[int, int, dict[str, Any]] | None:
+        """In one transaction: set ``config`` keys and remove ``delete`` keys of topic ``name``, and raise its
+        partition count to ``partitions`` (groups reading it start the new partitions at their first
+        event). Returns ``(id, partitions before, config after)``; ``None`` when there is no such topic.
+        The caller has validated everything; a decrease is refused here too (ValueError)."""
+        with self.ex.connection() as conn, conn.transaction():
+            row = self.ex.one("lock_topic", (name,), conn=conn)
+            if row is None:
+                return None
+            topic_id, before, stored = int(row[0]), int(row[1]), dict(row[2] or {})
+            merged = {k: v for k, v in stored.items() if k not in delete}
+            merged.update(config or {})
+            if merged != stored:
+                self.ex.run("set_topic_config", (Jsonb(merged), topic_id), conn=conn)
+            if partitions is not None and partitions != before:
+                if partitions < before:
+                    raise ValueError(f"topic {name!r} has {before} partitions: decreasing is not possible")
+                self.ex.run("set_topic_partitions", (partitions, topic_id), conn=conn)
+                self.ex.run(
+                    "checkpoints_for_new_partitions",
+                    {"first": before, "count": partitions, "topic_id": topic_id},
+                    conn=conn,
+                )
+            return topic_id, before, merged
+
+    # -- maintenance ---------------------------------------------------------------------------------
+    def lock_pass(self, conn: psycopg.Connection) -> None:
+        """Wait for and take the schema's maintenance lock on ``conn`` (a session lock)."""
+        self.ex.one("maintenance_lock", (self.ex.schema,), conn=conn)
+
+    def unlock_pass(self, conn: psycopg.Connection) -> None:
+        """Release the schema's maintenance lock held by ``conn``."""
+        self.ex.one("maintenance_unlock", (self.ex.schema,), conn=conn)
+
+    def try_lead(self, conn: psycopg.Connection) -> bool:
+        """Try to become the schema's maintenance leader on ``conn`` (a session lock held until released
+        or the connection ends)."""
+        row = self.ex.one("maintenance_leader_lock", (self.ex.schema,), conn=conn)
+        return bool(row and row[0])
+
+    def resign(self, conn: psycopg.Connection) -> None:
+        """Give up the leadership held by ``conn``."""
+        self.ex.one("maintenance_leader_unlock", (self.ex.schema,), conn=conn)
+
+    def ping(self, conn: psycopg.Connection) -> None:
+        """Raise if ``conn`` is broken (a leader checks it still holds its session lock)."""
+        self.ex.one("ping", conn=conn)
+
+    def topic_ids(self, conn: psycopg.Connection) -> list[int]:
+        """Every topic id."""
+        return [int(r[0]) for r in self.ex.all("topic_ids", conn=conn)]
+
+    def prepare_segments(self, conn: psycopg.Connection, topic_id: int) -> int:
+        """Create segments ahead of the publishers and give the segment being filled statistics; return the
+        number of segments created."""
+        row = self.ex.one("prepare_segments", (topic_id,), conn=conn)
+        return int(row[0]) if row else 0
+
+    def seal_segments(self, conn: psycopg.Connection, topic_id: int) -> int:
+        """Record the figures of the segments every read fence has passed; return how many."""
+        row = self.ex.one("seal_segments", (topic_id,), conn=conn)
+        return int(row[0]) if row else 0
+
+    def retention_plan(self, conn: psycopg.Connection, topic_id: int) -> list[tuple[int, int, int]]:
+        """The segments retention removes now, oldest first: ``(segment, events, bytes)``."""
+        return [
+            (int(s), int(e or 0), int(b or 0))
+            for s, e, b in self.ex.all("retention_plan", (topic_id,), conn=conn)
+        ]
+
+    def mark_removing(
+        self, conn: psycopg.Connection, topic_id: int, segments: Sequence[int], events: int, size: int
+    ) -> None:
+        """Mark ``segments`` as being removed and count them as removed (committed before detaching)."""
+        self.ex.one("mark_removing", (topic_id, list(segments), events, size), conn=conn)
+
+    def retention_ran(self, conn: psycopg.Connection, topic_id: int) -> None:
+        """Record that retention ran on the topic."""
+        self.ex.one("retention_ran", (topic_id,), conn=conn)
+
+    def removing_segments(self, conn: psycopg.Connection, topic_id: int) -> list[int]:
+        """The segments marked as being removed and not dropped yet."""
+        return [int(r[0]) for r in self.ex.all("removing_segments", (topic_id,), conn=conn)]
+
+    def remove_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
+        """Detach a marked segment without blocking publishers or readers (``DETACH PARTITION ...
+        CONCURRENTLY``, or ``FINALIZE`` of one interrupted), drop it and forget it. ``conn`` must be in
+        autocommit mode."""
+        tables = self.ex.tables(topic_id)
+        segment_name = f'"{self.ex.schema}"."{tables.segment_prefix}{int(segment)}"'
+        row = self.ex.one("segment_detach_state", (segment_name, tables.table_regclass), conn=conn)
+        if row is not None:
+            name = "finalize_detach" if row[0] else "detach_segment"
+            conn.execute(self._segment_query(name, topic_id, segment))
+        conn.execute(self._segment_query("drop_segment_table", topic_id, segment))
+        self.ex.run("forget_segment", (topic_id, segment), conn=conn)
+
+    def expire_members(self, conn: psycopg.Connection) -> int:
+        """Expire the members of every group that missed their session timeout; return how many."""
+        row = self.ex.one("expire_members", conn=conn)
+        return int(row[0]) if row else 0
+
+    def record_pass(
+        self, conn: psycopg.Connection, seconds: float, runner: str, summary: Mapping[str, Any]
+    ) -> None:
+        """Record the schema's last maintenance pass."""
+        self.ex.run("record_maintenance", (seconds * 1000, runner, Jsonb(dict(summary))), conn=conn)
+
+    def last_pass(self) -> dict[str, Any] | None:
+        """The schema's last maintenance pass: ``ran_at`` (``None``: never), ``duration_ms``, ``runner``
+        (``python`` or ``sql``), ``summary``."""
+        row: dict[str, Any] | None = self.ex.one("last_maintenance", row=dict_row)
+        if row is not None:
+            row["ran_at"] = _utc(row["ran_at"])
+        return row
+
+    def maintain_sql(
+        self, conn: psycopg.Connection | None = None, lock_timeout_ms: int = 100
+    ) -> dict[str, Any]:
+        """Run the SQL function ``maintain()`` (what pg_cron runs); return its summary."""
+        row = self.ex.one("maintain_sql", (lock_timeout_ms,), conn=conn)
+        out: dict[str, Any] = row[0] if row and isinstance(row[0], dict) else json.loads(row[0])
+        return out
+
+    # -- retention -------------------------------------------------------------------------------------
+    def retention_status(self, topic: str | None = None) -> list[RetentionStatus]:
+        """Every topic's retention status (of one ``topic`` if given), by name."""
+        out = []
+        for r in self.ex.all("retention_status", (topic, topic), row=dict_row):
+            r["oldest_at"] = _utc(r["oldest_at"])
+            r["retention_ran_at"] = _utc(r["retention_ran_at"])
+            for k in ("bytes", "segments", "segments_removed", "events_removed", "bytes_removed"):
+                r[k] = int(r[k] or 0)
+            out.append(RetentionStatus(**r))
+        return out
+
+    def record_losses(
+        self, conn: psycopg.Connection, group: str, topic_id: int, losses: Sequence[tuple[int, int, int]]
+    ) -> None:
+        """Record ``(partition, segment, events)`` lost by ``group`` (each once per group)."""
+        self.ex.run(
+            "record_losses",
+            (
+                group,
+                topic_id,
+                [p for p, _, _ in losses],
+                [s for _, s, _ in losses],
+                [n for _, _, n in losses],
+            ),
+            conn=conn,
+        )
+
+    def retained_floors(self, conn: psycopg.Connection | None, topic_id: int) -> dict[int, int]:
+        """Per partition, the last position retention removed (partitions without removals are absent)."""
+        return {int(p): int(pos) for p, pos in self.ex.all("retained_floors", (topic_id,), conn=conn)}
+
+    # -- groups ----------------------------------------------------------------------------------------
+    def live_members(self, group: str, topic: str | None) -> list[str]:
+        """The members of ``group`` (on ``topic`` if given) that are alive (heartbeat within their
+        session timeout)."""
+        return [r[0] for r in self.ex.all("live_members", (group, topic, topic))]
+
+    def group_topics(self, group: str) -> list[str]:
+        """The topics ``group`` has checkpoints on."""
+        return [r[0] for r in self.ex.all("group_topics", (group,))]
+
+    def checkpoints(self, group: str, topic_id: int) -> dict[int, int]:
+        """The checkpoints of ``group`` on a topic, by partition."""
+        return {int(p): int(pos) for p, pos in self.ex.all("group_topic_checkpoints", (group, topic_id))}
+
+    def shift(
+        self, conn: psycopg.Connection, topic_id: int, partition: int, position: int, by: int, fence: int
+    ) -> int | None:
+        """The checkpoint ``by`` events after (``by`` > 0, below ``fence``) or before (``by`` < 0) the
+        checkpoint at ``position``; ``None`` when the partition holds fewer events that way."""
+        if by >= 0:
+            row = self.ex.one(
+                "shift_forward", (partition, position, fence, by - 1), conn=conn, topic_id=topic_id
+            )
+        else:
+            row = self.ex.one("shift_back", (partition, position, -by), conn=conn, topic_id=topic_id)
+        return None if row is None else int(row[0])
+
+    def delete_group(self, group: str, topic_ids: Sequence[int] | None) -> int:
+        """Delete the state of ``group`` on ``topic_ids`` (``None``: everywhere, with its configuration);
+        return the number of checkpoints deleted."""
+        with self.ex.connection() as conn, conn.transaction():
+            row = self.ex.one(
+                "delete_group",
+                {"group": group, "topic_ids": None if topic_ids is None else list(topic_ids)},
+                conn=conn,
+            )
+            self.ex.run("delete_group_config", (group, group), conn=conn)
+        return int(row[0]) if row else 0
+
+    # -- pg_cron -----------------------------------------------------------------------------------------
+    def pg_cron_settings(self) -> tuple[bool, str | None, str]:
+        """Whether pg_cron is loaded (``shared_preload_libraries``), the database it runs in
+        (``cron.database_name``, ``None`` when pg_cron is not loaded) and this database's name."""
+        row = self.ex.one("pg_cron_settings")
+        assert row is not None
+        return bool(row[0]), row[1], row[2]

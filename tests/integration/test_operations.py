@@ -1,0 +1,402 @@
+"""Operations against a real PostgreSQL: topic configuration, retention by whole segments, readers behind
+retention, lag from segment statistics, group reset and delete, dead-letter replay."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+import pgstreams
+from _core_helpers import take, until
+from pgstreams.topicconfig import TOPIC_CONFIG_DEFAULTS
+
+SEG = 1000  # the smallest segment: tests fill a few
+
+
+def _segments(client: pgstreams.Client, topic: str) -> list[int]:
+    tid = client.topic_record(topic, refresh=True).id
+    with client.connection() as conn:
+        rows = conn.execute(
+            "SELECT segment FROM pgstreams.segments WHERE topic_id = %s AND removing_at IS NULL"
+            " ORDER BY segment",
+            (tid,),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _positions(client: pgstreams.Client, topic: str) -> list[int]:
+    tid = client.topic_record(topic).id
+    with client.connection() as conn:
+        return [r[0] for r in conn.execute(f"SELECT position FROM pgstreams.topic_{tid} ORDER BY position")]
+
+
+def _fill(client: pgstreams.Client, topic: str, n: int, **extra: object) -> None:
+    client.publish_many(topic, [{"value": i, "key": f"k{i % 17}", **extra} for i in range(n)])
+
+
+# -- configuration -----------------------------------------------------------------------------------
+def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Client) -> None:
+    client.create_topic(
+        "cfg",
+        1,
+        config={
+            "retention.ms": 3_600_000,
+            "retention.events": "5000",
+            "retention.bytes": 10_000_000,
+            "max.message.bytes": 2048,
+            "segment.events": 2000,
+            "cleanup.policy": "delete",
+        },
+    )
+    desc = client.describe_topic("cfg")
+    assert desc.config == {
+        "retention.ms": 3_600_000,
+        "retention.events": 5000,
+        "retention.bytes": 10_000_000,
+        "max.message.bytes": 2048,
+        "segment.events": 2000,
+        "cleanup.policy": "delete",
+    }
+    assert desc.topic.segment_size == 2000
+    assert not any(e.is_default for e in desc.config_entries if e.name != "cleanup.policy")
+    desc = client.alter_topic(
+        "cfg",
+        {"retention.ms": 60_000, "max.message.bytes": 4096},
+        delete_config=["retention.bytes", "retention.events"],
+    )
+    assert desc.config["retention.ms"] == 60_000 and desc.config["max.message.bytes"] == 4096
+    defaults = {e.name for e in desc.config_entries if e.is_default}
+    assert {"retention.bytes", "retention.events"} <= defaults
+    assert desc.config["retention.bytes"] == TOPIC_CONFIG_DEFAULTS["retention.bytes"]
+
+
+@pytest.mark.parametrize(
+    "config, key",
+    [
+        ({"retention.ms": "soon"}, "retention.ms"),
+        ({"retention.ms": 0}, "retention.ms"),
+        ({"retention.events": -5}, "retention.events"),
+        ({"retention.bytes": True}, "retention.bytes"),
+        ({"max.message.bytes": 0}, "max.message.bytes"),
+        ({"segment.events": 10}, "segment.events"),
+        ({"cleanup.policy": "compact"}, "cleanup.policy"),
+        ({"cleanup.policy": "keep"}, "cleanup.policy"),
+        ({"retention.hours": 1}, "retention.hours"),
+    ],
+)
+def test_bad_config_is_refused_naming_the_key_and_changes_nothing(
+    client: pgstreams.Client, config: dict, key: str
+) -> None:
+    with pytest.raises(pgstreams.InvalidConfig, match=key.replace(".", r"\.")):
+        client.create_topic("bad", 1, config=config)
+    assert [t.name for t in client.list_topics()] == []
+    client.create_topic("good", 1, config={"retention.ms": 1000})
+    with pytest.raises(pgstreams.InvalidConfig, match=key.replace(".", r"\.")):
+        client.alter_topic("good", config)
+    assert client.describe_topic("good").topic.config == {"retention.ms": 1000}
+
+
+def test_segment_events_cannot_change_and_partitions_cannot_decrease(client: pgstreams.Client) -> None:
+    client.create_topic("t", 2, config={"segment.events": 5000})
+    with pytest.raises(pgstreams.InvalidConfig, match=r"segment\.events"):
+        client.alter_topic("t", {"segment.events": 6000})
+    with pytest.raises(pgstreams.InvalidArgument, match="partitions"):
+        client.alter_topic("t", partitions=1)
+    assert client.describe_topic("t").topic.partitions == 2
+
+
+def test_publishing_beyond_max_message_bytes_fails_and_stores_nothing(client: pgstreams.Client) -> None:
+    client.create_topic("small", 1, config={"max.message.bytes": 100})
+    with pytest.raises(pgstreams.MessageTooLarge, match=r"max\.message\.bytes"):
+        client.publish("small", b"x" * 101)
+    with pytest.raises(pgstreams.MessageTooLarge, match="event 1"):
+        client.publish_many("small", [{"value": b"ok"}, {"value": b"v", "headers": {"h": "y" * 100}}])
+    client.publish("small", b"x" * 90, key="k")
+    assert client.describe_topic("small").events == 1
+
+
+def test_adding_partitions_keeps_events_and_groups_read_the_new_ones(client: pgstreams.Client) -> None:
+    client.create_topic("grow", 2)
+    keys = [f"key-{i}" for i in range(20)]
+    for k in keys:
+        client.publish("grow", k, key=k)
+    before = {k: pgstreams.partition_for_key(k, 2) for k in keys}
+    early = client.consumer("grow", "g")
+    got = take(early, 20, commit=True)
+    assert {e.value: e.partition for e in got} == before
+    client.alter_topic("grow", partitions=4)
+    for k in keys:
+        client.publish("grow", k + "-after", key=k)
+    c = client.consumer("grow", "g")  # created again: sees 4 partitions, new ones from their start
+    after = take(c, 20, commit=True)
+    assert {e.value: e.partition for e in after} == {
+        k + "-after": pgstreams.partition_for_key(k, 4) for k in keys
+    }
+    assert sorted(s.partition for s in client.describe_group("g")) == [0, 1, 2, 3]
+    # the events published before stay where they were
+    assert {
+        e.key: e.partition
+        for e in pgstreams.Consumer(client, "grow", "replay").poll(100, 1)
+        if not e.value.endswith("-after")
+    } == before
+
+
+# -- retention ---------------------------------------------------------------------------------------
+def test_retention_by_count_removes_only_whole_segments_past_the_policy(client: pgstreams.Client) -> None:
+    client.create_topic("count", 2, config={"segment.events": SEG, "retention.events": 1500})
+    _fill(client, "count", 5 * SEG + 300)
+    report = client.maintain()
+    positions = _positions(client, "count")
+    assert report.segments_removed == 3 and report.events_removed == 3 * SEG - 1  # positions start at 1
+    assert positions[0] == 3 * SEG  # whole segments: the first retained position starts one
+    assert len(positions) >= 1500 and len(positions) - SEG < 1500  # one more segment would go below
+    assert _segments(client, "count")[0] == 3
+    assert client.maintain().segments_removed == 0  # nothing more past the policy
+
+
+def test_retention_by_age_removes_segments_whose_newest_event_is_past_it(client: pgstreams.Client) -> None:
+    client.create_topic("age", 1, config={"segment.events": SEG, "retention.ms": 3_600_000})
+    _fill(client, "age", 3 * SEG + 10)
+    tid = client.topic_record("age").id
+    with client.connection() as conn:  # the first two segments' events were published two hours ago
+        conn.execute(
+            f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
+            f" WHERE position < {2 * SEG}"
+        )
+        conn.execute(
+            f"UPDATE pgstreams.topic_{tid} SET created_at = now() - interval '2 hours'"
+            f" WHERE position >= {2 * SEG} AND position < {2 * SEG + 500}"
+        )  # half of segment 2
+    report = client.maintain()
+    assert report.segments_removed == 2
+    assert _positions(client, "age")[0] == 2 * SEG  # segment 2 stays: its newest event is recent
+    status = client.retention_status("age")[0]
+    assert status.retention_ms == 3_600_000 and status.oldest_position == 2 * SEG
+    assert status.segments_removed == 2 and status.retention_ran_at is not None and status.bytes > 0
+
+
+def test_retention_by_size_keeps_at_least_the_limit(client: pgstreams.Client) -> None:
+    client.create_topic("size", 1, config={"segment.events": SEG})
+    _fill(client, "size", 4 * SEG + 10, headers={"pad": "x" * 200})
+    client.maintain()  # seal first to know the sizes
+    total = client.retention_status("size")[0].bytes
+    client.alter_topic("size", {"retention.bytes": total // 2})
+    client.maintain()
+    after = client.retention_status("size")[0]
+    assert after.segments_removed >= 1 and after.bytes >= total // 2
+    assert _positions(client, "size")[0] % SEG == 0
+
+
+def test_a_consumer_behind_retention_continues_from_the_oldest_event_and_the_loss_is_visible(
+    client: pgstreams.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.create_topic("lossy", 2, config={"segment.events": SEG, "retention.events": SEG})
+    c = client.consumer("lossy", "slow")
+    first = c.poll(10, timeout=0)
+    assert first == []
+    _fill(client, "lossy", 3 * SEG + 100)
+    client.maintain()
+    oldest = _positions(client, "lossy")[0]
+    lost_before_reading = sum(s.lost_events for s in client.describe_group("slow"))
+    assert lost_before_reading > 0
+    with caplog.at_level(logging.WARNING, logger="pgstreams.consumer"):
+        events = take(c, len(_positions(client, "lossy")), commit=True)
+    assert min(e.position for e in events) == oldest
+    assert c.lost_events == oldest - 1  # every event before the oldest retained one (positions from 1)
+    assert any("lost" in r.getMessage() for r in caplog.records)
+    statuses = client.describe_group("slow")
+    assert sum(s.lost_events for s in statuses) == c.lost_events
+    assert sum(s.lag for s in statuses) == 0
+    # a second consumer of the group does not count the same loss again in the status
+    client.consumer("lossy", "slow").poll(10, timeout=0)
+    assert sum(s.lost_events for s in client.describe_group("slow")) == c.lost_events
+
+
+def test_a_consumer_reading_ahead_of_retention_loses_nothing(client: pgstreams.Client) -> None:
+    client.create_topic("ahead", 1, config={"segment.events": SEG, "retention.events": SEG})
+    _fill(client, "ahead", 2 * SEG + 10)
+    c = client.consumer("ahead", "fast")
+    take(c, 2 * SEG + 10, commit=True)
+    client.maintain()
+    _fill(client, "ahead", 10)
+    take(c, 10, commit=True)
+    assert c.lost_events == 0 and sum(s.lost_events for s in client.describe_group("fast")) == 0
+
+
+def test_lag_and_counts_come_from_sealed_segments_and_stay_exact(client: pgstreams.Client) -> None:
+    client.create_topic("lag", 3, config={"segment.events": SEG})
+    c = client.consumer("lag", "g")
+    _fill(client, "lag", 4 * SEG + 123)
+    take(c, 1500, commit=True) if False else c.commit(c.poll(700, timeout=1))
+    before = [(s.partition, s.lag) for s in client.describe_group("g")]
+    counts = [p.events for p in client.describe_topic("lag").partition_info]
+    assert client.maintain().segments_sealed == 4
+    assert [(s.partition, s.lag) for s in client.describe_group("g")] == before
+    assert [p.events for p in client.describe_topic("lag").partition_info] == counts
+    assert sum(counts) == 4 * SEG + 123
+
+
+def test_publish_and_poll_go_on_while_retention_runs_in_another_process(
+    client: pgstreams.Client, dsn: str
+) -> None:
+    client.create_topic("busy", 2, config={"segment.events": SEG, "retention.events": 2 * SEG})
+    c = client.consumer("busy", "g")
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    published = [0]
+    received: list[tuple[int, int]] = []
+
+    def publish() -> None:
+        try:
+            while not stop.is_set():
+                _fill(client, "busy", 200)
+                published[0] += 200
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def consume() -> None:
+        try:
+            while not stop.is_set():
+                got = c.poll(500, timeout=0.2)
+                received.extend((e.partition, e.position) for e in got)
+                c.commit(got)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=publish), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    try:
+        removed = 0
+        deadline = time.monotonic() + 60
+        while removed < 3 and time.monotonic() < deadline:
+            proc = subprocess.run(
+                [sys.executable, "-m", "pgstreams.cli", "maintain", "--json", "--dsn", dsn],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert proc.returncode == 0, proc.stderr
+            removed += int(__import__("json").loads(proc.stdout)["segments_removed"])
+        mark = published[0]
+        until(lambda: published[0] > mark + 1000, 30, "publishing goes on after retention")
+        mark_rx = len(received)
+        until(lambda: len(received) > mark_rx + 500, 30, "consuming goes on after retention")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    assert removed >= 3
+    for p in (0, 1):  # every partition read in order, each event once
+        mine = [pos for part, pos in received if part == p]
+        assert mine == sorted(set(mine))
+    tid = client.topic_record("busy").id
+    with client.connection() as conn:  # segments are dropped, never emptied row by row: no dead tuples
+        conn.execute("SELECT pg_stat_force_next_flush()")
+        dead = conn.execute(
+            "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables WHERE relname LIKE %s",
+            (f"topic_{tid}_s%",),
+        ).fetchone()
+    assert dead is not None and dead[0] == 0
+
+
+# -- administration ------------------------------------------------------------------------------------
+def test_reset_group_targets_and_dry_run(client: pgstreams.Client) -> None:
+    client.create_topic("r", 1)
+    for i in range(10):
+        client.publish("r", i)
+    c = client.consumer("r", "g")
+    take(c, 10, commit=True)
+    dry = client.reset_group("g", "r", to_earliest=True, dry_run=True)
+    assert dry[0].previous == 10 and dry[0].checkpoint == 0
+    assert client.describe_group("g")[0].checkpoint == 10  # dry run: nothing changed
+    assert client.reset_group("g", "r", shift_by=-3)[0].checkpoint == 7
+    assert client.reset_group("g", "r", shift_by=2)[0].checkpoint == 9
+    assert client.reset_group("g", "r", to_position=4)[0].checkpoint == 3
+    assert client.reset_group("g", "r", to_latest=True)[0].checkpoint == 10
+    future = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert client.reset_group("g", "r", to_datetime=future)[0].checkpoint == 10
+    assert client.reset_group("g", "r", to_earliest=True)[0].checkpoint == 0
+    assert [e.value for e in take(client.consumer("r", "g"), 10)] == list(range(10))
+    with pytest.raises(pgstreams.InvalidArgument, match="exactly one"):
+        client.reset_group("g", "r", to_earliest=True, to_latest=True)
+
+
+def test_reset_and_delete_are_refused_while_the_group_has_live_members(client: pgstreams.Client) -> None:
+    client.create_topic("live", 1)
+    client.publish("live", 1)
+    seen = threading.Event()
+    worker = pgstreams.Worker(client, install_signal_handlers=False, maintenance=None)
+    worker.subscribe("live", "g", lambda e: seen.set())
+    with worker:
+        until(seen.is_set, 30, "the worker handled the event")
+        with pytest.raises(pgstreams.GroupActive):
+            client.reset_group("g", "live", to_earliest=True)
+        with pytest.raises(pgstreams.GroupActive):
+            client.delete_group("g")
+    client.delete_group("g")
+    with pytest.raises(pgstreams.GroupNotFound):
+        client.describe_group("g")
+
+
+def test_dead_letters_are_replayed_once_with_their_original_key_value_and_headers(
+    client: pgstreams.Client,
+) -> None:
+    client.create_topic("orders", 1)
+    client.create_topic("orders.dlt", 1)
+    for i in range(5):
+        client.publish(
+            "orders.dlt",
+            {"n": i},
+            key=f"k{i}",
+            headers={
+                "trace": str(i),
+                "dlt.topic": "orders",
+                "dlt.error_type": "ValueError" if i % 2 else "KeyError",
+            },
+        )
+    dry = client.replay_dead_letters("orders.dlt", dry_run=True)
+    assert dry.replayed == 5 and client.describe_topic("orders").events == 0
+    only = client.replay_dead_letters("orders.dlt", where_error_type="ValueError", group="values")
+    assert only.replayed == 2 and only.skipped == 3
+    result = client.replay_dead_letters("orders.dlt")
+    assert result.replayed == 5
+    again = client.replay_dead_letters("orders.dlt")  # run again: nothing more
+    assert again.replayed == 0
+    # the two replayed under another group before are not published twice (same replay event ids)
+    got = take(client.consumer("orders", "check"), 5)
+    mine = [e for e in got if e.headers.get("dlt.replayed_from", "").startswith("orders.dlt/")]
+    assert len(mine) == 5
+    assert {(e.key, e.value["n"], e.headers["trace"]) for e in mine} == {
+        (f"k{i}", i, str(i)) for i in range(5)
+    }
+    assert not any(k in e.headers for e in mine for k in ("dlt.topic", "dlt.error_type"))
+
+
+def test_an_interrupted_replay_run_again_replays_each_dead_letter_once(client: pgstreams.Client) -> None:
+    client.create_topic("src", 1)
+    client.create_topic("src.dlt", 1)
+    client.publish_many("src.dlt", [{"value": i, "headers": {"dlt.topic": "src"}} for i in range(30)])
+    first = client.replay_dead_letters("src.dlt", max_events=12)  # interrupted after 12
+    assert first.replayed == 12
+    rest = client.replay_dead_letters("src.dlt")
+    assert rest.replayed == 18
+    values = sorted(e.value for e in take(client.consumer("src", "check"), 30))
+    assert values == list(range(30))
+
+
+def test_sql_maintain_applies_retention_in_one_transaction(client: pgstreams.Client, dsn: str) -> None:
+    client.create_topic("sqlret", 1, config={"segment.events": SEG, "retention.events": SEG})
+    _fill(client, "sqlret", 3 * SEG + 5)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        summary = conn.execute("SELECT pgstreams.maintain()").fetchone()
+    assert summary is not None and summary[0]["segments_removed"] == 2
+    assert _positions(client, "sqlret")[0] == 2 * SEG

@@ -286,7 +286,7 @@ class EventStore:
         text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
                 "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
         steps = []
-        for q in queries:
+        for q in ("generic_plans", *queries):
             st = statement(q, self.ex.schema, topic_id)
             steps.append((st, [text[n] for n in st.params], 1 if q == "poll" else 0))
-        return self._direct.pipeline(conn, steps)
+        return self._direct.pipeline(conn, steps)[1:]

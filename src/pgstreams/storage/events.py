@@ -23,6 +23,7 @@ from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
 from .executor import Executor, core_query
+from .libpq import Direct, int_array, statement, usable
 
 #: A cursor in read order: the position of the last event read; 0 is before every event.
 Cursor = int
@@ -79,6 +80,7 @@ def _insert_statement(schema: str, topic_id: int) -> tuple[bytes, bytes]:
 
 
 _NOTIFY = b"SELECT pg_notify($1, $2)"
+_POLL_CHECKED = ("load_fences", "poll", "removed_after_cursors")
 
 
 def _exec_then_notify(pg: pq.abc.PGconn, name: bytes, params: Sequence[bytes | None],
@@ -118,6 +120,7 @@ class EventStore:
 
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
+        self._direct = Direct()
         # per pooled connection: its encoding and the statements insert_pooled prepared on it
         self._prepared: weakref.WeakKeyDictionary[psycopg.Connection, tuple[str, set[bytes]]] = (
             weakref.WeakKeyDictionary())
@@ -257,11 +260,7 @@ class EventStore:
         """The rows of a poll: the partitions' fences, then the events below them, sent together (one
         round trip; the read's snapshot is newer than the fences). ``params``: ``partitions``,
         ``positions`` (the cursors), ``limit`` (per partition), ``total``."""
-        with conn.pipeline():
-            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
-            cur = conn.cursor(binary=True)
-            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
-        return cur.fetchall()
+        return self._poll(conn, topic_id, params, ("load_fences", "poll"))[1]
 
     def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
                      ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
@@ -269,10 +268,25 @@ class EventStore:
         held events after the cursors: ``(partition, segment, hi, first position, last position,
         events)`` rows, usually none. Removed segments are marked before they are detached, so a read
         that missed one of them is always followed by its mark here."""
-        with conn.pipeline():
-            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
-            cur = conn.cursor(binary=True)
-            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
-            removed = conn.cursor()
-            removed.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
-        return cur.fetchall(), removed.fetchall()
+        _, rows, removed = self._poll(conn, topic_id, params, _POLL_CHECKED)
+        return rows, removed
+
+    def _poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any], queries: tuple[str, ...]
+              ) -> list[list[tuple[Any, ...]]]:
+        if not usable(conn):  # in the caller's transaction
+            with conn.pipeline():
+                curs = []
+                for q in queries:
+                    cur = conn.cursor(binary=q == "poll")
+                    cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    curs.append(cur)
+            return [cur.fetchall() for cur in curs]
+        # straight through libpq (see storage.libpq): psycopg's query layer cost most of the client CPU
+        # of a poll that finds a few events
+        text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
+                "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
+        steps = []
+        for q in ("generic_plans", *queries):
+            st = statement(q, self.ex.schema, topic_id)
+            steps.append((st, [text[n] for n in st.params], 1 if q == "poll" else 0))
+        return self._direct.pipeline(conn, steps)[1:]

@@ -34,10 +34,11 @@ WITH lim AS (
     SELECT e.partition, e.position, e.xid, e.created_at, e.kind, e.key, e.value, e.headers, e.event_type,
            e.event_id, e.correlation_id, e.causation_id, {schema}.share_not_before(e.created_at, e.headers) AS nb
       FROM f CROSS JOIN LATERAL (
+          -- both bounds as row comparisons on the read index, and nothing else (see the poll query)
           SELECT * FROM {table} t
-           WHERE t.partition = f.partition AND (t.partition, t.position) > (f.partition, f.frontier)
-             AND t.position < f.fence
-           ORDER BY t.position
+           WHERE (t.partition, t.position) > (f.partition, f.frontier)
+             AND (t.partition, t.position) < (f.partition, f.fence)
+           ORDER BY t.partition, t.position
            LIMIT (SELECT n FROM lim)
       ) e
 ), cls AS MATERIALIZED (

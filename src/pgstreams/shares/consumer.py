@@ -231,14 +231,11 @@ class ShareConsumer:
             return self._held.get((event.partition, event.position)) is event
 
     # -- acquiring ---------------------------------------------------------------------------------------
-    def _order(self, partitions: Sequence[int] | None) -> list[int]:
-        parts = list(self.partitions if partitions is None else partitions)
-        if len(parts) > 1:
-            with self._lock:
-                self._turn = (self._turn + 1) % len(parts)
-                turn = self._turn
-            parts = parts[turn:] + parts[:turn]
-        return parts
+    def _next_turn(self, count: int) -> int:
+        """The partition (an index into the list polled) new events are looked for first: it rotates."""
+        with self._lock:
+            self._turn = (self._turn + 1) % max(1, count)
+            return self._turn
 
     def acquire(self, max_events: int = 500, partitions: Sequence[int] | None = None) -> list[Event]:
         """Acquire up to ``max_events`` events (default 500) of ``partitions`` (default all) now, without
@@ -247,13 +244,14 @@ class ShareConsumer:
         expired = now >= self._next_expiry_scan
         if expired:
             self._next_expiry_scan = now + min(_EXPIRY_SCAN, self.lock_timeout / 2)
-        order = self._order(partitions)
+        order = list(self.partitions if partitions is None else partitions)
+        turn = self._next_turn(len(order))
         with self._client.connection() as conn:
             rows = self._store.acquire(
                 conn, self.group, self.topic_id, order, owner=self.consumer_id,
                 max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
                 dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                window=self.window, expired=expired)
+                window=self.window, expired=expired, turn=turn)
             if not rows:
                 # nothing at hand: wait for a consumer advancing the first partition now (consumers of one
                 # partition take turns), and look for expired locks
@@ -261,13 +259,13 @@ class ShareConsumer:
                     conn, self.group, self.topic_id, order, owner=self.consumer_id,
                     max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
                     dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                    window=self.window, expired=True, wait=True)
+                    window=self.window, expired=True, turn=turn, wait=True)
                 if not rows and not expired:
                     rows = self._store.acquire(
                         conn, self.group, self.topic_id, order, owner=self.consumer_id,
                         max_events=max_events, lock_timeout=self.lock_timeout,
                         max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
-                        ordered=self.ordering == "key", window=self.window, expired=True)
+                        ordered=self.ordering == "key", window=self.window, expired=True, turn=turn)
         if not rows:
             return []
         acquired: list[Event] = []

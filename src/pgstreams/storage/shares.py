@@ -90,17 +90,19 @@ class ShareStore:
 
     def acquire(self, conn: psycopg.Connection, group: str, topic_id: int, partitions: Sequence[int], *,
                 owner: str, max_events: int, lock_timeout: float, max_deliveries: int, dead_letter: bool,
-                ordered: bool, window: int, expired: bool, wait: bool = False) -> list[AcquiredRow]:
+                ordered: bool, window: int, expired: bool, turn: int = 0, wait: bool = False
+                ) -> list[AcquiredRow]:
         """Acquire up to ``max_events`` events of ``partitions`` for ``owner``: events due again (with
         ``expired``, also those whose lock expired), then new events past the frontiers, below the read
-        fences, in one round trip (see ``share_take_due()`` and ``share_advance``). ``wait``: advance only
-        the first partition, waiting for a consumer advancing it now (default: skip such partitions)."""
+        fences, in one round trip (see ``share_take_due()`` and ``share_advance``). New events come from
+        the first partition with some from the ``turn``-th of ``partitions`` on. ``wait``: wait for a
+        consumer advancing that partition now (default: skip such partitions)."""
         params = {
-            "group": group, "partitions": list(partitions[:1] if wait else partitions), "owner": owner,
+            "group": group, "partitions": list(partitions), "turn": turn, "owner": owner,
             "max": max_events, "lock_ms": round(lock_timeout * 1000), "max_deliveries": max_deliveries,
             "dead_letter": dead_letter, "ordered": ordered, "window": window, "expired": expired}
         with conn.pipeline(), conn.transaction():
-            conn.execute(self.ex.query("share_generic_plans"))
+            conn.execute(self.ex.query("share_acquisition_settings"))
             due = None
             if not wait:
                 due = conn.cursor(binary=True)

@@ -26,10 +26,13 @@ SELECT %(group)s, %(topic_id)s, c.p, c.pos, c.pos
   FROM unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(p, pos)
 ON CONFLICT DO NOTHING;
 
--- name: share_generic_plans
--- An acquisition runs in a transaction of its own with generic plans: planning its statements (a join of
--- a topic's segments) costs more than running them.
-SET LOCAL plan_cache_mode = force_generic_plan;
+-- name: share_acquisition_settings
+-- An acquisition runs in a transaction of its own, with generic plans (planning its statements, over a
+-- topic's segments, costs more than running them) and without waiting for its commit to be flushed to
+-- disk: an acquisition lost in a crash of PostgreSQL only puts its events back (the frontier returns with
+-- it: nothing is skipped), and every ack, release, reject or dead letter, which commit synchronously, flushes
+-- the acquisitions committed before it. One disk flush per poll and ack instead of two.
+SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('synchronous_commit', 'off', true);
 
 -- name: share_take_due
 -- An acquisition's first statement: events due again, with their events (see share_take_due()). The events

@@ -5,7 +5,8 @@
 
 -- name: share_advance
 -- An acquisition's third statement (after share_take_due and load_fences): new events past the frontier
--- of the first partition (in the order given, callers rotate it) that has some below its fence, up to max
+-- of the first partition (from the turn-th of those given on: callers rotate it, while the list, and so
+-- the fences load_fences keeps, stays the same) that has some below its fence, up to max
 -- events less those share_take_due took. Its frontier row is locked ({wait}: SKIP LOCKED, going on to the
 -- next partition when another consumer is advancing it, or nothing, waiting for it) while the events are
 -- read, taken and the frontier moved past them: one statement. A partition whose rows not acquired (released, delayed, waiting for their key) reach the
@@ -27,7 +28,7 @@ WITH lim AS (
                  WHERE w.group_name = %(group)s AND w.topic_id = {topic_id} AND w.partition = c.p
                    AND w.state NOT IN ('a', 'b')
                  LIMIT %(window)s) win) < %(window)s
-     ORDER BY c.i
+     ORDER BY (c.i - 1 + %(turn)s) %% cardinality(%(partitions)s::int[])
      LIMIT 1
        FOR UPDATE OF sp {wait}
 ), ev AS MATERIALIZED (

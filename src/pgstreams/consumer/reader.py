@@ -91,6 +91,14 @@ def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
     return out
 
 
+def event_of_row(topic: str, row: Sequence[Any], delivery_count: int = 0) -> Event:
+    """The :class:`Event` of one row in the column order of :data:`ROW_FIELDS` (a share group's
+    acquisition returns its events so), delivered ``delivery_count`` times."""
+    p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid = row[:12]
+    return _event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value), headers or {}, et,
+                  eid, cid, sid, _EPOCH + since_epoch, x, delivery_count)
+
+
 def check_start(start: object) -> Start:
     """Validate a start position: ``"earliest"``, ``"latest"`` or an aware datetime."""
     if start in ("earliest", "latest"):

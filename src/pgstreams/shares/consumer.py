@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from ..codec import decode_value
-from ..consumer.reader import Start, _event, check_start
+from ..consumer.reader import Start, check_start, event_of_row
 from ..consumer.wakeup import topic_wakeup
 from ..errors import InvalidArgument, TopicConflict, TopicNotFound
 from ..models import Event, Settlement, ShareOutcome
@@ -43,7 +42,6 @@ _EXPIRY_SCAN = 1.0
 _MAX_DELAY = 86_400.0
 
 Ordering = Literal["key"] | None
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _OUTCOMES = {"k": ShareOutcome.DONE, "e": ShareOutcome.EXPIRED, "o": ShareOutcome.LOST,
              "d": ShareOutcome.DEAD_LETTERED}
 
@@ -215,6 +213,11 @@ class ShareConsumer:
         self._store.init_partitions(conn, self.group, self.topic_id, frontiers)
 
     @property
+    def client(self) -> Client:
+        """The client this consumer works through."""
+        return self._client
+
+    @property
     def partitions(self) -> tuple[int, ...]:
         """Every partition of the topic (a share consumer reads them all)."""
         return tuple(range(self.partition_count))
@@ -299,9 +302,7 @@ class ShareConsumer:
         return acquired
 
     def _event(self, row: Sequence[Any]) -> Event:
-        p, pos, x, since, kind, key, value, headers, et, eid, cid, sid, deliveries = row[:13]
-        return _event(self.topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
-                      headers or {}, et, eid, cid, sid, _EPOCH + since, x, deliveries)
+        return event_of_row(self.topic, row, row[12])
 
     def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
         """Acquire up to ``max_events`` available events (default 500), waiting at most ``timeout`` seconds

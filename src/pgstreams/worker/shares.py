@@ -52,7 +52,7 @@ class ShareSource:
         self.consumer = consumer
         self.topic = consumer.topic
         self.group = consumer.group
-        self._client = consumer._client
+        self._client = consumer.client
         self._never = threading.Event()
 
     @property

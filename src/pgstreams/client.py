@@ -36,6 +36,7 @@ from .models import (
     PublishResult,
     ReplayResult,
     RetentionStatus,
+    StatusSnapshot,
     TopicDescription,
     TopicInfo,
 )
@@ -310,6 +311,14 @@ class Client:
         if topic is not None and not out:
             raise TopicNotFound(f"topic {topic!r} does not exist")
         return out
+
+    def status(self) -> StatusSnapshot:
+        """The database-wide status at once: every topic (size, segments, retention), partition (head,
+        events stored and published), group's progress per partition (lag in events and seconds,
+        checkpoint age, owner) and member (heartbeat age, partitions owned). Costs O(topics + partitions
+        + groups + members) index probes and segment statistics, never a scan of the log; what the
+        metrics exporter and the web console read."""
+        return self.store.status.snapshot()
 
     def _info(self, name: str) -> TopicInfo:
         record = self.store.topics.get(name)

@@ -72,7 +72,8 @@ def test_worker_metrics_port_exports_the_workers_own_metrics(dsn: str) -> None:
     with server(args, "serving metrics at") as srv:
         def dead_lettered() -> str | None:
             text = get(srv.url + "/metrics")
-            return text if value(text, "pgstreams_worker_events_dead_lettered_total", member="w1") == 4 else None
+            done = value(text, "pgstreams_worker_events_dead_lettered_total", member="w1") == 4
+            return text if done else None
 
         text = wait_until(dead_lettered, 60, "four dead letters in the worker's metrics", every=0.2)
         assert value(text, "pgstreams_worker_events_handled_total", member="w1") == 16

@@ -6,8 +6,9 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`, :class:`StatusStore`, gathered by
-  :class:`Store`.
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`,
+  :class:`StatusStore`, gathered by :class:`Store`;
+- :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
 
 from __future__ import annotations

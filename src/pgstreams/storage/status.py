@@ -36,6 +36,17 @@ class StatusStore:
                                 int(r["events"] or 0), int(r["events"] or 0) + int(r["removed_events"] or 0))
                 for r in rows]
 
+    def browse(self, topic_id: int, partition: int, position: int, limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` committed events of a partition from ``position`` on, as poll rows (see
+        ``pgstreams.consumer.reader.ROW_FIELDS``)."""
+        return self.ex.all("browse_events", {"partition": partition, "position": position, "limit": limit},
+                           topic_id=topic_id)
+
+    def position_at(self, topic_id: int, partition: int, at: datetime) -> int | None:
+        """The first position of a partition holding an event created at or after ``at``."""
+        row = self.ex.one("browse_position_at", (partition, at), topic_id=topic_id)
+        return None if row is None or row[0] is None else int(row[0])
+
     def snapshot(self) -> StatusSnapshot:
         """Everything at once, on one connection (see :class:`StatusSnapshot`)."""
         started = time.perf_counter()

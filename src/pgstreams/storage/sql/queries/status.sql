@@ -59,3 +59,18 @@ SELECT m.group_name AS "group", t.name AS topic, m.member_id, m.host, m.pid,
 -- name: status_dead_letter_topics
 -- The dead-letter topics groups are configured with (besides the default names, "<topic>.dlt").
 SELECT DISTINCT dead_letter_topic FROM {schema}.group_config WHERE dead_letter_topic IS NOT NULL;
+
+-- name: browse_events
+-- A partition's events from a position on, in read order (the web console's event browser): both bounds
+-- are row comparisons on the read index, as in the poll. Committed events only (the statement's snapshot).
+SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id
+  FROM {table} e
+ WHERE (e.partition, e.position) >= (%(partition)s, %(position)s)
+   AND (e.partition, e.position) < (%(partition)s + 1, 0)
+ ORDER BY e.partition, e.position
+ LIMIT %(limit)s;
+
+-- name: browse_position_at
+-- The first position of a partition holding an event created at or after a time (NULL: none).
+SELECT min(e.position) FROM {table} e WHERE e.partition = %s AND e.created_at >= %s;

@@ -47,6 +47,7 @@ def console_command(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(128)  # connections wait in the backlog until the server takes them
     except OSError:
         sock.close()
         raise

@@ -317,9 +317,8 @@ class ReplayResult:
 @dataclass(frozen=True)
 class TopicStatus:
     """A topic in the database-wide status (:class:`StatusSnapshot`): its partition count, size on disk in
-    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited), the oldest
-    retained event's time (``None`` when empty) and whether it is a dead-letter topic (``<topic>.dlt``
-    or a group's configured dead-letter topic)."""
+    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited) and whether it is
+    a dead-letter topic (``<topic>.dlt`` or a group's configured dead-letter topic)."""
 
     topic: str
     partitions: int
@@ -328,7 +327,6 @@ class TopicStatus:
     retention_ms: int | None
     retention_events: int | None
     retention_bytes: int | None
-    oldest_at: datetime | None
     dead_letter: bool
     created_at: datetime
 

@@ -140,3 +140,30 @@ def test_worker_collector_counts_handled_failed_retried_and_dead_lettered(dsn: s
         batches = value(text, "pgstreams_worker_batch_duration_seconds_count", member=member, topic="jobs",
                         group="g")
         assert batches is not None and batches >= 1
+
+
+def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("big", 2, segment_size=1000)
+        for _ in range(5):
+            client.publish_many("big", [{"value": i, "partition": i % 2} for i in range(500)])
+        consumer = client.consumer("big", "slow")
+        got = consumer.poll(max_events=300, timeout=5)
+        consumer.commit()
+        assert got
+        client.maintain()  # seals the full segments: their counts come from statistics from now on
+        snap = client.status()
+        described = {s.partition: s for s in client.describe_group("slow")}
+        lags = {g.partition: g.lag for g in snap.groups if g.group == "slow"}
+        assert lags == {p: s.lag for p, s in described.items()}
+        assert sum(lags.values()) == 2500 - len(got)
+        figures = {p.partition: p.events for p in client.describe_topic("big").partition_info}
+        assert {p.partition: p.events for p in snap.partitions} == figures == {0: 1250, 1: 1250}
+        client.alter_topic("big", {"retention.events": 1000})
+        client.maintain()  # removes the oldest sealed segments
+        snap = client.status()
+        parts = {p.partition: p for p in snap.partitions}
+        assert sum(p.events for p in parts.values()) < 2500
+        assert all(p.published == 1250 for p in parts.values())  # stored + removed: the counter never drops
+        figures = {p.partition: p.events for p in client.describe_topic("big").partition_info}
+        assert {p: s.events for p, s in parts.items()} == figures

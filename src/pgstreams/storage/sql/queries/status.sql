@@ -1,47 +1,65 @@
 -- Named queries: the database-wide status read by metrics exporters and the web console. {schema} is the
 -- pgstreams schema and {table} a topic's event table (quoted identifiers, see pgstreams.storage.naming);
--- values are always bound parameters. Every query here costs O(topics + partitions + groups + members):
--- index probes per partition and the statistics of sealed segments, never a scan of the log (only the
--- rows of the unsealed segments are counted, see partition_progress in 0008_operations.sql).
+-- values are always bound parameters. A status read costs O(topics + partitions + groups + members):
+-- catalog sizes, index probes per partition and checkpoint, and the statistics of sealed segments; only
+-- the rows of the segments not sealed yet (the one being filled) are counted, as partition_progress does.
 
 -- name: status_topics
--- Per topic: partitions, configuration, size on disk and segments (the retention_status view).
-SELECT t.id AS topic_id, t.name AS topic, t.partitions, t.config, t.created_at, r.bytes, r.segments,
-       r.retention_ms, r.retention_events, r.retention_bytes, r.oldest_position, r.oldest_at,
-       r.events_removed
+-- Per topic: its definition, size on disk (its segments' tables, indexes and TOAST, from the catalog),
+-- segments, where the sealed segments end (their counts are in segment_partitions) and its retention.
+SELECT t.id AS topic_id, t.name AS topic, t.partitions, t.segment_size, t.created_at,
+       (SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i
+         WHERE i.inhparent = to_regclass(format('%%I.%%I', %(schema)s::text, 'topic_' || t.id))) AS bytes,
+       (SELECT count(*) FROM {schema}.segments s WHERE s.topic_id = t.id AND s.removing_at IS NULL) AS segments,
+       (SELECT coalesce(max(s.hi), 0) FROM {schema}.segments s
+         WHERE s.topic_id = t.id AND s.sealed_at IS NOT NULL) AS sealed_end,
+       {schema}.topic_limit(t.config, 'retention.ms') AS retention_ms,
+       {schema}.topic_limit(t.config, 'retention.events') AS retention_events,
+       {schema}.topic_limit(t.config, 'retention.bytes') AS retention_bytes
   FROM {schema}.topics t
-  JOIN {schema}.retention_status r ON r.topic_id = t.id
  ORDER BY t.name;
 
--- name: status_partitions
--- Per topic and partition: the head (newest position in read order), the events stored, and the events
--- retention removed (exact per sealed segment): stored + removed only grows.
-SELECT t.name AS topic, p.p AS partition, pp.head, pp.lag AS events,
-       (SELECT coalesce(sum(sp.events), 0) FROM {schema}.segment_partitions sp
-         WHERE sp.topic_id = t.id AND sp.partition = p.p AND sp.removed_at IS NOT NULL) AS removed_events
-  FROM {schema}.topics t
- CROSS JOIN LATERAL generate_series(0, t.partitions - 1) AS p(p)
- CROSS JOIN LATERAL {schema}.partition_progress(t.id, p.p, 0) pp
- WHERE %s::text IS NULL OR t.name = %s
- ORDER BY t.name, p.p;
+-- name: status_sealed
+-- The counts of every sealed segment per partition (recorded once, when sealed), removed ones too.
+SELECT topic_id, partition, lo, hi, events, removed_at IS NOT NULL AS removed FROM {schema}.segment_partitions;
 
--- name: status_groups
--- Every group's state per topic and partition (the consumer_group_status view), with the checkpoint's age.
-SELECT v.group_name AS "group", v.topic, v.topic_id, v.partition, v.checkpoint, v.head, v.lag,
-       v.checkpoint_at, v.owner, v.last_heartbeat, v.stale, v.retry_state,
-       extract(epoch FROM now() - v.checkpoint_at)::float8 AS checkpoint_age
-  FROM {schema}.consumer_group_status v
- ORDER BY v.group_name, v.topic, v.partition;
+-- name: status_topic_partitions
+-- Per partition of one topic: its head (an index probe) and the events of the unsealed segments (from
+-- %(sealed)s on: the segment being filled, whose rows are counted).
+SELECT p.p AS partition,
+       (SELECT e.position FROM {table} e WHERE e.partition = p.p ORDER BY e.position DESC LIMIT 1) AS head,
+       (SELECT count(*) FROM {table} e
+         WHERE (e.partition, e.position) >= (p.p, %(sealed)s) AND (e.partition, e.position) < (p.p + 1, 0)) AS tail
+  FROM generate_series(0, %(partitions)s - 1) AS p(p);
 
--- name: status_first_unread
--- Per checkpoint on one topic: when the first event after it was published (NULL: nothing to read), by
--- one index probe; how far (in seconds) the group is behind.
-SELECT k.group_name AS "group", k.partition,
+-- name: status_topic_checkpoints
+-- Per checkpoint on one topic: its age; the age of the first unread event (an index probe); the unread
+-- events of the unsealed segments, and of the sealed segment holding the checkpoint (the only rows
+-- counted: other sealed segments count from their statistics).
+SELECT k.group_name AS "group", k.partition, k.position AS checkpoint,
+       extract(epoch FROM now() - k.updated_at)::float8 AS checkpoint_age,
        extract(epoch FROM now() - (SELECT e.created_at FROM {table} e
-                                    WHERE e.partition = k.partition AND e.position > k.position
-                                    ORDER BY e.position LIMIT 1))::float8 AS lag_seconds
+                                    WHERE (e.partition, e.position) > (k.partition, k.position)
+                                      AND (e.partition, e.position) < (k.partition + 1, 0)
+                                    ORDER BY e.partition, e.position LIMIT 1))::float8 AS lag_seconds,
+       (SELECT count(*) FROM {table} e
+         WHERE (e.partition, e.position) > (k.partition, greatest(k.position, %(sealed)s - 1))
+           AND (e.partition, e.position) < (k.partition + 1, 0)) AS tail,
+       (SELECT count(*) FROM {table} e
+         WHERE (e.partition, e.position) > (k.partition, k.position)
+           AND (e.partition, e.position) < (k.partition, least((k.position / %(size)s + 1) * %(size)s,
+                                                              %(sealed)s))) AS in_segment
   FROM {schema}.checkpoints k
- WHERE k.topic_id = %s;
+ WHERE k.topic_id = %(topic_id)s;
+
+-- name: status_leases
+-- Every lease: its owner, whether the owner is stale (missed its session timeout, or gone), retry state.
+SELECT l.group_name AS "group", l.topic_id, l.partition, l.owner, l.retry_state,
+       (l.owner IS NOT NULL AND (m.member_id IS NULL
+           OR m.last_heartbeat < now() - m.session_timeout_ms * interval '1 millisecond')) AS stale
+  FROM {schema}.leases l
+  LEFT JOIN {schema}.members m
+         ON m.group_name = l.group_name AND m.topic_id = l.topic_id AND m.member_id = l.owner;
 
 -- name: status_now
 SELECT now();

@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         for col in ("measurement", "sync", "async", "async / sync", "bar >= 0.8"):
             table.add_column(col)
         lines += ["**async vs sync client**", "",
-                  "| measurement | sync | async | async / sync | bar >= 0.8 |", "| --- | ---: | ---: | ---: | --- |"]
+                  "| measurement | sync | async | async / sync | bar >= 0.8 |",
+                  "| --- | ---: | ---: | ---: | --- |"]
         for name, s in sync.items():
             a = asyn[name]
             cells = (name, f"{s:,.0f}", f"{a:,.0f}", f"{a / s:.2f}", "met" if a / s >= 0.8 else "MISSED")

@@ -53,7 +53,8 @@ class StatusStore:
             leases = {(r["group"], int(r["topic_id"]), int(r["partition"])): r
                       for r in self.ex.all("status_leases", conn=conn, row=dict_row)}
             member_rows = self.ex.all("status_members", conn=conn, row=dict_row)
-            per_topic = self._per_topic(conn, topic_rows)
+            read = {int(r[0]) for r in self.ex.all("status_checkpointed_topics", conn=conn)}
+            per_topic = self._per_topic(conn, topic_rows, read)
         stats: dict[tuple[int, int], list[tuple[int, int, int, bool]]] = {}
         for tid, part, lo, hi, events, removed in sealed:
             stats.setdefault((int(tid), int(part)), []).append((int(lo), int(hi), int(events), bool(removed)))
@@ -92,10 +93,10 @@ class StatusStore:
         return StatusSnapshot(now_row[0].astimezone(timezone.utc), tuple(topics), tuple(parts), tuple(groups),
                               members, time.perf_counter() - started)
 
-    def _per_topic(self, conn: psycopg.Connection, topic_rows: Sequence[dict[str, Any]]
-                   ) -> dict[int, tuple[list[tuple[Any, ...]], list[dict[str, Any]]]]:
-        """Per topic: its partitions' rows and its checkpoints' rows, every statement sent in one
-        pipeline."""
+    def _per_topic(self, conn: psycopg.Connection, topic_rows: Sequence[dict[str, Any]],
+                   checkpointed: set[int]) -> dict[int, tuple[list[tuple[Any, ...]], list[dict[str, Any]]]]:
+        """Per topic: its partitions' rows and its checkpoints' rows (read for the ``checkpointed``
+        topics only), every statement sent in one pipeline."""
         curs: dict[int, tuple[Any, Any]] = {}
         with conn.pipeline():
             for t in topic_rows:
@@ -104,7 +105,9 @@ class StatusStore:
                           "size": int(t["segment_size"])}
                 pc = conn.cursor()
                 pc.execute(self.ex.query("status_topic_partitions", tid), params, prepare=True)
-                cc = conn.cursor(row_factory=dict_row)
-                cc.execute(self.ex.query("status_topic_checkpoints", tid), params, prepare=True)
+                cc = None
+                if tid in checkpointed:
+                    cc = conn.cursor(row_factory=dict_row)
+                    cc.execute(self.ex.query("status_topic_checkpoints", tid), params, prepare=True)
                 curs[tid] = (pc, cc)
-        return {tid: (pc.fetchall(), cc.fetchall()) for tid, (pc, cc) in curs.items()}
+        return {tid: (pc.fetchall(), [] if cc is None else cc.fetchall()) for tid, (pc, cc) in curs.items()}

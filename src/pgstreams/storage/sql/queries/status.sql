@@ -52,6 +52,10 @@ SELECT k.group_name AS "group", k.partition, k.position AS checkpoint,
   FROM {schema}.checkpoints k
  WHERE k.topic_id = %(topic_id)s;
 
+-- name: status_checkpointed_topics
+-- The topics some group has checkpoints on (only their checkpoints are read).
+SELECT DISTINCT topic_id FROM {schema}.checkpoints;
+
 -- name: status_leases
 -- Every lease: its owner, whether the owner is stale (missed its session timeout, or gone), retry state.
 SELECT l.group_name AS "group", l.topic_id, l.partition, l.owner, l.retry_state,

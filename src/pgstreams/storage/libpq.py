@@ -39,9 +39,14 @@ class Statement:
 
 @functools.lru_cache(maxsize=4096)
 def statement(query: str, schema: str, topic_id: int | None = None) -> Statement:
-    """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders; its
-    ``%(name)s`` parameters are numbered in order of first appearance."""
+    """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders: its ``%s``
+    parameters in order, or its ``%(name)s`` parameters numbered in order of first appearance."""
     text = core_query(query, schema, topic_id).as_bytes(None)
+    if b"%s" in text:
+        parts = text.split(b"%s")
+        text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+        digest = hashlib.sha1(text).hexdigest()[:16]
+        return Statement(f"pgstreams_{query}_{digest}".encode(), text, ())
     names: list[str] = []
 
     def number(m: re.Match[bytes]) -> bytes:
@@ -66,6 +71,14 @@ Step = tuple[Statement, Sequence[bytes | None], int]
 
 
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
+_NOTIFY = b"SELECT pg_notify($1, $2)"
+
+
+def _check_alive(pg: pq.abc.PGconn) -> None:
+    """Raise if the connection broke while results were awaited."""
+    if pg.status != pq.ConnStatus.OK:
+        why = pg.error_message.decode("utf-8", "replace").strip()
+        raise psycopg.OperationalError(why or "connection lost")
 
 
 def usable(conn: psycopg.Connection) -> bool:
@@ -99,24 +112,40 @@ class Direct:
                 s = self._sessions[conn] = _Session(conn)
             return s
 
+    def prepare(self, conn: psycopg.Connection, st: Statement, types: Sequence[int] | None = None) -> str:
+        """Prepare ``st`` on ``conn`` unless done already (``types``: parameter type oids); the
+        connection's encoding."""
+        s = self._session(conn)
+        if st.name not in s.prepared:
+            res = conn.pgconn.prepare(st.name, st.text, types)
+            if res.status != pq.ExecStatus.COMMAND_OK:
+                raise psycopg.errors.error_from_result(res, encoding=s.encoding)
+            s.prepared.add(st.name)
+        return s.encoding
+
+    def forget(self, conn: psycopg.Connection) -> None:
+        """The server no longer holds the statements prepared on ``conn`` (psycopg deallocates every
+        prepared statement of a connection after a rollback): prepare them again when next used."""
+        self._session(conn).prepared.clear()
+
     def pipeline(self, conn: psycopg.Connection, steps: Sequence[Step]) -> list[list[tuple[Any, ...]]]:
         """Run ``steps`` in one round trip, in order, each its own transaction: ``conn`` must be idle in
         autocommit mode (:func:`usable`). The rows of each; the first error is raised (as psycopg raises
-        it) after every result was read. Statements that the server no longer holds (psycopg deallocates
-        every prepared statement of a connection after a rollback) are prepared again and the steps
-        run once more."""
-        s = self._session(conn)
+        it) after every result was read. Statements that the server no longer holds are prepared again and
+        the steps run once more."""
         for attempt in (0, 1):
-            self._prepare(conn, s, steps)
+            enc = ""
+            for st, _params, _fmt in steps:
+                enc = self.prepare(conn, st)
             results = self._run(conn.pgconn, steps)
             failed = next((r for r in results if r.status not in _OK), None)
             if failed is None:
                 break
             if attempt == 0 and failed.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
-                s.prepared.clear()
+                self.forget(conn)
                 continue
-            raise psycopg.errors.error_from_result(failed, encoding=s.encoding)
-        tx = s.transformer
+            raise psycopg.errors.error_from_result(failed, encoding=enc)
+        tx = self._session(conn).transformer
         out = []
         for res in results:
             tx.set_pgresult(res)
@@ -124,14 +153,35 @@ class Direct:
         return out
 
     @staticmethod
-    def _prepare(conn: psycopg.Connection, s: _Session, steps: Sequence[Step]) -> None:
+    def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+                         formats: Sequence[int], notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
+        """Run prepared ``st`` (its own transaction, on an autocommit connection), then
+        ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a
+        libpq pipeline with a sync after each). Returns the statement's result; the notification's is
+        dropped (a wake-up hint: consumers poll anyway)."""
         pg = conn.pgconn
-        for st, _params, _fmt in steps:
-            if st.name not in s.prepared:
-                res = pg.prepare(st.name, st.text)
-                if res.status != pq.ExecStatus.COMMAND_OK:
-                    raise psycopg.errors.error_from_result(res, encoding=s.encoding)
-                s.prepared.add(st.name)
+        pg.enter_pipeline_mode()
+        try:
+            pg.send_query_prepared(st.name, params, formats)
+            pg.pipeline_sync()
+            pg.send_query_params(_NOTIFY, notify)
+            pg.pipeline_sync()
+            first: pq.abc.PGresult | None = None
+            syncs = 0
+            while syncs < 2:
+                res = pg.get_result()
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    syncs += 1
+                elif first is None:
+                    first = res
+        finally:
+            if pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+        assert first is not None
+        return first
 
     @staticmethod
     def _run(pg: pq.abc.PGconn, steps: Sequence[Step]) -> list[pq.abc.PGresult]:
@@ -144,9 +194,7 @@ class Direct:
             while True:
                 res = pg.get_result()
                 if res is None:
-                    if pg.status != pq.ConnStatus.OK:
-                        raise psycopg.OperationalError(
-                            pg.error_message.decode("utf-8", "replace").strip() or "connection lost")
+                    _check_alive(pg)
                     continue
                 if res.status == pq.ExecStatus.PIPELINE_SYNC:
                     break

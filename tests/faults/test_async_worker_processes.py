@@ -26,6 +26,9 @@ def test_async_handler_workers_in_two_processes_handle_every_event(dsn: str) -> 
              f"w{i}", "--dsn", dsn], cwd=TESTS, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OBS_APP_DSN=dsn, WORKERS_APP_NAME=f"w{i}")) for i in (1, 2)]
         try:
+            # both joined (and so handle SIGTERM) before anything is asserted
+            until(lambda: len(pgstreams.group_members(client, "g")) == 2, 120, "both workers in the group")
+
             def dead_letters() -> int:
                 try:
                     return sum(p.events for p in client.describe_topic("jobs.dlt").partition_info)

@@ -7,8 +7,8 @@
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
   :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`ShareStore`,
-  :class:`OperationsStore`, gathered by
-  :class:`Store`.
+  :class:`OperationsStore`, :class:`StatusStore`, gathered by :class:`Store`;
+- :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
 from .shares import ShareSettings, ShareStore
 from .sinks import SinkStore
+from .status import StatusStore
 from .topics import Segments, TopicRecord, TopicStore
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "ShareSettings",
     "ShareStore",
     "SinkStore",
+    "StatusStore",
     "Store",
     "StoredAt",
     "TopicRecord",
@@ -76,6 +78,7 @@ class Store:
         self.sinks = SinkStore(self.executor)
         self.shares = ShareStore(self.executor)
         self.operations = OperationsStore(self.executor)
+        self.status = StatusStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -39,6 +39,9 @@ from .models import (
     PublishResult,
     ReplayResult,
     RetentionStatus,
+    Settlement,
+    ShareGroupStatus,
+    ShareOutcome,
     StatusSnapshot,
     TopicDescription,
     TopicInfo,
@@ -46,6 +49,14 @@ from .models import (
 )
 from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
+from .shares import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    SHARE_DEFAULTS,
+    ShareConsumer,
+    ShareOptions,
+    ShareTransaction,
+)
 from .topicconfig import TOPIC_CONFIG_DEFAULTS
 
 if TYPE_CHECKING:
@@ -98,11 +109,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAINTENANCE_INTERVAL",
+    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME",
+    "SHARE_DEFAULTS",
     "TOPIC_CONFIG_DEFAULTS",
     "BatchConfig",
     "CheckpointReset",
@@ -141,6 +155,12 @@ __all__ = [
     "RetentionStatus",
     "RetryPolicy",
     "ServiceFailed",
+    "Settlement",
+    "ShareConsumer",
+    "ShareGroupStatus",
+    "ShareOptions",
+    "ShareOutcome",
+    "ShareTransaction",
     "StatusSnapshot",
     "TopicConflict",
     "TopicDescription",

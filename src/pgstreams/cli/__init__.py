@@ -38,7 +38,7 @@ import typer
 
 import pgstreams
 
-from . import consume, dlt, groups, maintain, migrate, produce, quickstart, topics, worker
+from . import console, consume, dlt, groups, maintain, metrics, migrate, produce, quickstart, topics, worker
 from .common import (
     DEFAULT_SCHEMA,
     EXIT_BROKEN_PIPE,
@@ -130,7 +130,8 @@ _HELP = (
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
-for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, quickstart):
+for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
+                quickstart):
     _module.register(app)
 
 

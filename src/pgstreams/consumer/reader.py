@@ -37,12 +37,12 @@ _SEVERITY = {
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EVENT_FIELDS = ("topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
-                 "correlation_id", "causation_id", "created_at", "txid")
+                 "correlation_id", "causation_id", "created_at", "txid", "delivery_count")
 
 
 def _event(topic: str, partition: int, position: int, key: str | None, value: object,
            headers: object, event_type: str | None, event_id: str | None, correlation_id: str | None,
-           causation_id: str | None, created_at: datetime, txid: int) -> Event:
+           causation_id: str | None, created_at: datetime, txid: int, delivery_count: int = 0) -> Event:
     """``Event(...)`` at a quarter of the cost (polls build one per row; a frozen dataclass's ``__init__``
     sets each field through ``object.__setattr__``). The result is the same as the constructor's. Filling
     the instance's own ``__dict__`` in field order keeps it a key-sharing dict, cheaper than assigning a
@@ -61,6 +61,7 @@ def _event(topic: str, partition: int, position: int, key: str | None, value: ob
     d["causation_id"] = causation_id
     d["created_at"] = created_at
     d["txid"] = txid
+    d["delivery_count"] = delivery_count
     return ev
 
 
@@ -90,6 +91,14 @@ def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
         append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
                       headers or {}, et, eid, cid, sid, created, x))
     return out
+
+
+def event_of_row(topic: str, row: Sequence[Any], delivery_count: int = 0) -> Event:
+    """The :class:`Event` of one row in the column order of :data:`ROW_FIELDS` (a share group's
+    acquisition returns its events so), delivered ``delivery_count`` times."""
+    p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid = row[:12]
+    return _event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value), headers or {}, et,
+                  eid, cid, sid, _EPOCH + since_epoch, x, delivery_count)
 
 
 def check_start(start: object) -> Start:
@@ -227,6 +236,11 @@ class StreamReader:
         self._committed = cursors
         self._cursor = dict(cursors)
 
+    def set_checkpoints(self, cursors: Mapping[int, Cursor]) -> None:
+        """Make ``cursors`` (as read from the database) the checkpoints and put every cursor on them (what
+        :meth:`load` does, for a caller that read them itself, such as :mod:`pgstreams.aio`)."""
+        self._loaded(dict(cursors))
+
     def checkpoints(self) -> dict[int, Cursor]:
         """The committed checkpoint per partition as this reader knows it."""
         return dict(self._committed)
@@ -345,6 +359,27 @@ class StreamReader:
         self._committed.update(cursors)
         self._cursor.update(cursors)
         log.info("group %s reads the new partitions %s of topic %s", self.group, new, self.topic)
+
+    def read_params(self, max_events: int) -> dict[str, Any]:
+        """The parameters of the next read of up to ``max_events`` events after the cursors (for a caller
+        that runs the poll itself, such as :mod:`pgstreams.aio`; pass its result to :meth:`advance`)."""
+        return self._params(max_events, None)
+
+    def advance(self, polled: Polled, params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
+        """Move the cursors past the rows a poll with ``params`` read (``polled``: the rows, the removed
+        segments after the cursors and the partition count); the rows, cut to the limit, and the cursor
+        after them per partition. The reader keeps its partitions (a caller running the poll itself
+        creates its reader again to read partitions added since)."""
+        rows, removed, _ = polled
+        return self._advance((rows, removed, 0), params)
+
+    def outcome(self, outcomes: Mapping[int, CommitOutcome]) -> CommitOutcome:
+        """Record the outcome per partition of a store the caller ran (:attr:`last_outcomes`); return the
+        most severe (``IGNORED`` for none). Then :meth:`apply` once committed."""
+        self.last_outcomes = dict(outcomes)
+        if not outcomes:
+            return CommitOutcome.IGNORED
+        return max(outcomes.values(), key=_SEVERITY.__getitem__)
 
     def fetch_rows(self, conn: psycopg.Connection, max_events: int,
                    partitions: Sequence[int] | None = None) -> tuple[list[Row], dict[int, Cursor]]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .client import DEFAULT_SEGMENT_SIZE, Client, connect
+from .client import DEFAULT_RETRY_TIMEOUT, DEFAULT_SEGMENT_SIZE, Client, connect
 from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
     ConfigurationError,
+    ConnectionLost,
     DataLoss,
     GroupActive,
     GroupNotFound,
@@ -19,6 +20,7 @@ from .errors import (
     InvalidName,
     MessageTooLarge,
     MigrationError,
+    PermissionDenied,
     PgStreamsError,
     TopicConflict,
     TopicNotFound,
@@ -94,6 +96,7 @@ __version__ = "0.1.0"
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_MAINTENANCE_INTERVAL",
+    "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
@@ -105,6 +108,7 @@ __all__ = [
     "CommitOutcome",
     "ConfigEntry",
     "ConfigurationError",
+    "ConnectionLost",
     "Consumer",
     "ConsumerTransaction",
     "DataLoss",
@@ -127,6 +131,7 @@ __all__ = [
     "MigrationError",
     "PartitionInfo",
     "PartitionStatus",
+    "PermissionDenied",
     "PgStreamsError",
     "PublishResult",
     "ReplayResult",

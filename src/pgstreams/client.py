@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 from . import topicconfig
 from .errors import (
     ConfigurationError,
+    ConnectionLost,
     InvalidArgument,
     InvalidConfig,
     MigrationError,
@@ -41,6 +42,7 @@ from .models import (
 )
 from .names import check_group, check_partitions, check_schema, check_topic
 from .producer import Producer, TopicState
+from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
 from .storage.notifications import Listener, Notifier, channel
 
@@ -48,8 +50,10 @@ if TYPE_CHECKING:
     from .consumer import Consumer, Start
 
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_SCHEMA", "DEFAULT_SEGMENT_SIZE", "Client",
-           "connect", "resolve_dsn"]
+__all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_RETRY_TIMEOUT", "DEFAULT_SCHEMA",
+           "DEFAULT_SEGMENT_SIZE", "Client", "connect", "resolve_dsn"]
+
+T = TypeVar("T")
 
 #: The schema holding every pgstreams table unless ``connect(schema=...)`` says otherwise.
 DEFAULT_SCHEMA = "pgstreams"
@@ -58,13 +62,21 @@ DEFAULT_POOL_SIZE = 10
 #: Seconds between fallback polls of a waiting consumer when no notification arrives.
 DEFAULT_POLL_INTERVAL = 0.25
 
+#: libpq's environment variables that name a server (with them, an empty DSN connects there).
+LIBPQ_SERVER_VARIABLES = ("PGSERVICE", "PGHOST", "PGHOSTADDR", "PGDATABASE")
+
+
 def resolve_dsn(dsn: str | None) -> str:
-    """The DSN to use: ``dsn``, else ``$PGSTREAMS_DSN``, else the embedded server's."""
+    """The DSN to use: ``dsn``, else ``$PGSTREAMS_DSN``, else libpq's own environment when it names a
+    server (``PGSERVICE`` with the service file, ``PGHOST``, ``PGHOSTADDR``, ``PGDATABASE``; the password
+    may come from ``PGPASSWORD`` or ``PGPASSFILE``), else the embedded server's."""
     if dsn:
         return dsn
     env = os.environ.get("PGSTREAMS_DSN")
     if env:
         return env
+    if any(os.environ.get(v) for v in LIBPQ_SERVER_VARIABLES):
+        return " "  # an empty conninfo: libpq reads its environment and service file
     from .embedded import embedded_dsn
 
     return embedded_dsn()
@@ -77,25 +89,32 @@ def connect(
     migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
 ) -> Client:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager).
 
-    ``dsn`` defaults to ``$PGSTREAMS_DSN``, else an embedded PostgreSQL started on demand (see
+    ``dsn`` defaults to ``$PGSTREAMS_DSN``, else libpq's environment when it names a server
+    (``PGSERVICE``, ``PGHOST``, ...), else an embedded PostgreSQL started on demand (see
     :mod:`pgstreams.embedded`). ``schema`` (default ``"pgstreams"``) holds every table. ``migrate``
     (default true) applies pending migrations. ``pool_size`` (default 10) bounds the connection pool.
     ``poll_interval`` (default 0.25 s) is how often waiting consumers poll when no notification arrives.
+    ``retry_timeout`` (default :data:`DEFAULT_RETRY_TIMEOUT`, 30 s; 0 turns retrying off): how long a
+    publish, poll, commit or other call keeps being retried on fresh connections after the connection
+    broke or the server restarted, before it raises :class:`pgstreams.ConnectionLost` (see
+    :mod:`pgstreams.reconnect`).
     """
-    _check_options(schema, migrate, pool_size, poll_interval)
+    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
     if dsn is not None and not isinstance(dsn, str):
         raise InvalidArgument(f"dsn must be a string, not {type(dsn).__name__}")
     if dsn is not None and not dsn.strip():
         # an empty DSN would silently fall back to $PGSTREAMS_DSN or the embedded server
         raise InvalidArgument("dsn must not be empty (None uses $PGSTREAMS_DSN or the embedded server)")
     return Client(resolve_dsn(dsn), schema=schema, migrate=migrate, pool_size=pool_size,
-                  poll_interval=float(poll_interval))
+                  poll_interval=float(poll_interval), retry_timeout=float(retry_timeout))
 
 
-def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object) -> None:
+def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object,
+                   retry_timeout: object = DEFAULT_RETRY_TIMEOUT) -> None:
     """Validate the options of :func:`connect` and :class:`Client` before anything is connected."""
     check_schema(schema)
     if not isinstance(migrate, bool):  # migrate="no" would be truthy and migrate
@@ -105,6 +124,9 @@ def _check_options(schema: object, migrate: object, pool_size: object, poll_inte
     if (isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float))
             or not 0 < poll_interval < math.inf):
         raise InvalidArgument(f"poll_interval must be a positive number, got {poll_interval!r}")
+    if (isinstance(retry_timeout, bool) or not isinstance(retry_timeout, (int, float))
+            or not 0 <= retry_timeout < math.inf):
+        raise InvalidArgument(f"retry_timeout must be a number of seconds >= 0, got {retry_timeout!r}")
 
 
 class Client:
@@ -113,7 +135,7 @@ class Client:
 
     Prefer :func:`connect`, which resolves the DSN and validates arguments. The arguments and their
     defaults are those of :func:`connect` (``schema="pgstreams"``, ``migrate=True``, ``pool_size=10``,
-    ``poll_interval=0.25``), except that ``dsn`` is required.
+    ``poll_interval=0.25``, ``retry_timeout=30``), except that ``dsn`` is required.
 
     ``store`` is the storage layer of the client's schema (:class:`pgstreams.storage.Store`), for
     pgstreams' own modules and extensions.
@@ -122,17 +144,22 @@ class Client:
     def __init__(
         self, dsn: str, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
     ) -> None:
-        if not isinstance(dsn, str) or not dsn.strip():
-            raise InvalidArgument(f"dsn must be a non-empty string, not {dsn!r}")
-        _check_options(schema, migrate, pool_size, poll_interval)
-        self.dsn = dsn
+        if not isinstance(dsn, str) or not dsn:
+            raise InvalidArgument("dsn must be a non-empty string")
+        _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+        self._dsn = dsn
         self.schema = schema
         self.poll_interval = float(poll_interval)
+        self.retry_timeout = float(retry_timeout)
+        #: the server as ``user@host:port/dbname``, never with a password
+        self.server = server_label(dsn)
         try:
             probe = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
-            raise ConfigurationError(f"cannot connect to PostgreSQL: {str(exc).strip()}") from exc
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {self.server}: {redact(str(exc).strip(), dsn)}") from None
         with probe:
             if migrate:
                 CORE.migrate(probe, schema)
@@ -141,28 +168,61 @@ class Client:
                 if pending:
                     raise MigrationError(
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
-        self._pool = ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams"
-        )
-        self.store = Store(self._pool, schema)
+            self._pool = ConnectionPool(
+                dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams",
+                timeout=max(self.retry_timeout, 1.0),
+            )
+            self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
+            self.store = Store(self._pool, schema, self.retry)
+            #: this client's producer id (see :mod:`pgstreams.producer`)
+            self.producer_id = self.store.events.new_producer_id(probe)
         self._topics: dict[str, TopicState] = {}
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema))
+                                  channel(schema), self.producer_id, self.retry)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
+    @property
+    def dsn(self) -> str:
+        """The DSN the client connects with (it may hold a password: never print it; see :attr:`server`)."""
+        return self._dsn
+
     def raw_connection(self) -> psycopg.Connection:
         """A new autocommit connection of the client's own, outside the pool (the caller closes it)."""
-        return psycopg.connect(self.dsn, autocommit=True)
+        return psycopg.connect(self._dsn, autocommit=True)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
-        """Borrow a pooled autocommit connection (for ad-hoc SQL on the same database)."""
-        with self._pool.connection() as conn:
+        """Borrow a pooled autocommit connection (for ad-hoc SQL on the same database). Waiting for one
+        is bounded by ``retry_timeout``; the body is not retried (see :meth:`run`)."""
+        try:
+            cm = self._pool.connection()
+            conn = cm.__enter__()
+        except Exception as exc:
+            if retriable(exc):
+                raise self.retry.lost(exc) from exc
+            raise
+        try:
             yield conn
+        except BaseException as exc:
+            if not cm.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            cm.__exit__(None, None, None)
+
+    def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn(conn)`` on a pooled autocommit connection; if it fails because the connection broke or the
+        server restarted, run again on a fresh one until ``retry_timeout`` passes (then
+        :class:`ConnectionLost`). ``fn`` must be safe to run again."""
+        try:
+            return self.retry.pooled(fn)
+        except Exception as exc:
+            if retriable(exc) and not isinstance(exc, ConnectionLost):
+                raise self.retry.lost(exc) from exc
+            raise
 
     def close(self) -> None:
         """Close the pool and background threads. Idempotent."""
@@ -180,7 +240,7 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<pgstreams.Client schema={self.schema!r}>"
+        return f"<pgstreams.Client server={self.server!r} schema={self.schema!r}>"
 
     def topic_state(self, name: str, *, refresh: bool = False, conn: psycopg.Connection | None = None
                     ) -> TopicState:

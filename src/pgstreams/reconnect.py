@@ -56,8 +56,8 @@ def retriable(exc: BaseException) -> bool:
         state = exc.sqlstate
         if state:
             return state.startswith("08") or state in _RETRIABLE_STATES
-        if isinstance(exc, psycopg.OperationalError):
-            return True
+        if isinstance(exc, psycopg.OperationalError) or type(exc) is psycopg.DatabaseError:
+            return True  # without SQLSTATE: from libpq, not the server (a result of a broken connection)
         return isinstance(exc, psycopg.InterfaceError) and "closed" in str(exc)
     return False
 

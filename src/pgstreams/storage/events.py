@@ -4,8 +4,8 @@ An event to store is an :data:`EventRow`: ``(partition, kind, key, payload, head
 event_id, correlation_id, causation_id, producer)``, validated and encoded by the producer (``producer``:
 the producer tag of a retriable publish, see ``0010_idempotent_producer.sql``, else ``None``). Read
 order within a partition is the position; a cursor is the position of the last event read, ``0`` before
-every event. Every write first registers its transaction as a publisher of its partitions, and every read stays below
-the partitions' read fences (see ``0004_partition_fence.sql``).
+every event. Every write first registers its transaction as a publisher of its partitions, and every
+read stays below the partitions' read fences (see ``0004_partition_fence.sql``).
 """
 
 from __future__ import annotations

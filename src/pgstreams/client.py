@@ -24,6 +24,7 @@ from .errors import (
     InvalidArgument,
     InvalidConfig,
     MigrationError,
+    PermissionDenied,
     TopicConflict,
     TopicNotFound,
 )
@@ -54,6 +55,23 @@ __all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_RETRY_TIMEOUT"
            "DEFAULT_SEGMENT_SIZE", "Client", "connect", "resolve_dsn"]
 
 T = TypeVar("T")
+
+#: The privileges :meth:`Client.grant` gives (see ``0011_roles.sql``).
+PRIVILEGES = ("produce", "consume", "admin")
+
+
+@contextmanager
+def denied(action: str) -> Iterator[None]:
+    """Turn PostgreSQL's refusal (SQLSTATE 42501) of the block into :class:`PermissionDenied` naming
+    ``action`` and PostgreSQL's object."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        detail = (exc.diag.message_primary or str(exc)).strip()
+        raise PermissionDenied(f"permission denied to {action} ({detail})") from None
+    except PermissionDenied as exc:
+        detail = str(exc).removeprefix("permission denied: ")
+        raise PermissionDenied(f"permission denied to {action} ({detail})") from None
 
 #: The schema holding every pgstreams table unless ``connect(schema=...)`` says otherwise.
 DEFAULT_SCHEMA = "pgstreams"
@@ -129,6 +147,17 @@ def _check_options(schema: object, migrate: object, pool_size: object, poll_inte
         raise InvalidArgument(f"retry_timeout must be a number of seconds >= 0, got {retry_timeout!r}")
 
 
+@contextmanager
+def _grant_errors(role: str, topic: str | None) -> Iterator[None]:
+    """A missing role or topic of a grant as :class:`InvalidArgument` / :class:`TopicNotFound`."""
+    try:
+        yield
+    except psycopg.errors.UndefinedObject:
+        raise InvalidArgument(f"role {role!r} does not exist (CREATE ROLE it first)") from None
+    except psycopg.errors.NoDataFound:
+        raise TopicNotFound(f"topic {topic!r} does not exist") from None
+
+
 class Client:
     """A connection to a pgstreams database. Thread-safe; create one per process. A context manager:
     leaving the ``with`` block closes it.
@@ -160,7 +189,7 @@ class Client:
         except psycopg.Error as exc:
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {self.server}: {redact(str(exc).strip(), dsn)}") from None
-        with probe:
+        with probe, denied(f"use schema {schema!r} (see pgstreams grant)"):
             if migrate:
                 CORE.migrate(probe, schema)
             else:
@@ -219,10 +248,61 @@ class Client:
         :class:`ConnectionLost`). ``fn`` must be safe to run again."""
         try:
             return self.retry.pooled(fn)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            detail = (exc.diag.message_primary or str(exc)).strip()
+            raise PermissionDenied(f"permission denied: {detail}") from None
         except Exception as exc:
             if retriable(exc) and not isinstance(exc, ConnectionLost):
                 raise self.retry.lost(exc) from exc
             raise
+
+    # -- roles ---------------------------------------------------------------------------------------
+    def grant(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,
+              topics: Iterable[str] = (), admin: bool = False) -> None:
+        """Grant PostgreSQL role ``role`` (which must exist) the right to publish to the ``produce`` topics,
+        to read ``topics`` and store checkpoints, leases and losses as group ``consume``, and/or (``admin``)
+        to do everything (create, alter and delete topics, reset and delete groups, maintenance). Defaults:
+        nothing of each. Enforced by PostgreSQL (grants, row-level security; see docs/security.md), not by
+        the client. Needs the admin right itself. All or nothing."""
+        for privilege, topic, group in self._grants(role, produce, consume, topics, admin):
+            with denied(f"grant {privilege} rights to role {role!r}"), _grant_errors(role, topic):
+                self.store.operations.grant(role, privilege, topic, group)
+
+    def revoke(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,
+               topics: Iterable[str] = (), admin: bool = False) -> int:
+        """Take back what :meth:`grant` gave (same arguments; ``consume`` without ``topics``: on every
+        topic). Returns how many grants were revoked."""
+        n = 0
+        for privilege, topic, group in self._grants(role, produce, consume, topics, admin, revoking=True):
+            with denied(f"revoke {privilege} rights of role {role!r}"), _grant_errors(role, topic):
+                n += self.store.operations.revoke(role, privilege, topic, group)
+        return n
+
+    @staticmethod
+    def _grants(role: object, produce: Iterable[str], consume: object, topics: Iterable[str], admin: object,
+                revoking: bool = False) -> list[tuple[str, str | None, str | None]]:
+        if not isinstance(role, str) or not 0 < len(role.encode("utf-8", "surrogatepass")) <= 63 or (
+                "\x00" in role):
+            raise InvalidArgument(f"role must be a PostgreSQL role name (1 to 63 bytes), got {role!r}")
+        if not isinstance(admin, bool):
+            raise InvalidArgument(f"admin must be True or False, not {admin!r}")
+        produce = [produce] if isinstance(produce, str) else list(produce)
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        for t in produce + topics:
+            check_topic(t)
+        out: list[tuple[str, str | None, str | None]] = [("produce", t, None) for t in produce]
+        if consume is not None:
+            check_group(consume)
+            if not topics and not revoking:
+                raise InvalidArgument("consume needs the topics the group reads (topics=[...] / --topic)")
+            out += [("consume", t, str(consume)) for t in topics] or [("consume", None, str(consume))]
+        elif topics:
+            raise InvalidArgument("topics are the topics of a consume grant: give the group too")
+        if admin:
+            out.append(("admin", None, None))
+        if not out:
+            raise InvalidArgument("nothing to grant: give produce topics, a consume group or admin")
+        return out
 
     def close(self) -> None:
         """Close the pool and background threads. Idempotent."""
@@ -296,7 +376,8 @@ class Client:
             if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
                 raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
             segment_size = events
-        self.store.topics.create(name, partitions, segment_size, settings)
+        with denied(f"create topic {name!r}"):
+            self.store.topics.create(name, partitions, segment_size, settings)
         info = self._info(name)
         if info.partitions != partitions:
             raise TopicConflict(
@@ -344,7 +425,8 @@ class Client:
                 raise InvalidArgument(f"partitions: topic {name!r} has {current.partitions} partitions; "
                                       "decreasing is not possible")
         try:
-            done = self.store.operations.alter_topic(name, settings, deleted, partitions)
+            with denied(f"alter topic {name!r}"):
+                done = self.store.operations.alter_topic(name, settings, deleted, partitions)
         except ValueError as exc:
             raise InvalidArgument(f"partitions: {exc}") from None
         if done is None:
@@ -395,7 +477,9 @@ class Client:
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its events and every group checkpoint on it. Raises :class:`TopicNotFound`."""
         check_topic(name)
-        if not self.store.topics.delete(name):
+        with denied(f"delete topic {name!r}"):
+            gone = self.store.topics.delete(name)
+        if not gone:
             raise TopicNotFound(f"topic {name!r} does not exist")
         self._forget(name)
 
@@ -433,8 +517,12 @@ class Client:
         """
         if not isinstance(notify, bool):
             raise InvalidArgument(f"notify must be a bool, not {type(notify).__name__}")
-        return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
-                                              correlation_id, causation_id), conn, notify)
+        try:
+            return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
+                                                  correlation_id, causation_id), conn, notify)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise PermissionDenied(f"permission denied to publish to topic {topic!r} "
+                                   f"({(exc.diag.message_primary or '').strip()})") from None
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish events in one transaction with COPY: all or none. Returns the number stored.
@@ -443,7 +531,8 @@ class Client:
         Events whose ``event_id`` the topic already holds (or that repeat one earlier in the batch) are
         not stored and not counted.
         """
-        return self._producer.publish_many(topic, events)
+        with denied(f"publish to topic {topic!r}"):
+            return self._producer.publish_many(topic, events)
 
     # -- consuming -----------------------------------------------------------------------------------
     def consumer(self, topic: str, group: str, *, start: Start = "earliest") -> Consumer:
@@ -458,7 +547,8 @@ class Client:
         """
         from .consumer import Consumer, create_checkpoints
 
-        reader = create_checkpoints(self, topic, group, start=start)
+        with denied(f"consume topic {topic!r} as group {group!r}"):
+            reader = create_checkpoints(self, topic, group, start=start)
         return Consumer.of(reader)
 
     # -- groups --------------------------------------------------------------------------------------
@@ -494,9 +584,10 @@ class Client:
         Returns each partition's checkpoint before and after."""
         from .admin import reset_group
 
-        return reset_group(self, group, topic, to_earliest=to_earliest, to_latest=to_latest,
+        with denied(f"reset group {group!r} on topic {topic!r}"):
+            return reset_group(self, group, topic, to_earliest=to_earliest, to_latest=to_latest,
                            to_datetime=to_datetime, shift_by=shift_by, to_position=to_position,
-                           partition=partition, dry_run=dry_run)
+                               partition=partition, dry_run=dry_run)
 
     def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete ``group``'s checkpoints, leases, losses and (without ``topic``) configuration, on ``topic``
@@ -504,7 +595,8 @@ class Client:
         ``GroupNotFound`` when it has no checkpoints there. Returns the number of checkpoints deleted."""
         from .admin import delete_group
 
-        return delete_group(self, group, topic)
+        with denied(f"delete group {group!r}"):
+            return delete_group(self, group, topic)
 
     def replay_dead_letters(self, dlt_topic: str, *, to: str | None = None, group: str | None = None,
                             where_error_type: str | None = None, dry_run: bool = False,

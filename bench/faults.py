@@ -151,7 +151,7 @@ class Workload:
         with psycopg.connect(self.dsn) as conn:
             return Counter(r[0] for r in conn.execute("SELECT value FROM handled"))
 
-    def finish(self, counts: Counts, drain: float = 60.0) -> Counts:
+    def finish(self, counts: Counts, drain: float = 180.0) -> Counts:
         """Stop producing, let the consumers drain, stop everything and count."""
         self.stop.set()
         for t in self.threads[:2]:

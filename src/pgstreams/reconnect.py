@@ -38,6 +38,8 @@ DEFAULT_RETRY_TIMEOUT = 30.0
 FIRST_BACKOFF = 0.05
 #: The longest pause between attempts.
 MAX_BACKOFF = 1.0
+#: Seconds a retry waits for a pooled connection before it opens one of its own.
+POOL_WAIT = 1.0
 
 # SQLSTATEs that say the server ended or refused the session (any 08xxx is a connection exception):
 # admin_shutdown (pg_terminate_backend, fast shutdown), crash_shutdown, cannot_connect_now (starting up
@@ -163,8 +165,25 @@ class Reconnect:
             self.pause(exc, deadline, attempt)
             attempt += 1
             try:
-                with self.pool.connection(timeout=self.remaining(deadline)) as conn:
+                with self.pool.connection(timeout=min(self.remaining(deadline), POOL_WAIT)) as conn:
                     return fn(conn)
+            except PoolTimeout as err:
+                # the pool reconnects in the background with a backoff of its own (1 s, 2 s, 4 s, ...):
+                # once the server is back, a connection of this call's own gets on without waiting for it
+                exc = err
+                try:
+                    own = psycopg.connect(self.dsn, autocommit=True,
+                                          connect_timeout=max(1, int(self.remaining(deadline))))
+                except psycopg.Error as failed:
+                    exc = failed
+                    continue
+                try:
+                    with own:
+                        return fn(own)
+                except Exception as err2:
+                    if not retriable(err2):
+                        raise
+                    exc = err2
             except Exception as err:
                 if not retriable(err):
                     raise

@@ -87,7 +87,7 @@ def test_publishes_ride_through_a_restart_and_store_each_event_once(server: Temp
         until(lambda: pub.sent >= 50, 30, "publishes before the restart")
         server.restart(mode, down=0.5)
         at = pub.sent
-        until(lambda: pub.sent >= at + 50 or bool(pub.errors), 60, "publishes after the restart")
+        until(lambda: pub.sent >= at + 50 or bool(pub.errors), 120, "publishes after the restart")
         pub.stop.set()
         pub.join(60)
         assert pub.errors == []

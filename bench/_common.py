@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import platform
 import queue
+import signal
 import struct
 import time
 import uuid
@@ -89,6 +90,19 @@ def checkpoint(dsn: str) -> None:
             conn.execute("CHECKPOINT")
     except psycopg.Error:
         pass
+
+
+@contextmanager
+def interrupt_on_sigterm() -> Iterator[None]:
+    """SIGTERM ends the run as Ctrl-C does (so that the clean-up runs)."""
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -61,12 +61,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import signal
 import statistics
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,6 +80,7 @@ from ._common import (
     RawTarget,
     checkpoint,
     create_raw_table,
+    interrupt_on_sigterm,
     machine,
     make_console,
     percentile,
@@ -423,19 +423,6 @@ def _prepare_jetstream(server: JsServer, run: str, plan: Plan, console: Console)
                     f"{time.monotonic() - started:.1f} s")
 
 
-@contextmanager
-def _interrupt_on_sigterm() -> Iterator[None]:
-    """SIGTERM ends the run as Ctrl-C does (so that the clean-up runs)."""
-    def handler(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run(server: str, plan: Plan, nats_url: str, info: dict[str, str], console: Console) -> tuple[
         list[Workload], list[tuple[str, str, str]]]:
     """Install and start what the peers need, run the workloads, clean up. Returns the workloads and the
@@ -459,7 +446,7 @@ def run(server: str, plan: Plan, nats_url: str, info: dict[str, str], console: C
     pg_durability = (f"fsync={fsync}, synchronous_commit={sync_commit}"
                      + (": each commit returns once its WAL is flushed to disk"
                         if fsync == "on" and sync_commit == "on" else ""))
-    with ExitStack() as stack, _interrupt_on_sigterm():
+    with ExitStack() as stack, interrupt_on_sigterm():
         db = stack.enter_context(scratch_database(server, prefix="pgstreams_bench_peers"))
         servers: list[JsServer] = []
         if JS in plan.systems and JS not in skips:

@@ -141,18 +141,21 @@ def raw_copy_out(dsn: str, tid: int, lo: int, hi: int, connections: int) -> tupl
     return rows / (time.perf_counter() - t0), "psql" if psql else "psycopg"
 
 
-def spark_session(jar: str) -> Any:
+def spark_session(jar: str | None = None, app: str = "pgstreams-bench") -> Any:
+    """A local SparkSession (``local[*]``, no UI, UTC) whose Python workers run this interpreter, with the
+    JDBC driver ``jar`` on its class path when given (default none)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver and its services on loopback
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[*]").appName("pgstreams-bench")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
-             .config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.memory", "2g")
-             .config("spark.jars", jar).config("spark.driver.extraClassPath", jar)
-             .getOrCreate())
+    builder = (SparkSession.builder.master("local[*]").appName(app)
+               .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.memory", "2g"))
+    if jar is not None:
+        builder = builder.config("spark.jars", jar).config("spark.driver.extraClassPath", jar)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 

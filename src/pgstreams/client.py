@@ -210,7 +210,7 @@ class Client:
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema), self.producer_id, self.retry)
+                                  channel(schema), self.raw_connection, self.producer_id, self.retry)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -311,6 +311,7 @@ class Client:
         self._closed = True
         self.notifier.stop(5)  # sends what is pending first
         self.listener.stop(5)
+        self._producer.close()
         self._pool.close()
 
     def __enter__(self) -> Client:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import functools
 import itertools
 import random
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg import pq
 from psycopg.types.json import Jsonb
 
 from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
@@ -193,17 +195,23 @@ def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]],
 class Producer:
     """Publishes for a client: ``store`` is its storage, ``topic`` resolves a name to its state
     (``refresh=True`` reads it again, ``conn`` is a connection the caller already holds), ``announce``
-    schedules a wake-up notification of a topic after a commit and ``claim`` says whether a single publish
-    should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`). ``producer_id``
-    and ``retry``: the client's producer id and retry rule (see the module docstring)."""
+    schedules a wake-up notification of a topic after a commit, ``claim`` says whether a single publish
+    should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`) and ``connect``
+    makes the producer's own autocommit connection. Single publishes use that connection (one thread at a
+    time; concurrent ones take pooled connections): the pool's check-out and return cost a sixth of the
+    client's CPU per publish. ``producer_id`` and ``retry``: the client's producer id and retry rule (see
+    the module docstring)."""
 
     store: Store
     topic: Callable[..., TopicState]
     announce: Callable[[int], None]
     claim: Callable[[int], bool]
     channel: str
+    connect: Callable[[], psycopg.Connection]
     producer_id: int
     retry: Reconnect
+    _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
+    _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._base = (self.producer_id & 0x7FFFFFFF) << 32
@@ -234,36 +242,78 @@ class Producer:
             if notify:
                 events.notify(conn, self.channel, str(state.id))
         else:
-            pool = ex.pool
-            assert pool is not None
             floor = state.known  # read before the attempt: its event is stored above it
-            # getconn/putconn: the connection() context manager costs as much again on this path
             try:
-                c = pool.getconn()
-            except Exception as exc:
-                if not retriable(exc):
-                    raise
-                stored = self._again(topic, state, row, floor, None, exc)
-            else:
-                held: psycopg.Connection | None = c
-                try:
-                    wake = (self.channel, str(state.id)) if self.claim(state.id) else None
-                    stored = self._insert_pooled(c, topic, state, row, wake)
-                    if stored.position >= state.segments.stats_from:
-                        state.segments.check_stats(ex, stored.position, c)
-                except Exception as exc:
-                    if not retriable(exc):
-                        raise
-                    pid = _backend_pid(c)
-                    pool.putconn(c)
-                    held = None
-                    stored = self._again(topic, state, row, floor, pid, exc)
-                finally:
-                    if held is not None:
-                        pool.putconn(held)
+                if self._own_lock.acquire(blocking=False):
+                    try:
+                        stored = self._publish_own(topic, state, row)
+                    finally:
+                        self._own_lock.release()
+                else:  # another thread of this client is publishing on the client's own connection
+                    stored = self._publish_pooled(topic, state, row)
+            except _Interrupted as lost:
+                stored = self._again(topic, state, row, floor, lost.pid, lost.error)
             state.known = stored.position
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    def _publish_pooled(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+        pool = self.store.executor.pool
+        assert pool is not None
+        # getconn/putconn: the connection() context manager costs as much again on this path
+        try:
+            c = pool.getconn()
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(None, exc) from exc
+        try:
+            return self._publish_on(c, topic, state, row)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(_backend_pid(c), exc) from exc
+        finally:
+            pool.putconn(c)
+
+    def _publish_own(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+        """Publish on the producer's own connection (made on first use; a broken one is closed and made
+        again by the next publish)."""
+        c = self._own
+        try:
+            if c is None or c.closed:
+                c = self._own = self.connect()
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(None, exc) from exc
+        try:
+            return self._publish_on(c, topic, state, row)
+        except BaseException as exc:
+            pg = c.pgconn
+            pid = _backend_pid(c)
+            if pg.status != pq.ConnStatus.OK or pg.transaction_status != pq.TransactionStatus.IDLE:
+                c.close()
+                self._own = None
+            if isinstance(exc, Exception) and retriable(exc):
+                raise _Interrupted(pid, exc) from exc
+            raise
+
+    def _publish_on(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+        """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, with the consumers' wake-up when
+        one is due (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
+        wake = (self.channel, str(state.id)) if self.claim(state.id) else None
+        stored = self._insert_pooled(c, topic, state, row, wake)
+        if stored.position >= state.segments.stats_from:
+            state.segments.check_stats(self.store.executor, stored.position, c)
+        return stored
+
+    def close(self) -> None:
+        """Close the producer's own connection, if it made one."""
+        with self._own_lock:
+            if self._own is not None:
+                self._own.close()
+                self._own = None
 
     def _again(self, topic: str, state: TopicState, row: EventRow, floor: int, pid: int | None,
                first: BaseException) -> StoredAt:
@@ -385,3 +435,12 @@ def _backend_pid(conn: psycopg.Connection) -> int | None:
     except Exception:  # noqa: BLE001 - a closed connection may not tell
         return None
     return int(pid) if pid else None
+
+
+class _Interrupted(Exception):
+    """A publish's connection broke (``error``, retriable) on session ``pid`` (``None`` if none was used)."""
+
+    def __init__(self, pid: int | None, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.pid = pid
+        self.error = error

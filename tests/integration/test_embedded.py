@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,6 +39,16 @@ SECOND = textwrap.dedent("""
 """)
 
 
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A PGSTREAMS_HOME outside pytest's temporary tree: as root, the embedded server runs as another
+    user and needs to traverse its parents, and every pytest session on the machine resets the mode of
+    pytest's own root to 0700 when it starts."""
+    root = Path(tempfile.mkdtemp(prefix="pgstreams-home-"))
+    yield root / "home"
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def _run(script: str, home: Path) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if k not in ("PGSTREAMS_DSN", "PGSTREAMS_TEST_DSN")}
     env["PGSTREAMS_HOME"] = str(home)
@@ -46,8 +59,7 @@ def _run(script: str, home: Path) -> dict[str, object]:
 
 
 @pytest.mark.slow
-def test_embedded_server_starts_persists_and_is_reused(tmp_path: Path) -> None:
-    home = tmp_path / "home"
+def test_embedded_server_starts_persists_and_is_reused(home: Path) -> None:
     first = _run(FIRST, home)
     pgdata = home / "pgdata"
     assert (pgdata / "PG_VERSION").exists(), "the data directory is not under PGSTREAMS_HOME"
@@ -75,8 +87,7 @@ QUIET = textwrap.dedent("""
 
 @pytest.mark.slow
 def test_embedded_server_starts_without_xdg_runtime_dir_quietly_and_leaves_the_environment(
-        tmp_path: Path) -> None:
-    home = tmp_path / "home"
+        home: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PGSTREAMS_DSN", "PGSTREAMS_TEST_DSN", "XDG_RUNTIME_DIR", "PYTHONWARNINGS")}
     env["PGSTREAMS_HOME"] = str(home)

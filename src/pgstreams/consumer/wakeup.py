@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..storage.notifications import MIN_INTERVAL
+
 if TYPE_CHECKING:
     from ..client import Client
     from ..storage.notifications import Listener
@@ -14,18 +16,44 @@ if TYPE_CHECKING:
 #: Longest uninterrupted wait of an interruptible :class:`Wakeup`: stop requests are seen this fast.
 _SLICE = 0.05
 
+#: After a notification, a read that found nothing is retried after this long, then after twice that,
+#: and so on while the waits stay below the notifier's :data:`~pgstreams.storage.notifications.MIN_INTERVAL`,
+#: even without a new notification: a publishing client announces the events that follow one of its
+#: notifications at most that interval later (it coalesces them), so waiting for that announcement alone
+#: would add up to that much latency to them. A read that finds events starts the sequence again. At
+#: most a few empty reads per notification.
+HOT_RECHECK = 0.0005
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..storage.notifications import Listener
+
+#: Longest uninterrupted wait of an interruptible :class:`Wakeup`: stop requests are seen this fast.
+_SLICE = 0.05
+
+#: While events flow (a notification came within :data:`HOT_WINDOW`), a read that found nothing is
+#: retried after this long even without a new notification: a publishing client announces the events
+#: that follow a notification at most :data:`~pgstreams.storage.notifications.MIN_INTERVAL` later, so
+#: waiting for that announcement alone would add up to that much latency to them.
+HOT_RECHECK = 0.0005
+
+
 class Wakeup:
     """When a polling loop reads a topic again: the one wait/backoff rule of every such loop.
 
     Call :meth:`restart` when a loop starts, :meth:`mark` right before each read and, when the read found
     too little, :meth:`wait`. It waits for a notification about the topic newer than the mark, at most
-    ``poll_interval`` (so a lost notification only costs latency). After a notification whose read found
-    nothing (its events were still behind the read fence of an open transaction) it rechecks after 2, 4,
-    8, ... ms up to ``poll_interval``. With ``interrupt``, the wait is cut into slices of 50 ms and ends
-    early (returning false) as soon as ``interrupt()`` is true. Make one with :func:`topic_wakeup`.
+    ``poll_interval`` (so a lost notification only costs latency). After a notification, or a read that
+    found events, it rechecks after :data:`HOT_RECHECK`, twice that, ... while below the notifier's
+    interval (events that follow a notification are announced that much later). After a notification
+    whose read found nothing (its events were still behind the read fence of an open transaction) it
+    rechecks after 2, 4, 8, ... ms up to ``poll_interval``. With ``interrupt``, the wait is cut into slices
+    of 50 ms and ends early (returning false) as soon as ``interrupt()`` is true. Make one with
+    :func:`topic_wakeup`.
     """
 
-    __slots__ = ("_backoff", "_gen", "_interrupt", "_listener", "_poll_interval", "_tid")
+    __slots__ = ("_backoff", "_gen", "_interrupt", "_listener", "_poll_interval", "_recheck", "_tid",
+                 "_waited")
 
     def __init__(self, listener: Listener, topic_id: int, poll_interval: float,
                  interrupt: Callable[[], bool] | None = None) -> None:
@@ -35,6 +63,8 @@ class Wakeup:
         self._interrupt = interrupt
         self._backoff = 0.0
         self._gen = 0
+        self._recheck = 0.0  # the next recheck after a notification (0: none)
+        self._waited = False
 
     @property
     def poll_interval(self) -> float:
@@ -42,17 +72,30 @@ class Wakeup:
         return self._poll_interval
 
     def restart(self) -> None:
-        """A loop starts: listen (the client's listener starts on first use) and forget the backoff."""
+        """A loop starts: listen (the client's listener starts on first use) and forget the backoff (not
+        whether events are flowing)."""
         self._listener.start()
         self._backoff = 0.0
 
     def mark(self) -> None:
         """About to read: later notifications end the next :meth:`wait`."""
-        self._gen = self._listener.generation(self._tid)
+        gen = self._listener.generation(self._tid)
+        if gen != self._gen or (self._recheck and not self._waited):
+            # a notification came since the last read, or the last read found events: events are flowing
+            self._recheck = HOT_RECHECK
+            self._gen = gen
+        self._waited = False
 
     def wait(self, limit: float = math.inf) -> bool:
         """Wait (at most ``limit`` seconds) until reading again is worth it; true if a notification came."""
-        woke = self._wait(min(limit, self._backoff or self._poll_interval))
+        self._waited = True
+        wait = min(limit, self._backoff or self._poll_interval)
+        if self._recheck:
+            wait = min(wait, self._recheck)
+            self._recheck *= 2
+            if self._recheck >= MIN_INTERVAL:
+                self._recheck = 0.0
+        woke = self._wait(wait)
         if woke:
             self._backoff = 0.002  # the events may still be behind the fence: recheck quickly
         elif self._backoff:

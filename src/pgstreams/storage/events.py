@@ -11,10 +11,7 @@ read stays below the partitions' read fences (see ``0004_partition_fence.sql``).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import threading
-import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
@@ -24,6 +21,7 @@ from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
 from .executor import Executor, core_query
+from .libpq import Direct, Statement, int_array, statement, usable
 
 #: A cursor in read order: the position of the last event read; 0 is before every event.
 Cursor = int
@@ -71,49 +69,12 @@ def _insert_sql(schema: str, topic_id: int) -> bytes:
 SINGLE_KEY_TOPICS = 1024
 
 
-@functools.lru_cache(maxsize=1024)
-def _insert_statement(schema: str, topic_id: int) -> tuple[bytes, bytes]:
-    """Name and text (with $n placeholders) of a topic's single-event insert in its own transaction, for
-    libpq."""
-    name = "insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event"
-    parts = core_query(name, schema, topic_id).as_bytes(None).split(b"%s")
-    text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
-    return b"pgstreams_insert_" + hashlib.sha1(text).hexdigest()[:16].encode(), text
+def _insert_statement(schema: str, topic_id: int) -> Statement:
+    """A topic's single-event insert in its own transaction, for libpq."""
+    return statement("insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event", schema, topic_id)
 
 
-_NOTIFY = b"SELECT pg_notify($1, $2)"
-
-
-def _exec_then_notify(pg: pq.abc.PGconn, name: bytes, params: Sequence[bytes | None],
-                      notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
-    """Run prepared statement ``name`` (its own transaction, on an autocommit connection), then
-    ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a libpq
-    pipeline with a sync after each). Returns the statement's result; the notification's is dropped (a
-    wake-up hint: consumers poll anyway)."""
-    pg.enter_pipeline_mode()
-    try:
-        pg.send_query_prepared(name, params, _INSERT_FORMATS)
-        pg.pipeline_sync()
-        pg.send_query_params(_NOTIFY, notify)
-        pg.pipeline_sync()
-        first: pq.abc.PGresult | None = None
-        syncs = 0
-        while syncs < 2:
-            res = pg.get_result()
-            if res is None:
-                if pg.status != pq.ConnStatus.OK:
-                    raise psycopg.OperationalError(
-                        pg.error_message.decode("utf-8", "replace").strip() or "connection lost")
-                continue
-            if res.status == pq.ExecStatus.PIPELINE_SYNC:
-                syncs += 1
-            elif first is None:
-                first = res
-    finally:
-        if pg.status == pq.ConnStatus.OK:
-            pg.exit_pipeline_mode()
-    assert first is not None
-    return first
+_POLL_CHECKED = ("load_fences", "poll", "removed_after_cursors")
 
 
 class EventStore:
@@ -121,10 +82,7 @@ class EventStore:
 
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
-        # per pooled connection: its encoding and the statements insert_pooled prepared on it
-        self._prepared: weakref.WeakKeyDictionary[psycopg.Connection, tuple[str, set[bytes]]] = (
-            weakref.WeakKeyDictionary())
-        self._prepared_lock = threading.Lock()
+        self._direct = Direct()
 
     # -- writing ---------------------------------------------------------------------------------------
     def insert(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
@@ -166,18 +124,8 @@ class EventStore:
         Straight through libpq: psycopg's query layer (adaptation, prepared-statement bookkeeping) cost
         twice the client CPU of this whole call. The statement is prepared once per connection.
         """
-        name, text = _insert_statement(self.ex.schema, topic_id)
-        with self._prepared_lock:
-            state = self._prepared.get(conn)
-            if state is None:
-                state = self._prepared[conn] = (conn.info.encoding, set())
-        enc, names = state
-        pg = conn.pgconn
-        if name not in names:
-            res = pg.prepare(name, text, _INSERT_OIDS)
-            if res.status != pq.ExecStatus.COMMAND_OK:
-                raise psycopg.errors.error_from_result(res, encoding=enc)
-            names.add(name)
+        st = _insert_statement(self.ex.schema, topic_id)
+        enc = self._direct.prepare(conn, st, _INSERT_OIDS)
         p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
         part = b"%d" % p
         params: list[bytes | None] = [
@@ -188,12 +136,13 @@ class EventStore:
             None if producer is None else b"%d" % producer,
         ]
         if notify is None:
-            res = pg.exec_prepared(name, params, _INSERT_FORMATS)  # type: ignore[arg-type]  # None: NULL
+            res = conn.pgconn.exec_prepared(st.name, params, _INSERT_FORMATS)  # type: ignore[arg-type]
         else:
-            res = _exec_then_notify(pg, name, params, (notify[0].encode(enc), notify[1].encode(enc)))
+            res = self._direct.exec_then_notify(conn, st, params, _INSERT_FORMATS,
+                                                (notify[0].encode(enc), notify[1].encode(enc)))
         if res.status != pq.ExecStatus.TUPLES_OK:
             if retry and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
-                names.discard(name)  # the prepared statement was discarded (DISCARD ALL, DEALLOCATE)
+                self._direct.forget(conn)  # the statement was discarded (DISCARD ALL, DEALLOCATE)
                 return self._insert_direct(conn, topic_id, row, notify, retry=False)
             raise psycopg.errors.error_from_result(res, encoding=enc)
         return int(res.get_value(0, 0))  # type: ignore[arg-type]
@@ -288,11 +237,7 @@ class EventStore:
         """The rows of a poll: the partitions' fences, then the events below them, sent together (one
         round trip; the read's snapshot is newer than the fences). ``params``: ``partitions``,
         ``positions`` (the cursors), ``limit`` (per partition), ``total``."""
-        with conn.pipeline():
-            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
-            cur = conn.cursor(binary=True)
-            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
-        return cur.fetchall()
+        return self._poll(conn, topic_id, params, ("load_fences", "poll"))[1]
 
     def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
                      ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
@@ -300,10 +245,25 @@ class EventStore:
         held events after the cursors: ``(partition, segment, hi, first position, last position,
         events)`` rows, usually none. Removed segments are marked before they are detached, so a read
         that missed one of them is always followed by its mark here."""
-        with conn.pipeline():
-            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
-            cur = conn.cursor(binary=True)
-            cur.execute(self.ex.query("poll", topic_id), params, prepare=True)
-            removed = conn.cursor()
-            removed.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
-        return cur.fetchall(), removed.fetchall()
+        _, rows, removed = self._poll(conn, topic_id, params, _POLL_CHECKED)
+        return rows, removed
+
+    def _poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any], queries: tuple[str, ...]
+              ) -> list[list[tuple[Any, ...]]]:
+        if not usable(conn):  # in the caller's transaction
+            with conn.pipeline():
+                curs = []
+                for q in queries:
+                    cur = conn.cursor(binary=q == "poll")
+                    cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    curs.append(cur)
+            return [cur.fetchall() for cur in curs]
+        # straight through libpq (see storage.libpq): psycopg's query layer cost most of the client CPU
+        # of a poll that finds a few events
+        text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
+                "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
+        steps = []
+        for q in ("generic_plans", *queries):
+            st = statement(q, self.ex.schema, topic_id)
+            steps.append((st, [text[n] for n in st.params], 1 if q == "poll" else 0))
+        return self._direct.pipeline(conn, steps)[1:]

@@ -58,3 +58,26 @@ BEGIN
          ORDER BY c.i);
 END;
 $$;
+
+-- A poll's fences again only when something may have changed. If the sequence has not moved since the
+-- session last loaded the fences of the same topic and partitions, and they were all "last position
+-- + 1" (no open publisher held any of them back), they still are: no position was drawn since, and every
+-- transaction that drew one had ended. pg_lock_status() (it copies the lock table) is skipped then:
+-- consumers and workers that poll an idle topic, or recheck one, cost a sequence read.
+CREATE OR REPLACE FUNCTION {schema}.load_fences(p_topic_id integer, p_partitions integer[], p_seq regclass)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    v_last   bigint := coalesce(pg_sequence_last_value(p_seq), 0);
+    v_key    text := p_topic_id || ':' || v_last || ':' || p_partitions::text;
+    v_fences bigint[];
+BEGIN
+    IF current_setting('pgstreams.poll_fences_clean', true) = v_key THEN
+        RETURN;  -- pgstreams.poll_fences holds them
+    END IF;
+    v_fences := {schema}.partition_fences(p_topic_id, p_partitions, p_seq);
+    PERFORM set_config('pgstreams.poll_fences', p_topic_id || ':' || v_fences::text, false);
+    PERFORM set_config('pgstreams.poll_fences_clean',
+                       CASE WHEN v_last + 1 = ALL (v_fences) THEN v_key ELSE '' END, false);
+END;
+$$;

@@ -1,0 +1,1 @@
+"""Parts of the read-fence benchmark (``python -m bench.fence``)."""

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 from .errors import GroupActive, GroupNotFound, InvalidArgument
-from .models import CheckpointReset, Event, ReplayResult
+from .models import CheckpointReset, Event, PublishResult, ReplayResult
 from .names import check_group, check_topic
 
 if TYPE_CHECKING:
@@ -256,3 +256,28 @@ def replay_dead_letters(
                 f"replay ({tx.outcome.name}): nothing of this batch was kept"
             )
     return ReplayResult(read, replayed, skipped, False, ())
+
+
+def replay_dead_letter(client: Client, dlt_topic: str, partition: int, position: int, *,
+                       to: str | None = None) -> PublishResult:
+    """Replay the dead letter at ``partition`` / ``position`` of ``dlt_topic`` (see
+    :meth:`pgstreams.Client.replay_dead_letter`)."""
+    check_topic(dlt_topic)
+    if to is not None:
+        check_topic(to)
+    if isinstance(position, bool) or not isinstance(position, int) or position < 1:
+        raise InvalidArgument(f"position must be a positive integer, not {position!r}")
+    found = client.read_events(dlt_topic, partition, position=position, limit=1)
+    if not found or found[0].position != position:
+        raise InvalidArgument(f"{dlt_topic!r} holds no event at partition {partition}, position {position}")
+    ev = found[0]
+    target = to or ev.headers.get("dlt.topic")
+    if not target:
+        raise InvalidArgument(f"dead letter {dlt_topic}/{partition}/{position} has no dlt.topic header: "
+                              "say where to replay it")
+    headers = original_headers(ev.headers)
+    headers[REPLAYED_FROM] = f"{dlt_topic}/{partition}/{position}"
+    headers["dlt.replayed_at"] = datetime.now(timezone.utc).isoformat()
+    return client.publish(target, ev.value, key=ev.key, headers=headers, event_type=ev.event_type,
+                          event_id=f"replay:{dlt_topic}/{partition}/{position}",
+                          correlation_id=ev.correlation_id, causation_id=ev.causation_id)

@@ -31,6 +31,7 @@ from .errors import (
 from .models import (
     DEFAULT_SEGMENT_SIZE,
     CheckpointReset,
+    Event,
     GroupInfo,
     GroupPartitionStatus,
     MaintenanceReport,
@@ -38,6 +39,7 @@ from .models import (
     PublishResult,
     ReplayResult,
     RetentionStatus,
+    StatusSnapshot,
     TopicDescription,
     TopicInfo,
 )
@@ -77,6 +79,8 @@ def denied(action: str) -> Iterator[None]:
 DEFAULT_SCHEMA = "pgstreams"
 #: Connections per client pool (``connect(pool_size=...)``).
 DEFAULT_POOL_SIZE = 10
+#: Events :meth:`Client.read_events` returns unless told otherwise.
+DEFAULT_BROWSE_LIMIT = 20
 #: Seconds between fallback polls of a waiting consumer when no notification arrives.
 DEFAULT_POLL_INTERVAL = 0.25
 
@@ -453,6 +457,57 @@ class Client:
         if topic is not None and not out:
             raise TopicNotFound(f"topic {topic!r} does not exist")
         return out
+
+    def status(self) -> StatusSnapshot:
+        """The database-wide status at once: every topic (size, segments, retention), partition (head,
+        events stored and published), group's progress per partition (lag in events and seconds,
+        checkpoint age, owner) and member (heartbeat age, partitions owned). Costs O(topics + partitions
+        + groups + members) index probes and segment statistics, never a scan of the log; what the
+        metrics exporter and the web console read."""
+        return self.store.status.snapshot()
+
+    def read_events(self, topic: str, partition: int, *, position: int | None = None,
+                    at: datetime | None = None, limit: int = DEFAULT_BROWSE_LIMIT) -> list[Event]:
+        """Up to ``limit`` (default :data:`DEFAULT_BROWSE_LIMIT`, at most 1000) committed events of one
+        partition, in read order, from ``position`` (default: the first) or from the first event
+        created at or after ``at`` (an aware datetime), without a group: a look at the log (the web
+        console's event browser). Raises :class:`TopicNotFound`, :class:`InvalidArgument` naming a bad
+        partition, position, time or limit."""
+        from .consumer.reader import events_of
+
+        state = self.topic_state(topic, refresh=True)
+        if isinstance(partition, bool) or not isinstance(partition, int) or not (
+                0 <= partition < state.partitions):
+            raise InvalidArgument(f"partition must be an integer from 0 to {state.partitions - 1} for topic "
+                                  f"{state.name!r}, not {partition!r}")
+        if position is not None and at is not None:
+            raise InvalidArgument("give a position or a time, not both")
+        if position is not None and (isinstance(position, bool) or not isinstance(position, int)
+                                     or position < 0):
+            raise InvalidArgument(f"position must be an integer >= 0, not {position!r}")
+        if at is not None and (not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None):
+            raise InvalidArgument(f"the time must be a timezone-aware datetime, not {at!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+            raise InvalidArgument(f"limit must be an integer from 1 to 1000, not {limit!r}")
+        start = position or 0
+        if at is not None:
+            found = self.store.status.position_at(state.id, partition, at)
+            if found is None:
+                return []
+            start = found
+        return events_of(state.name, self.store.status.browse(state.id, partition, start, limit))
+
+    def replay_dead_letter(self, dlt_topic: str, partition: int, position: int, *, to: str | None = None
+                           ) -> PublishResult:
+        """Replay one dead letter (at ``partition`` and ``position`` of ``dlt_topic``) to its original
+        topic (or ``to``), as :meth:`replay_dead_letters` replays each: the same key, value, headers
+        (without ``dlt.*``, plus ``dlt.replayed_from`` and ``dlt.replayed_at``) and ids, under the event id
+        ``replay:<dlt topic>/<partition>/<position>``, so the replay is recorded and happens once (a
+        second one, or a later replay of every dead letter, returns the first copy with
+        ``duplicate=True``). Raises :class:`InvalidArgument` when there is no event there."""
+        from .admin import replay_dead_letter
+
+        return replay_dead_letter(self, dlt_topic, partition, position, to=to)
 
     def _info(self, name: str) -> TopicInfo:
         record = self.store.topics.get(name)

@@ -312,3 +312,85 @@ class ReplayResult:
     skipped: int
     dry_run: bool
     events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopicStatus:
+    """A topic in the database-wide status (:class:`StatusSnapshot`): its partition count, size on disk in
+    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited) and whether it is
+    a dead-letter topic (``<topic>.dlt`` or a group's configured dead-letter topic)."""
+
+    topic: str
+    partitions: int
+    bytes: int
+    segments: int
+    retention_ms: int | None
+    retention_events: int | None
+    retention_bytes: int | None
+    dead_letter: bool
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """A partition in the database-wide status: its ``head`` (newest position in read order, ``None`` when
+    empty), the ``events`` stored, and ``published``: the events stored plus those retention removed, a
+    count that only grows (its rate is the partition's publish rate)."""
+
+    topic: str
+    partition: int
+    head: int | None
+    events: int
+    published: int
+
+
+@dataclass(frozen=True)
+class GroupLag:
+    """A group's progress on one partition in the database-wide status: checkpoint (``None`` before
+    any), head, ``lag`` (events after the checkpoint), ``lag_seconds`` (age of the first unread event, 0
+    when there is none), ``checkpoint_age`` (seconds since the checkpoint last moved), the lease
+    ``owner`` (``None``: unowned), whether the owner is ``stale``, and ``retry_state`` (see
+    :class:`GroupPartitionStatus`)."""
+
+    group: str
+    topic: str
+    partition: int
+    checkpoint: int | None
+    head: int | None
+    lag: int
+    lag_seconds: float
+    checkpoint_age: float
+    owner: str | None
+    stale: bool
+    retry_state: str | None
+
+
+@dataclass(frozen=True)
+class MemberStatus:
+    """A registered member in the database-wide status: seconds since its last heartbeat
+    (``heartbeat_age``), whether it missed its session timeout (``stale``), and how many partitions it
+    owns."""
+
+    group: str
+    topic: str
+    member_id: str
+    host: str | None
+    pid: int | None
+    heartbeat_age: float
+    stale: bool
+    partitions: int
+
+
+@dataclass(frozen=True)
+class StatusSnapshot:
+    """The database-wide status at ``taken_at`` (the database's clock, aware, UTC), read by
+    :meth:`Client.status` in O(topics + partitions + groups + members) work (index probes and segment
+    statistics, never a scan of the log): ``topics``, ``partitions``, ``groups`` (one :class:`GroupLag`
+    per group, topic and partition), ``members``; ``duration``: seconds the reading took."""
+
+    taken_at: datetime
+    topics: tuple[TopicStatus, ...]
+    partitions: tuple[PartitionStats, ...]
+    groups: tuple[GroupLag, ...]
+    members: tuple[MemberStatus, ...]
+    duration: float

@@ -288,7 +288,7 @@ def test_subscribe_rejects_bad_input(client: pgstreams.Client) -> None:
 
     bad: list[tuple[dict, type[Exception], str]] = [
         ({"handler": 3}, InvalidArgument, "callable"),
-        ({"handler": coroutine}, InvalidArgument, "async"),
+        ({"handler": coroutine, "mode": "transactional"}, InvalidArgument, r"handler\(event, conn\)"),
         ({"handler": one_arg, "mode": "transactional"}, InvalidArgument, r"handler\(event, conn\)"),
         ({"handler": one_arg, "mode": "transactional", "batch": True}, InvalidArgument,
          r"handler\(events, conn\)"),

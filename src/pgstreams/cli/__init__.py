@@ -38,7 +38,20 @@ import typer
 
 import pgstreams
 
-from . import consume, dlt, groups, maintain, migrate, produce, quickstart, security, topics, worker
+from . import (
+    console,
+    consume,
+    dlt,
+    groups,
+    maintain,
+    metrics,
+    migrate,
+    produce,
+    quickstart,
+    security,
+    topics,
+    worker,
+)
 from .common import (
     DEFAULT_SCHEMA,
     EXIT_BROKEN_PIPE,
@@ -131,7 +144,8 @@ _HELP = (
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
-for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, quickstart, security):
+for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
+                quickstart, security):
     _module.register(app)
 
 

@@ -10,11 +10,13 @@ from typing import Annotated
 import typer
 
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
+from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
 from pgstreams.names import check_group, check_topic
 from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_handler
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
 from .output import err_console
+from .serving import check_port, load_extra
 
 # The defaults of the subscription and retry options are those of the worker's own configuration values.
 _OPTIONS = SubscriptionOptions()
@@ -61,6 +63,11 @@ def worker_command(
     member_id: Annotated[str | None, typer.Option(
         "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Export this worker's Prometheus metrics at http://HOST:PORT/metrics (0: any "
+        "free port; needs the 'metrics' extra).", show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address of the metrics endpoint.")
+                            ] = DEFAULT_METRICS_HOST,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
@@ -75,6 +82,8 @@ def worker_command(
         raise usage_error(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if no_dead_letter and dead_letter:
         raise usage_error("--dead-letter and --no-dead-letter exclude each other")
+    if metrics_port is not None:
+        check_port("--metrics-port", metrics_port)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     fn = load_handler(handler)
@@ -87,7 +96,20 @@ def worker_command(
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made
             retry=retry, dead_letter=False if no_dead_letter else dead_letter, start=begin,
             heartbeat_interval=heartbeat_interval, session_timeout=session_timeout))
-        worker.run()
+        server = None
+        if metrics_port is not None:
+            metrics = load_extra("pgstreams.metrics", "metrics")
+            from prometheus_client import CollectorRegistry
+
+            registry = CollectorRegistry()
+            registry.register(metrics.WorkerCollector(worker))
+            server = metrics.serve(registry, host=metrics_host, port=metrics_port)
+            err_console().print(f"serving metrics at {server.url}", soft_wrap=True)
+        try:
+            worker.run()
+        finally:
+            if server is not None:
+                server.close()
         err_console().print(f"worker {worker.member_id} stopped: {worker.stats.snapshot()}")
 
 

@@ -223,6 +223,11 @@ class StreamReader:
         self._committed = cursors
         self._cursor = dict(cursors)
 
+    def set_checkpoints(self, cursors: Mapping[int, Cursor]) -> None:
+        """Make ``cursors`` (as read from the database) the checkpoints and put every cursor on them (what
+        :meth:`load` does, for a caller that read them itself, such as :mod:`pgstreams.aio`)."""
+        self._loaded(dict(cursors))
+
     def checkpoints(self) -> dict[int, Cursor]:
         """The committed checkpoint per partition as this reader knows it."""
         return dict(self._committed)
@@ -322,6 +327,25 @@ class StreamReader:
         ends = {r[0]: r[1] for r in rows}  # rows come partition by partition, in position order
         self._cursor.update(ends)
         return rows, ends
+
+    def read_params(self, max_events: int) -> dict[str, Any]:
+        """The parameters of the next read of up to ``max_events`` events after the cursors (for a caller
+        that runs the poll itself, such as :mod:`pgstreams.aio`; pass its result to :meth:`advance`)."""
+        return self._params(max_events, None)
+
+    def advance(self, polled: tuple[list[Row], list[tuple[int, ...]]], params: Mapping[str, Any]
+                ) -> tuple[list[Row], dict[int, Cursor]]:
+        """Move the cursors past the rows a poll with ``params`` read (``polled``: the rows and the removed
+        segments after the cursors); the rows, cut to the limit, and the cursor after them per partition."""
+        return self._advance(polled, params)
+
+    def outcome(self, outcomes: Mapping[int, CommitOutcome]) -> CommitOutcome:
+        """Record the outcome per partition of a store the caller ran (:attr:`last_outcomes`); return the
+        most severe (``IGNORED`` for none). Then :meth:`apply` once committed."""
+        self.last_outcomes = dict(outcomes)
+        if not outcomes:
+            return CommitOutcome.IGNORED
+        return max(outcomes.values(), key=_SEVERITY.__getitem__)
 
     def fetch_rows(self, conn: psycopg.Connection, max_events: int,
                    partitions: Sequence[int] | None = None) -> tuple[list[Row], dict[int, Cursor]]:

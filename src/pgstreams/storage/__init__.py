@@ -6,8 +6,9 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`, gathered by
-  :class:`Store`.
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`,
+  :class:`StatusStore`, gathered by :class:`Store`;
+- :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from .naming import TopicTables, notification_channel
 from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
 from .sinks import SinkStore
+from .status import StatusStore
 from .topics import Segments, TopicRecord, TopicStore
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ __all__ = [
     "RemovedSegment",
     "Segments",
     "SinkStore",
+    "StatusStore",
     "Store",
     "StoredAt",
     "TopicRecord",
@@ -76,6 +79,7 @@ class Store:
         self.groups = GroupStore(self.executor)
         self.sinks = SinkStore(self.executor)
         self.operations = OperationsStore(self.executor)
+        self.status = StatusStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

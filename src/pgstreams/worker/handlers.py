@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
+import threading
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +49,55 @@ def error_text(exc: BaseException) -> tuple[str, str]:
     return name, msg[:MAX_MESSAGE]
 
 
+def is_async(handler: object) -> bool:
+    """Whether ``handler`` is an ``async def`` function (or an object whose ``__call__`` is one)."""
+    call = type(handler).__call__ if not inspect.isroutine(handler) else None  # a callable object
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
+
+
+class _EventLoopThread:
+    """The event loop the ``async def`` handlers of this process run on: one daemon thread, started on
+    first use (runners wait for their handler's coroutine, so each runner has one running at a time)."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def loop(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None or cls._loop.is_closed():
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="pgstreams-async-handlers",
+                                 daemon=True).start()
+                cls._loop = loop
+            return cls._loop
+
+
+class AsyncHandler:
+    """An ``async def`` handler made callable by the runner: each call runs the coroutine on the
+    process's handler event loop (a thread of its own) and waits for it; its exception is the call's."""
+
+    def __init__(self, handler: Callable[..., Awaitable[Any]]) -> None:
+        self.handler = handler
+        self.__qualname__ = getattr(handler, "__qualname__", type(handler).__name__)
+
+    def __call__(self, *args: Any) -> Any:
+        coro = self.handler(*args)
+        return asyncio.run_coroutine_threadsafe(coro, _EventLoopThread.loop()).result()  # type: ignore[arg-type]
+
+
+def as_called(handler: Handler) -> Handler:
+    """``handler`` as the runner calls it: an ``async def`` one wrapped in an :class:`AsyncHandler`."""
+    return AsyncHandler(handler) if is_async(handler) else handler
+
+
 def check_handler(handler: object, batch: bool, mode: str) -> None:
     """Refuse a handler that cannot be called the way ``batch`` and ``mode`` call it: every call would
-    fail (and every event end in the dead-letter topic) or, for an ``async def`` function, do nothing."""
+    fail (and every event end in the dead-letter topic). ``async def`` handlers are accepted (see
+    :class:`AsyncHandler`)."""
     if not callable(handler):
         raise InvalidArgument(f"handler must be callable, not {type(handler).__name__}")
     name = getattr(handler, "__qualname__", None) or type(handler).__name__
-    call = type(handler).__call__ if not inspect.isroutine(handler) else None  # a callable object
-    if inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call):
-        raise InvalidArgument(f"handler {name} is an async function: handlers must be plain functions "
-                              "(async handlers are not supported)")
     args = ("events" if batch else "event",) + (("conn",) if mode == "transactional" else ())
     try:
         sig = inspect.signature(handler)

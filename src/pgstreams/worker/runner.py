@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psycopg
@@ -37,9 +37,16 @@ _TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg
               ConnectionLost)
 
 
+#: A receiver of a worker's durations: ``(kind, seconds, topic, group)``; see :meth:`WorkerStats.watch`.
+DurationWatcher = Callable[[str, float, str, str], None]
+
+
 @dataclass
 class WorkerStats:
-    """Counters of a worker since it started."""
+    """Counters of a worker since it started: ``events`` handled, ``failures`` (handler calls that
+    raised), ``retries`` (failed events or batches scheduled again), ``dead_lettered``; and durations
+    reported to watchers (:meth:`watch`): ``"handler"`` (one handler call) and ``"batch"`` (one batch
+    through its retries), in seconds of the worker's clock."""
 
     polls: int = 0
     batches: int = 0
@@ -47,9 +54,22 @@ class WorkerStats:
     commits: int = 0
     fenced: int = 0
     failures: int = 0
+    retries: int = 0
     dead_lettered: int = 0
     rebalances: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    _watchers: list[DurationWatcher] = field(default_factory=list, repr=False, compare=False)
+
+    def watch(self, watcher: DurationWatcher) -> None:
+        """Call ``watcher(kind, seconds, topic, group)`` for every duration measured from now on (``kind``:
+        ``"handler"`` or ``"batch"``); it runs on the runner's thread and must be quick."""
+        with self._lock:
+            self._watchers.append(watcher)
+
+    def observe(self, kind: str, seconds: float, topic: str, group: str) -> None:
+        """Report a duration to the watchers."""
+        for w in self._watchers:
+            w(kind, seconds, topic, group)
 
     def add(self, **counts: int) -> None:
         """Add to counters."""
@@ -174,6 +194,7 @@ class Runner(Service):
         self.stats.add(batches=1)
         delivery = Delivery(batch, self.retries)
         first = True
+        began = self.clock()
         try:
             while delivery.events:
                 if not first and (self.stopping.is_set() or not self.source.owns(delivery.partitions())):
@@ -204,12 +225,15 @@ class Runner(Service):
                 self._event_failed(delivery, chunk, res)
         finally:
             self.source.release(batch)  # whatever was not committed is read again
+            self.stats.observe("batch", self.clock() - began, self.sub.topic, self.sub.group)
 
     def _batch_failed(self, delivery: Delivery, chunk: list[Event], error: BaseException) -> bool:
         """The chunk failed as a whole: back off and retry it, or deliver its events one by one. False if
         stopped or the partitions were lost during the backoff."""
         decision = delivery.batch_failed(chunk)
         kind, msg = error_text(error)
+        if not decision.isolate:
+            self.stats.add(retries=1)
         if decision.isolate:
             log.warning("%s: batch of %d events of %s failed %d times (%s: %s); delivering them one by one",
                         self.member_id, len(chunk), self.sub.topic, decision.attempts, kind, msg)
@@ -225,6 +249,8 @@ class Runner(Service):
         decision = delivery.event_failed(chunk, res.done, res.index, res.error)
         ev, n = decision.event, decision.attempts
         kind, msg = error_text(res.error)
+        if not decision.dead_letter:
+            self.stats.add(retries=1)
         if decision.dead_letter:
             log.warning("%s: event %s[%d]@%d failed %d times (%s: %s); sending it to %s", self.member_id,
                         ev.topic, ev.partition, ev.position, n, kind, msg, self.sub.dead_letter)
@@ -240,15 +266,19 @@ class Runner(Service):
         """Call the handler on ``chunk`` and commit what it handled (in its transaction if transactional)."""
         source = self.source
         if self.sub.mode != "transactional":
+            began = self.clock()
             out = _Outcome(call_handler(self.sub.handler, chunk, None, batch=self.sub.batch,
                                         owns=source.owns))
+            self.stats.observe("handler", self.clock() - began, self.sub.topic, self.sub.group)
             if out.attempt.done:
                 out.commit = source.commit(chunk[:out.attempt.done])
                 self._committed(chunk[:out.attempt.done], out.commit)
             return out
         with source.transaction(bounded=True) as tx:
+            began = self.clock()
             out = _Outcome(call_handler(self.sub.handler, chunk, tx.connection, batch=self.sub.batch,
                                         owns=source.owns))
+            self.stats.observe("handler", self.clock() - began, self.sub.topic, self.sub.group)
             if out.attempt.done:
                 out.commit = source.commit(chunk[:out.attempt.done], tx)
         if out.commit is not None:

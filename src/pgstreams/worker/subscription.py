@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 from ..groups import check_timing, get_group_config
 from ..names import check_group, check_topic
 from .batching import BatchConfig
-from .handlers import Handler, check_handler
+from .handlers import Handler, as_called, check_handler
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -112,7 +112,7 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
         cfg = get_group_config(client, group)  # the timings as the member will use them, checked now
         check_timing(cfg.heartbeat_interval if o.heartbeat_interval is None else o.heartbeat_interval,
                      cfg.session_timeout if o.session_timeout is None else o.session_timeout)
-    return Subscription(name, group, handler, o.batch, config, o.mode, retry,
+    return Subscription(name, group, as_called(handler), o.batch, config, o.mode, retry,
                         dead_letter_topic(client, group, name, o.dead_letter), check_start(o.start),
                         o.heartbeat_interval, o.session_timeout)
 

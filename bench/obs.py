@@ -1,0 +1,192 @@
+"""The observability and asyncio benchmark: the async client against the sync one, and a metrics scrape.
+
+    python -m bench.obs [--dsn DSN] [--events 20000] [--rounds 3] [--topics 1000] [--groups 100]
+                        [--quick] [--markdown]
+
+* **async vs sync**, in the same run, on the same server, one process each: single publishes (one event
+  per call, sequential), ``publish_many`` batches of 1,000 (COPY) and draining a backlog with
+  ``poll(1000)`` + ``commit()``; ``--events`` events per measurement (a tenth for single publishes),
+  ``--rounds`` rounds, best round per client. The bar: async >= 0.8 x sync.
+* **a metrics scrape** at ``--topics`` topics (1 partition each, 10 events each) and ``--groups`` groups
+  (each with a checkpoint on one topic): one status read (``Client.status``) and the Prometheus text of a
+  :class:`pgstreams.metrics.StatusCollector` (``min_interval=0``), median of ``--rounds`` x 3 scrapes.
+  The bar: < 200 ms. The cost is O(topics + partitions + groups), never O(events).
+
+The benchmark creates its own database (``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server; this
+machine only) and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from rich.console import Console
+from rich.table import Table
+
+import pgstreams
+from pgstreams import aio
+from pgstreams.metrics import StatusCollector
+
+from ._common import BATCH, scratch_database, server_dsn, value
+
+
+def _load() -> str:
+    return f"{os.getloadavg()[0]:.1f}"
+
+
+def _sync_rates(dsn: str, events: int, rounds: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("sync", 4)
+        singles = max(100, events // 10)
+
+        def single() -> float:
+            t = time.perf_counter()
+            for i in range(singles):
+                client.publish("sync", value(i), key=str(i % 100))
+            return singles / (time.perf_counter() - t)
+
+        def batches() -> float:
+            rows = [{"value": value(i), "key": str(i % 100)} for i in range(BATCH)]
+            t = time.perf_counter()
+            for _ in range(events // BATCH):
+                client.publish_many("sync", rows)
+            return (events // BATCH) * BATCH / (time.perf_counter() - t)
+
+        def drain(group: str) -> float:
+            consumer = client.consumer("sync", group)
+            n = 0
+            t = time.perf_counter()
+            while batch := consumer.poll(BATCH, timeout=0):
+                n += len(batch)
+                consumer.commit()
+            return n / (time.perf_counter() - t)
+
+        out["single publish"] = max(single() for _ in range(rounds))
+        out["publish_many"] = max(batches() for _ in range(rounds))
+        out["poll + commit"] = max(drain(f"g{r}") for r in range(rounds))
+    return out
+
+
+async def _async_rates(dsn: str, events: int, rounds: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+    async with await aio.connect(dsn) as client:
+        await client.create_topic("async", 4)
+        singles = max(100, events // 10)
+
+        async def single() -> float:
+            t = time.perf_counter()
+            for i in range(singles):
+                await client.publish("async", value(i), key=str(i % 100))
+            return singles / (time.perf_counter() - t)
+
+        async def batches() -> float:
+            rows = [{"value": value(i), "key": str(i % 100)} for i in range(BATCH)]
+            t = time.perf_counter()
+            for _ in range(events // BATCH):
+                await client.publish_many("async", rows)
+            return (events // BATCH) * BATCH / (time.perf_counter() - t)
+
+        async def drain(group: str) -> float:
+            consumer = await client.consumer("async", group)
+            n = 0
+            t = time.perf_counter()
+            while batch := await consumer.poll(BATCH, timeout=0):
+                n += len(batch)
+                await consumer.commit()
+            return n / (time.perf_counter() - t)
+
+        async def best(fn: Callable[[], Awaitable[float]]) -> float:
+            return max([await fn() for _ in range(rounds)])
+
+        out["single publish"] = await best(single)
+        out["publish_many"] = await best(batches)
+        out["poll + commit"] = max([await drain(f"g{r}") for r in range(rounds)])
+    return out
+
+
+def _scrape_cost(dsn: str, topics: int, groups: int, rounds: int) -> dict[str, Any]:
+    with pgstreams.connect(dsn) as client:
+        t = time.perf_counter()
+        for i in range(topics):
+            name = f"m{i:05d}"
+            client.create_topic(name, 1)
+            client.publish_many(name, [{"value": value(j)} for j in range(10)])
+        for g in range(groups):
+            consumer = client.consumer(f"m{g % topics:05d}", f"group{g:04d}")
+            if consumer.poll(5, timeout=0):
+                consumer.commit()
+        setup = time.perf_counter() - t
+        registry = CollectorRegistry()
+        registry.register(StatusCollector(client, min_interval=0))
+        reads, scrapes = [], []
+        for _ in range(rounds * 3):
+            t = time.perf_counter()
+            client.status()
+            reads.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            text = generate_latest(registry)
+            scrapes.append(time.perf_counter() - t)
+        return {"setup": setup, "read": statistics.median(reads), "scrape": statistics.median(scrapes),
+                "bytes": len(text)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.obs", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dsn", help="server to benchmark (loopback only)")
+    ap.add_argument("--events", type=int, default=20_000, help="events per throughput measurement")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per measurement")
+    ap.add_argument("--topics", type=int, default=1000, help="topics of the scrape measurement")
+    ap.add_argument("--groups", type=int, default=100, help="groups of the scrape measurement")
+    ap.add_argument("--quick", action="store_true",
+                    help="a tiny run (2,000 events, 20 topics, 5 groups, 1 round)")
+    ap.add_argument("--markdown", action="store_true", help="also print the tables in Markdown")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.events, args.topics, args.groups, args.rounds = 2000, 20, 5, 1
+    console = Console()
+    dsn = server_dsn(args.dsn)
+    lines: list[str] = []
+    with scratch_database(dsn, "pgstreams_bench_obs") as db:
+        load = _load()
+        sync = _sync_rates(db, args.events, args.rounds)
+        asyn = asyncio.run(_async_rates(db, args.events, args.rounds))
+        table = Table(title=f"async vs sync client (events/s, best of {args.rounds}; load {load})")
+        for col in ("measurement", "sync", "async", "async / sync", "bar >= 0.8"):
+            table.add_column(col)
+        lines += ["**async vs sync client**", "",
+                  "| measurement | sync | async | async / sync | bar >= 0.8 |",
+                  "| --- | ---: | ---: | ---: | --- |"]
+        for name, s in sync.items():
+            a = asyn[name]
+            cells = (name, f"{s:,.0f}", f"{a:,.0f}", f"{a / s:.2f}", "met" if a / s >= 0.8 else "MISSED")
+            table.add_row(*cells)
+            lines.append("| " + " | ".join(cells) + " |")
+        console.print(table)
+        load = _load()
+        cost = _scrape_cost(db, args.topics, args.groups, args.rounds)
+        table = Table(title=f"metrics scrape at {args.topics} topics and {args.groups} groups "
+                            f"(median; load {load})")
+        for col in ("status read", "scrape (read + text)", "text size", "bar < 200 ms", "setup"):
+            table.add_column(col)
+        cells = (f"{cost['read'] * 1000:.0f} ms", f"{cost['scrape'] * 1000:.0f} ms", f"{cost['bytes']:,} B",
+                 "met" if cost["scrape"] < 0.2 else "MISSED", f"{cost['setup']:.0f} s")
+        table.add_row(*cells)
+        console.print(table)
+        lines += ["", f"**metrics scrape at {args.topics} topics and {args.groups} groups**", "",
+                  "| status read | scrape (read + text) | text size | bar < 200 ms | setup |",
+                  "| ---: | ---: | ---: | --- | ---: |", "| " + " | ".join(cells) + " |"]
+    if args.markdown:
+        console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

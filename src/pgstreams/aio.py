@@ -1,0 +1,454 @@
+"""The asyncio API: ``client = await pgstreams.aio.connect(...)`` returns an :class:`AsyncClient` with the
+methods of :class:`pgstreams.Client` as coroutines, for asyncio services (FastAPI, aiohttp, ...).
+
+Publishing, polling and committing run on psycopg's async connections from a
+:class:`psycopg_pool.AsyncConnectionPool` through the storage layer's async executor
+(:mod:`pgstreams.storage.asyncstore`): the same named queries, the same gap-free read fence (a poll sends
+the partitions' fences and the read in one round trip), the same checkpoint outcomes and the same errors.
+Encoding, partition choice and validation are the producer's; cursor bookkeeping is the
+:class:`~pgstreams.consumer.reader.StreamReader`'s. Administration (topics, groups, status, maintenance)
+is rare and runs the sync client's methods in a worker thread (``asyncio.to_thread``), so it never blocks
+the event loop either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from .client import DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Client, resolve_dsn
+from .consumer.consumer import _check_limits
+from .consumer.reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, events_of
+from .errors import InvalidArgument, MessageTooLarge, TopicNotFound
+from .models import (
+    CommitOutcome,
+    Event,
+    GroupInfo,
+    GroupPartitionStatus,
+    MaintenanceReport,
+    Message,
+    PublishResult,
+    ReplayResult,
+    RetentionStatus,
+    StatusSnapshot,
+    TopicDescription,
+    TopicInfo,
+)
+from .names import check_topic
+from .producer import TopicState, check_sizes, event_row, event_rows, event_size
+from .storage.asyncstore import AsyncStore
+
+__all__ = ["ADMIN_POOL_SIZE", "AsyncClient", "AsyncConsumer", "AsyncConsumerTransaction", "connect"]
+
+#: Connections of the sync client an :class:`AsyncClient` runs its administration through.
+ADMIN_POOL_SIZE = 2
+#: The first recheck after an empty poll, in seconds; doubled up to the client's ``poll_interval``.
+_FIRST_RECHECK = 0.002
+
+
+async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
+                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL
+                  ) -> AsyncClient:
+    """Connect to PostgreSQL and return an :class:`AsyncClient` (use ``async with`` or ``await
+    client.close()``). The arguments and defaults are those of :func:`pgstreams.connect`: ``dsn``
+    (default ``$PGSTREAMS_DSN``, else the embedded server), ``schema`` ("pgstreams"), ``migrate`` (true),
+    ``pool_size`` (10 async connections), ``poll_interval`` (0.25 s); the same errors
+    (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
+    resolved = await asyncio.to_thread(resolve_dsn, dsn)
+    sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
+                                   pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval)
+    pool = AsyncConnectionPool(resolved, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+                               open=False, name="pgstreams-aio")
+    try:
+        await pool.open(wait=True, timeout=30)
+    except BaseException:
+        await asyncio.to_thread(sync.close)
+        raise
+    return AsyncClient(sync, pool)
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`pgstreams.Client` (create with :func:`connect`). Safe to share among
+    the tasks of one event loop. ``sync`` is the sync client the administration runs through."""
+
+    def __init__(self, sync: Client, pool: AsyncConnectionPool) -> None:
+        self.sync = sync
+        self.schema = sync.schema
+        self.poll_interval = sync.poll_interval
+        self._pool = pool
+        self.store = AsyncStore(pool, sync.schema)
+        self._topics: dict[str, TopicState] = {}
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<pgstreams.aio.AsyncClient schema={self.schema!r}>"
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the pools and background threads. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._pool.close()
+        await asyncio.to_thread(self.sync.close)
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """Borrow a pooled autocommit async connection (for ad-hoc SQL on the same database)."""
+        async with self._pool.connection() as conn:
+            yield conn
+
+    async def topic_state(self, name: str, *, refresh: bool = False) -> TopicState:
+        """The client's state of topic ``name`` (read once and cached; ``refresh`` reads it again).
+        Raises :class:`TopicNotFound`."""
+        if not refresh and type(name) is str and (state := self._topics.get(name)) is not None:
+            return state
+        check_topic(name)
+        record = await self.store.topic(name)
+        if record is None:
+            self._topics.pop(name, None)
+            raise TopicNotFound(f"topic {name!r} does not exist")
+        state = self._topics[name] = TopicState.of(record)
+        return state
+
+    # -- administration (the sync client's, in a worker thread) ---------------------------------------
+    async def create_topic(self, name: str, partitions: int = 1, **kwargs: Any) -> TopicInfo:
+        """:meth:`pgstreams.Client.create_topic` (``partitions`` default 1; ``segment_size``, ``config``)."""
+        return await asyncio.to_thread(self.sync.create_topic, name, partitions, **kwargs)
+
+    async def alter_topic(self, name: str, config: Mapping[str, Any] | None = None, **kwargs: Any
+                          ) -> TopicDescription:
+        """:meth:`pgstreams.Client.alter_topic`."""
+        self._topics.pop(name, None)
+        return await asyncio.to_thread(self.sync.alter_topic, name, config, **kwargs)
+
+    async def list_topics(self) -> list[TopicInfo]:
+        """:meth:`pgstreams.Client.list_topics`."""
+        return await asyncio.to_thread(self.sync.list_topics)
+
+    async def describe_topic(self, name: str) -> TopicDescription:
+        """:meth:`pgstreams.Client.describe_topic`."""
+        return await asyncio.to_thread(self.sync.describe_topic, name)
+
+    async def delete_topic(self, name: str) -> None:
+        """:meth:`pgstreams.Client.delete_topic`."""
+        self._topics.pop(name, None)
+        await asyncio.to_thread(self.sync.delete_topic, name)
+
+    async def describe_group(self, group: str, topic: str | None = None) -> list[GroupPartitionStatus]:
+        """:meth:`pgstreams.Client.describe_group`."""
+        return await asyncio.to_thread(self.sync.describe_group, group, topic)
+
+    async def list_groups(self) -> list[GroupInfo]:
+        """:meth:`pgstreams.Client.list_groups`."""
+        return await asyncio.to_thread(self.sync.list_groups)
+
+    async def reset_group(self, group: str, topic: str, **kwargs: Any) -> list[Any]:
+        """:meth:`pgstreams.Client.reset_group`."""
+        return await asyncio.to_thread(self.sync.reset_group, group, topic, **kwargs)
+
+    async def delete_group(self, group: str, topic: str | None = None) -> int:
+        """:meth:`pgstreams.Client.delete_group`."""
+        return await asyncio.to_thread(self.sync.delete_group, group, topic)
+
+    async def replay_dead_letters(self, dlt_topic: str, **kwargs: Any) -> ReplayResult:
+        """:meth:`pgstreams.Client.replay_dead_letters`."""
+        return await asyncio.to_thread(self.sync.replay_dead_letters, dlt_topic, **kwargs)
+
+    async def retention_status(self, topic: str | None = None) -> list[RetentionStatus]:
+        """:meth:`pgstreams.Client.retention_status`."""
+        return await asyncio.to_thread(self.sync.retention_status, topic)
+
+    async def status(self) -> StatusSnapshot:
+        """:meth:`pgstreams.Client.status`."""
+        return await asyncio.to_thread(self.sync.status)
+
+    async def maintain(self) -> MaintenanceReport:
+        """:meth:`pgstreams.Client.maintain`."""
+        return await asyncio.to_thread(self.sync.maintain)
+
+    # -- publishing -----------------------------------------------------------------------------------
+    async def publish(self, topic: str, value: Any, *, key: str | None = None,
+                      headers: Mapping[str, str] | None = None, partition: int | None = None,
+                      event_type: str | None = None, event_id: str | None = None,
+                      correlation_id: str | None = None, causation_id: str | None = None,
+                      conn: psycopg.AsyncConnection | None = None, notify: bool = True) -> PublishResult:
+        """Publish one event and return where it was stored: :meth:`pgstreams.Client.publish` (every
+        keyword defaults to ``None``; ``notify`` to true), with ``conn`` an async psycopg connection whose
+        open transaction the event joins."""
+        if not isinstance(notify, bool):
+            raise InvalidArgument(f"notify must be a bool, not {type(notify).__name__}")
+        if conn is not None and not isinstance(conn, psycopg.AsyncConnection):
+            raise InvalidArgument(f"conn must be a psycopg AsyncConnection, not {type(conn).__name__}")
+        state = await self.topic_state(topic)
+        row = event_row(state, value, key, headers, partition, event_type, event_id, correlation_id,
+                        causation_id)
+        if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
+            raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
+                                  f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
+        if conn is not None:
+            stored = await self.store.insert(conn, state.id, row)
+            if notify:
+                await self.store.notify(self._channel, str(state.id), conn)
+        else:
+            async with self._pool.connection() as c:
+                stored = await self._insert(c, topic, state, row)
+                await self._keep_ahead(c, state, stored.position)
+            self.sync.notifier.poke(state.id)
+        return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    @property
+    def _channel(self) -> str:
+        from .storage.notifications import channel
+
+        return channel(self.schema)
+
+    async def _insert(self, c: psycopg.AsyncConnection, topic: str, state: TopicState, row: Any) -> Any:
+        try:
+            return await self.store.insert(c, state.id, row)
+        except psycopg.errors.UndefinedTable:
+            fresh = await self.topic_state(topic, refresh=True)
+            return await self.store.insert(c, fresh.id, row)
+        except psycopg.errors.CheckViolation:  # beyond the last segment: add segments, retry once
+            last = await self.store.last_position(state.id, c)
+            until = last + state.record.segment_size
+            state.segments.covered = await self.store.ensure_segments(state.id, until, c)
+            return await self.store.insert(c, state.id, row)
+
+    async def _keep_ahead(self, c: psycopg.AsyncConnection, state: TopicState, position: int) -> None:
+        """As ``Segments.ensure_room`` and ``check_stats``: an empty segment beyond ``position``, and
+        statistics for the segment being filled."""
+        seg = state.segments
+        if position + seg.segment_size >= seg.covered:
+            covered = await self.store.ensure_segments(state.id, position + seg.segment_size, c)
+            if covered:
+                seg.covered = covered
+        if position >= seg.stats_from:
+            if await self.store.analyze_segment(state.id, position, c):
+                seg.stats_from = (position // seg.segment_size + 1) * seg.segment_size
+            else:
+                seg.stats_from = position + min(1000, seg.segment_size // 2)
+
+    async def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
+        """Publish events in one transaction with COPY, all or none: :meth:`pgstreams.Client.publish_many`.
+        Returns the number stored."""
+        state = await self.topic_state(topic)
+        rows, has_ids = event_rows(state, events)
+        if not rows:
+            return 0
+        check_sizes(state, rows)
+        async with self._pool.connection() as c:
+            last = await self.store.last_position(state.id, c)
+            await self._keep_ahead(c, state, last + len(rows))
+            try:
+                stored = await self.store.copy(c, state.id, rows, has_ids)
+            except psycopg.errors.CheckViolation:
+                last = await self.store.last_position(state.id, c)
+                await self._keep_ahead(c, state, last + len(rows))
+                stored = await self.store.copy(c, state.id, rows, has_ids)
+        self.sync.notifier.poke(state.id)
+        return stored
+
+    # -- consuming ------------------------------------------------------------------------------------
+    async def consumer(self, topic: str, group: str, *, start: Start = "earliest",
+                       partitions: Sequence[int] | None = None) -> AsyncConsumer:
+        """An :class:`AsyncConsumer` of ``topic`` in stream group ``group`` (as
+        :meth:`pgstreams.Client.consumer`: ``start`` default ``"earliest"``, ``partitions`` default all):
+        partitions without a checkpoint of the group get one at ``start``."""
+        reader = await asyncio.to_thread(StreamReader, self.sync, topic, group, start=start,
+                                         partitions=partitions)
+        consumer = AsyncConsumer(self, reader)
+        try:
+            await consumer._create_checkpoints()
+        except _GONE as exc:
+            raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
+        return consumer
+
+
+class AsyncConsumer:
+    """Reads a topic for a stream group (create with :meth:`AsyncClient.consumer`): the asyncio twin of
+    :class:`pgstreams.Consumer`, with the same cursors, gap-free polls and commit outcomes. Use one per
+    task."""
+
+    def __init__(self, client: AsyncClient, reader: StreamReader) -> None:
+        self._client = client
+        self._store = client.store
+        self._reader = reader
+        self.topic = reader.topic
+        self.group = reader.group
+        self.start = reader.start
+        self._last: dict[int, Cursor] = {}
+
+    def __repr__(self) -> str:
+        return f"<pgstreams.aio.AsyncConsumer topic={self.topic!r} group={self.group!r}>"
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """The partitions this consumer reads."""
+        return self._reader.partitions
+
+    @property
+    def last_outcomes(self) -> dict[int, CommitOutcome]:
+        """The outcome per partition of the last commit."""
+        return self._reader.last_outcomes
+
+    @property
+    def lost_events(self) -> int:
+        """Events retention removed before this consumer read them (as
+        :attr:`pgstreams.Consumer.lost_events`)."""
+        return self._reader.lost_events
+
+    def committed(self) -> dict[int, int | None]:
+        """The last committed position per partition as this consumer knows it (``None``: none yet)."""
+        return {p: (c or None) for p, c in self._reader.checkpoints().items()}
+
+    async def _create_checkpoints(self) -> None:
+        reader, store, tid = self._reader, self._store, self._reader.topic_id
+        parts = list(reader.partitions)
+        async with self._client.connection() as conn:
+            cursors = await store.load_checkpoints(conn, reader.group, tid, parts)
+            missing = sorted(set(parts) - set(cursors))
+            if missing:
+                if reader.start == "earliest":
+                    starts = dict.fromkeys(missing, _ORIGIN)
+                else:
+                    fences = await store.fences(conn, tid, missing)
+                    if isinstance(reader.start, datetime):
+                        starts = await store.time_cursors(conn, tid, fences, reader.start)
+                    else:
+                        starts = {p: f - 1 for p, f in fences.items()}
+                await store.create_checkpoints(conn, reader.group, tid, starts)
+                cursors = await store.load_checkpoints(conn, reader.group, tid, parts)
+        reader.set_checkpoints(cursors)
+
+    async def _fetch(self, conn: psycopg.AsyncConnection, max_events: int) -> list[Any]:
+        params = self._reader.read_params(max_events)
+        polled = await self._store.poll_checked(conn, self._reader.topic_id, params)
+        rows, self._last = self._reader.advance(polled, params)
+        return rows
+
+    async def _poll(self, conn: psycopg.AsyncConnection | None, max_events: int, timeout: float
+                    ) -> list[Event]:
+        deadline = time.monotonic() + timeout
+        pause = _FIRST_RECHECK
+        try:
+            while True:
+                if conn is None:
+                    async with self._client.connection() as c:
+                        rows = await self._fetch(c, max_events)
+                else:
+                    rows = await self._fetch(conn, max_events)
+                remaining = deadline - time.monotonic()
+                if rows or remaining <= 0:
+                    return events_of(self.topic, rows)
+                await asyncio.sleep(min(pause, remaining))
+                pause = min(pause * 2, self._client.poll_interval)
+        except _GONE as exc:
+            raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
+
+    async def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Up to ``max_events`` next events (default 500), waiting at most ``timeout`` seconds (default
+        1.0) for the first; an empty list when none arrived. Waiting rechecks after 2, 4, 8, ... ms up to
+        the client's ``poll_interval``. Polling does not commit: see :meth:`commit`."""
+        max_events, timeout = _check_limits(max_events, timeout)
+        return await self._poll(None, max_events, timeout)
+
+    async def commit(self, events: Sequence[Event] | None = None) -> CommitOutcome:
+        """Store the position after ``events`` (default: the last poll's) as the group's checkpoint on
+        their partitions: :meth:`pgstreams.Consumer.commit`, with the same outcomes."""
+        reader = self._reader
+        targets = dict(self._last) if events is None else reader.targets(events)
+        if not targets:
+            return reader.outcome({})
+        try:
+            async with self._client.connection() as conn:
+                outcomes = await self._store.store_checkpoints(conn, self.group, reader.topic_id, targets,
+                                                               reader.checkpoints())
+        except _GONE as exc:
+            raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
+        outcome = reader.outcome(outcomes)
+        reader.apply(targets)
+        return outcome
+
+    async def seek_to_beginning(self) -> None:
+        """Move every partition's checkpoint before the first event."""
+        await self._seek(dict.fromkeys(self.partitions, _ORIGIN))
+
+    async def seek_to_end(self) -> None:
+        """Move every partition's checkpoint after the last event committed now."""
+        async with self._client.connection() as conn:
+            fences = await self._store.fences(conn, self._reader.topic_id, list(self.partitions))
+        await self._seek({p: f - 1 for p, f in fences.items()})
+
+    async def _seek(self, cursors: dict[int, Cursor]) -> None:
+        async with self._client.connection() as conn:
+            await self._store.seek_checkpoints(conn, self.group, self._reader.topic_id, cursors)
+        reader = self._reader
+        reader.set_checkpoints({**reader.checkpoints(), **cursors})
+        self._last = {}
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncConsumerTransaction]:
+        """Poll, handle and checkpoint in one PostgreSQL transaction (exactly-once for effects kept in
+        PostgreSQL): :meth:`pgstreams.Consumer.transaction`. Yields an :class:`AsyncConsumerTransaction`
+        with ``.poll(...)`` and ``.connection``; leaving the block stores the checkpoint after the events
+        polled, in the same transaction as the handler's writes; an exception rolls both back. The
+        handler's writes are kept only with ``STORED`` (or when nothing was polled)."""
+        reader = self._reader
+        saved = reader.positions()
+        kept = True
+        try:
+            async with self._client.connection() as conn:
+                async with conn.transaction() as txn:
+                    tx = AsyncConsumerTransaction(self, conn)
+                    yield tx
+                    targets = reader.targets(tx.events)
+                    if targets:
+                        outcomes = await self._store.store_checkpoints(
+                            conn, self.group, reader.topic_id, targets, reader.checkpoints())
+                        tx.outcome = reader.outcome(outcomes)
+                        kept = tx.outcome is CommitOutcome.STORED
+                        if not kept:
+                            raise psycopg.Rollback(txn)
+                if targets and kept:
+                    reader.apply(targets)
+                elif not kept:
+                    reader.set_checkpoints(await self._store.load_checkpoints(
+                        conn, self.group, reader.topic_id, list(reader.partitions)))
+        except _GONE as exc:
+            reader.restore(saved)
+            raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
+        except BaseException:
+            reader.restore(saved)
+            raise
+
+
+class AsyncConsumerTransaction:
+    """The handle of :meth:`AsyncConsumer.transaction`: ``connection`` is in the open transaction;
+    ``outcome`` is ``None`` until the block ends."""
+
+    def __init__(self, consumer: AsyncConsumer, conn: psycopg.AsyncConnection) -> None:
+        self._consumer = consumer
+        self.connection = conn
+        self.events: list[Event] = []
+        self.outcome: CommitOutcome | None = None
+
+    async def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Like :meth:`AsyncConsumer.poll` (defaults 500 and 1.0 s), inside the transaction; the events
+        are checkpointed when the block ends."""
+        max_events, timeout = _check_limits(max_events, timeout)
+        got = await self._consumer._poll(self.connection, max_events, timeout)
+        self.events.extend(got)
+        return got

@@ -1,0 +1,44 @@
+"""Helpers of the commands that serve until stopped (``metrics serve``, ``console``): loading an optional
+extra with a clear error, and waiting for SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import threading
+from types import FrameType, ModuleType
+
+from .common import CliError
+
+
+def load_extra(module: str, extra: str) -> ModuleType:
+    """Import ``module`` of an optional extra, or fail with the command to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise CliError(f"{module} needs the '{extra}' extra ({exc}): "
+                       f'pip install "pgstreams[{extra}]"') from None
+
+
+def check_port(option: str, port: int) -> None:
+    """A TCP port (0: any free one)."""
+    if not 0 <= port <= 65535:
+        from .common import usage_error
+
+        raise usage_error(f"{option} must be a port from 0 to 65535, not {port}")
+
+
+def wait_for_signal() -> None:
+    """Block until SIGINT or SIGTERM (main thread only)."""
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

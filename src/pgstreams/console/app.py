@@ -1,0 +1,308 @@
+"""The console's web application (Starlette, server-rendered Jinja2 templates, no JavaScript build
+step): routes, authentication and CSRF checks, error pages."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+try:
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.middleware import Middleware
+    from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+    from starlette.requests import Request
+    from starlette.responses import RedirectResponse, Response
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+    from starlette.templating import Jinja2Templates
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError('pgstreams.console needs its extra: pip install "pgstreams[console]"') from exc
+
+from ..client import Client
+from ..errors import GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
+from ..models import Event, StatusSnapshot
+from ..names import check_group, check_topic
+from . import render
+from .defaults import DEFAULT_HISTORY_MINUTES, DEFAULT_REFRESH
+from .history import History
+from .security import TOKEN_COOKIE, Credentials
+
+_HERE = Path(__file__).resolve().parent
+#: Dead letters listed per partition on a dead-letter page.
+DLT_PAGE = 100
+#: The group whose checkpoint records a replay of every dead letter (as ``pgstreams dlt replay``).
+_REPLAY_GROUP = "pgstreams-dlt-replay"
+
+
+class NotFound(HTTPException):
+    """A 404 page naming what does not exist."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(404, detail)
+
+
+class BadRequest(HTTPException):
+    """A 400 page naming what is wrong with the request."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(400, detail)
+
+
+class _Auth(BaseHTTPMiddleware):
+    """Authentication (when credentials are set) and CSRF checks of POSTs."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        creds: Credentials = request.app.state.credentials
+        if creds.required and not request.url.path.startswith("/static/"):
+            query_token = request.query_params.get("token")
+            if creds.token is not None and query_token is not None and creds.accepts(
+                    f"Bearer {query_token}", None):
+                url = request.url.remove_query_params("token")
+                resp = RedirectResponse(str(url), status_code=303)
+                resp.set_cookie(TOKEN_COOKIE, query_token, httponly=True, samesite="strict")
+                return resp
+            if not creds.accepts(request.headers.get("authorization"), request.cookies.get(TOKEN_COOKIE)):
+                headers = {"WWW-Authenticate": 'Basic realm="pgstreams console"'} if creds.user else {}
+                return Response("authentication required", status_code=401, headers=headers,
+                                media_type="text/plain")
+        return await call_next(request)
+
+
+async def _check_csrf(request: Request) -> dict[str, Any]:
+    """The POSTed form, after checking its CSRF token (and the Origin header, when sent)."""
+    form = dict(await request.form())
+    token = str(form.get("csrf", ""))
+    expected: str = request.app.state.csrf
+    if not hmac_equal(token, expected):
+        raise HTTPException(403, "the form's CSRF token is missing or wrong: reload the page and try again")
+    origin = request.headers.get("origin")
+    if origin and origin not in (f"{request.url.scheme}://{request.url.netloc}", "null"):
+        raise HTTPException(403, f"cross-site request from {origin} refused")
+    return form
+
+
+def hmac_equal(a: str, b: str) -> bool:
+    """Constant-time string comparison."""
+    return secrets.compare_digest(a.encode(), b.encode())
+
+
+def _int(request: Request, name: str, *, low: int = 0) -> int | None:
+    text = request.query_params.get(name)
+    if text is None or text == "":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise BadRequest(f"{name} must be an integer, not {text!r}") from None
+    if n < low:
+        raise BadRequest(f"{name} must be >= {low}, not {n}")
+    return n
+
+
+class Console:
+    """The pages, over one :class:`pgstreams.Client`."""
+
+    def __init__(self, client: Client, history: History, refresh: float) -> None:
+        self.client = client
+        self.history = history
+        self.refresh = refresh
+        self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
+        env = self.templates.env
+        env.filters["when"] = render.when
+        env.filters["size"] = render.size
+        env.filters["duration"] = render.duration
+        env.globals["sparkline"] = render.sparkline
+        env.globals["value_text"] = render.value_text
+
+    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+        context.update(request=request, refresh=self.refresh, csrf=request.app.state.csrf,
+                       schema=self.client.schema)
+        return self.templates.TemplateResponse(request, template, context, status_code=status_code)
+
+    def _snapshot(self) -> StatusSnapshot:
+        snap = self.client.status()
+        self.history.record(snap)
+        return snap
+
+    def _topic(self, name: str) -> str:
+        try:
+            check_topic(name)
+            return self.client.topic_state(name, refresh=True).name
+        except (InvalidName, TopicNotFound):
+            raise NotFound(f"there is no topic named {name!r}") from None
+
+    # -- pages -----------------------------------------------------------------------------------------
+    def overview(self, request: Request) -> Response:
+        snap = self._snapshot()
+        per_topic: dict[str, dict[str, int]] = {}
+        for p in snap.partitions:
+            t = per_topic.setdefault(p.topic, {"events": 0, "published": 0})
+            t["events"] += p.events
+            t["published"] += p.published
+        groups: dict[str, dict[str, Any]] = {}
+        for g in snap.groups:
+            row = groups.setdefault(g.group, {"topics": set(), "lag": 0, "stale": False})
+            row["topics"].add(g.topic)
+            row["lag"] += g.lag
+            row["stale"] = row["stale"] or g.stale
+        rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
+        return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates)
+
+    def topic(self, request: Request) -> Response:
+        name = self._topic(request.path_params["name"])
+        desc = self.client.describe_topic(name)
+        partition = _int(request, "partition")
+        position = _int(request, "position")
+        at_text = request.query_params.get("time") or None
+        limit = _int(request, "limit", low=1) or 20
+        if limit > 1000:
+            raise BadRequest(f"limit must be at most 1000, not {limit}")
+        at = None
+        if at_text is not None:
+            try:
+                at = datetime.fromisoformat(at_text.replace("Z", "+00:00"))
+            except ValueError:
+                raise BadRequest(f"time must be an ISO 8601 time with a zone, not {at_text!r}") from None
+            if at.tzinfo is None:
+                raise BadRequest(f"time {at_text!r} has no time zone (add Z or +HH:MM)")
+        if position is not None and at is not None:
+            raise BadRequest("give a position or a time, not both")
+        events: list[Event] = []
+        browsing = partition is not None or position is not None or at is not None
+        if browsing:
+            p = 0 if partition is None else partition
+            if p >= desc.topic.partitions:
+                raise BadRequest(f"partition must be from 0 to {desc.topic.partitions - 1}, not {p}")
+            events = self.client.read_events(name, p, position=position, at=at, limit=limit)
+            partition = p
+        retention = next((r for r in self.client.retention_status(name)), None)
+        return self.page(request, "topic.html", desc=desc, events=events, partition=partition,
+                         position=position, time=at_text or "", limit=limit, browsing=browsing,
+                         retention=retention, rates=self.history.rates(name))
+
+    def group(self, request: Request) -> Response:
+        name = request.path_params["name"]
+        try:
+            check_group(name)
+        except InvalidName:
+            raise NotFound(f"there is no group named {name!r}") from None
+        try:
+            rows = self.client.describe_group(name)
+        except GroupNotFound:
+            rows = []
+        if not rows:
+            raise NotFound(f"there is no group named {name!r} (no checkpoints)")
+        members = self.client.store.groups.members(name, None)
+        topics = sorted({r.topic for r in rows})
+        charts = {t: self.history.lags(name, t) for t in topics}
+        return self.page(request, "group.html", group=name, rows=rows, members=members, topics=topics,
+                         charts=charts, total_lag=sum(r.lag for r in rows))
+
+    def dlt(self, request: Request) -> Response:
+        name = self._topic(request.path_params["name"])
+        desc = self.client.describe_topic(name)
+        start = _int(request, "position") or 0
+        letters = [e for p in range(desc.topic.partitions)
+                   for e in self.client.read_events(name, p, position=start, limit=DLT_PAGE)]
+        try:
+            progress = self.client.describe_group(_REPLAY_GROUP, name)
+        except GroupNotFound:
+            progress = []
+        replayed = {s.partition: s.checkpoint or 0 for s in progress}
+        return self.page(request, "dlt.html", topic=name, desc=desc, letters=letters, replayed=replayed,
+                         message=request.query_params.get("message"))
+
+    def _dead_letter(self, request: Request) -> tuple[str, Event]:
+        name = self._topic(request.path_params["name"])
+        partition, position = request.path_params["partition"], request.path_params["position"]
+        try:
+            found = self.client.read_events(name, partition, position=position, limit=1)
+        except InvalidArgument as exc:
+            raise BadRequest(str(exc)) from None
+        if not found or found[0].position != position:
+            raise NotFound(f"{name!r} holds no event at partition {partition}, position {position}")
+        return name, found[0]
+
+    def dead_letter(self, request: Request) -> Response:
+        name, ev = self._dead_letter(request)
+        return self.page(request, "dead_letter.html", topic=name, ev=ev,
+                         message=request.query_params.get("message"))
+
+    async def replay_one(self, request: Request) -> Response:
+        await _check_csrf(request)
+        name, ev = await _threaded(self._dead_letter, request)
+        res = await _threaded(self.client.replay_dead_letter, name, ev.partition, ev.position)
+        what = "was replayed already" if res.duplicate else "replayed"
+        msg = f"{what}: {res.topic}[{res.partition}]@{res.position}"
+        return RedirectResponse(f"/dlt/{name}/{ev.partition}/{ev.position}?message={_q(msg)}",
+                                status_code=303)
+
+    async def replay_all(self, request: Request) -> Response:
+        await _check_csrf(request)
+        name = await _threaded(self._topic, request.path_params["name"])
+        res = await _threaded(self.client.replay_dead_letters, name)
+        msg = f"replayed {res.replayed} dead letter(s) of {res.read} read ({res.skipped} passed over)"
+        return RedirectResponse(f"/dlt/{name}?message={_q(msg)}", status_code=303)
+
+
+def _q(text: str) -> str:
+    from urllib.parse import quote
+
+    return quote(text, safe="")
+
+
+async def _threaded(fn: Any, *args: Any) -> Any:
+    from starlette.concurrency import run_in_threadpool
+
+    return await run_in_threadpool(fn, *args)
+
+
+def create_app(client: Client, *, credentials: Credentials | None = None, refresh: float = DEFAULT_REFRESH,
+               history_minutes: float = DEFAULT_HISTORY_MINUTES) -> Starlette:
+    """The console as an ASGI application over ``client`` (serve it with any ASGI server; ``pgstreams
+    console`` uses uvicorn). ``credentials`` (default none: no authentication) are required of every
+    request; ``refresh`` (default :data:`DEFAULT_REFRESH` s) is how often pages update themselves and
+    the charts take a sample; they show the last ``history_minutes`` (default
+    :data:`DEFAULT_HISTORY_MINUTES`)."""
+    if isinstance(refresh, bool) or not isinstance(refresh, int | float) or refresh <= 0:
+        raise InvalidArgument(f"refresh must be a positive number of seconds, not {refresh!r}")
+    history = History(client.status, float(refresh), history_minutes)
+    console = Console(client, history, float(refresh))
+
+    async def error_page(request: Request, exc: Exception) -> Response:
+        code = exc.status_code if isinstance(exc, HTTPException) else 500
+        detail = exc.detail if isinstance(exc, HTTPException) else "internal error"
+        if isinstance(exc, PgStreamsError):
+            code, detail = 400, str(exc)
+        return console.page(request, "error.html", status_code=code, code=code, detail=detail)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        history.start()
+        try:
+            yield
+        finally:
+            history.stop()
+
+    routes = [
+        Route("/", console.overview, name="overview"),
+        Route("/topics/{name}", console.topic, name="topic"),
+        Route("/groups/{name}", console.group, name="group"),
+        Route("/dlt/{name}", console.dlt, name="dlt"),
+        Route("/dlt/{name}/replay", console.replay_all, methods=["POST"], name="replay_all"),
+        Route("/dlt/{name}/{partition:int}/{position:int}", console.dead_letter, name="dead_letter"),
+        Route("/dlt/{name}/{partition:int}/{position:int}/replay", console.replay_one, methods=["POST"],
+              name="replay_one"),
+        Mount("/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(_Auth)], lifespan=lifespan,
+                    exception_handlers={HTTPException: error_page, PgStreamsError: error_page})
+    app.state.credentials = credentials or Credentials()
+    app.state.csrf = secrets.token_urlsafe(32)
+    app.state.console = console
+    return app

@@ -1,0 +1,67 @@
+"""Formatting for the console's templates: values (JSON pretty-printed, bytes as hex), times, sizes,
+and small SVG charts drawn on the server."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any
+
+from markupsafe import Markup, escape
+
+
+def value_text(value: Any) -> tuple[str, str]:
+    """An event value for display and its kind: JSON pretty-printed (``json``), text (``text``), or bytes
+    as hex (``bytes``)."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+        return " ".join(data[i:i + 16].hex(" ") for i in range(0, len(data), 16)), "bytes"
+    if isinstance(value, str):
+        return value, "text"
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True), "json"
+
+
+def when(dt: datetime | None) -> str:
+    """A time in UTC, ISO 8601 to the millisecond (empty for none)."""
+    if dt is None:
+        return ""
+    return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def size(n: int | None) -> str:
+    """Bytes for people (1.5 MiB)."""
+    if n is None:
+        return ""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def duration(ms: int | None) -> str:
+    """A retention by age (milliseconds) for people: 7d, 12h, 30m, 45s."""
+    if ms is None:
+        return ""
+    seconds = ms / 1000
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length and seconds % length == 0:
+            return f"{int(seconds // length)}{unit}"
+    return f"{seconds:g}s"
+
+
+def sparkline(values: Sequence[float], label: str, width: int = 140, height: int = 28) -> Markup:
+    """A small line chart of ``values`` (oldest first) as inline SVG, titled ``label``; a dash when there
+    are fewer than two."""
+    if len(values) < 2:
+        return Markup('<span class="muted" title="collecting samples">&mdash;</span>')
+    top = max(values) or 1.0
+    step = width / (len(values) - 1)
+    points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}"
+                      for i, v in enumerate(values))
+    return Markup(
+        f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        f'aria-label="{escape(label)}"><title>{escape(label)}</title>'
+        f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{points}"/></svg>')

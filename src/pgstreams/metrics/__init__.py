@@ -1,0 +1,54 @@
+"""Prometheus metrics for pgstreams (the optional ``metrics`` extra: ``pip install "pgstreams[metrics]"``).
+
+- :class:`StatusCollector`: the database-wide metrics (topics, partitions, group lag, members, dead
+  letters), read from the status views through :meth:`pgstreams.Client.status` at most once per
+  ``min_interval`` however many scrapers ask; register it in an application's own registry
+  (``registry.register(StatusCollector(client))``);
+- :class:`WorkerCollector`: a :class:`pgstreams.Worker`'s own counters and duration histograms;
+- :func:`serve`: an HTTP endpoint (``/metrics``) for a registry, as ``pgstreams metrics serve`` and
+  ``pgstreams worker --metrics-port N`` run it.
+
+This package depends on the core's public API; the core imports nothing of it. See ``docs/metrics.md``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .defaults import (
+    DEFAULT_DURATION_BUCKETS,
+    DEFAULT_METRICS_HOST,
+    DEFAULT_METRICS_PORT,
+    DEFAULT_MIN_INTERVAL,
+)
+
+if TYPE_CHECKING:
+    from .collectors import StatusCollector, WorkerCollector
+    from .server import MetricsServer, serve
+
+# The collectors need prometheus_client: imported on first use, so that the defaults are importable
+# without it (the command line's help texts).
+_LAZY = {"StatusCollector": ".collectors", "WorkerCollector": ".collectors", "MetricsServer": ".server",
+         "serve": ".server"}
+
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        if name in _LAZY:
+            import importlib
+
+            value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+            globals()[name] = value
+            return value
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+__all__ = [
+    "DEFAULT_DURATION_BUCKETS",
+    "DEFAULT_METRICS_HOST",
+    "DEFAULT_METRICS_PORT",
+    "DEFAULT_MIN_INTERVAL",
+    "MetricsServer",
+    "StatusCollector",
+    "WorkerCollector",
+    "serve",
+]

@@ -1,0 +1,212 @@
+"""The collectors: database-wide status metrics and a worker's own metrics (Prometheus naming: the
+``pgstreams_`` prefix, base units, ``_total`` for counters)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+try:
+    from prometheus_client import Histogram
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError('pgstreams.metrics needs prometheus_client: pip install "pgstreams[metrics]"') from exc
+
+from ..models import StatusSnapshot
+from .defaults import DEFAULT_DURATION_BUCKETS, DEFAULT_MIN_INTERVAL
+
+if TYPE_CHECKING:
+    from ..client import Client
+    from ..worker import Worker
+
+log = logging.getLogger("pgstreams.metrics")
+
+_TOPIC = ("topic",)
+_PARTITION = ("topic", "partition")
+_GROUP = ("group", "topic", "partition")
+_MEMBER = ("group", "topic", "member")
+
+
+class StatusCollector(Collector):
+    """Database-wide metrics of one schema, read through ``client.status()`` (or ``status``, any callable
+    returning a :class:`pgstreams.StatusSnapshot`), in O(topics + partitions + groups + members) work
+    per read, never O(events). A read is reused for ``min_interval`` seconds (default
+    :data:`DEFAULT_MIN_INTERVAL`): however many scrapers ask, the database is read at most once per
+    interval. A failed read is logged and exported as ``pgstreams_up 0`` (the endpoint stays up).
+    ``clock`` (default ``time.monotonic``) times the reuse."""
+
+    def __init__(self, client: Client | None = None, *, status: Callable[[], StatusSnapshot] | None = None,
+                 min_interval: float = DEFAULT_MIN_INTERVAL, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        if (client is None) == (status is None):
+            raise ValueError("pass either a client or a status callable")
+        if isinstance(min_interval, bool) or not isinstance(min_interval, int | float) or min_interval < 0:
+            raise ValueError(f"min_interval must be a number of seconds >= 0, not {min_interval!r}")
+        self._status: Callable[[], StatusSnapshot] = status if status is not None else client.status  # type: ignore[union-attr]
+        self.min_interval = float(min_interval)
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._snapshot: StatusSnapshot | None = None
+        self._read_at: float | None = None
+        self._ok = False
+        self.reads = 0
+        self.failures = 0
+
+    def snapshot(self) -> StatusSnapshot | None:
+        """The current status: the last read if younger than ``min_interval``, else a new one (``None``
+        when reading failed). Concurrent callers wait for one read."""
+        with self._lock:
+            now = self._clock()
+            if self._read_at is not None and now - self._read_at < self.min_interval:
+                return self._snapshot if self._ok else None
+            self._read_at = now
+            self.reads += 1
+            try:
+                self._snapshot = self._status()
+                self._ok = True
+            except Exception as exc:  # noqa: BLE001 - the exporter reports it and keeps serving
+                self.failures += 1
+                self._ok = False
+                log.warning("reading the pgstreams status failed: %s", str(exc).strip())
+            return self._snapshot if self._ok else None
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: a registry must not read the database when the collector is registered."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        up = GaugeMetricFamily("pgstreams_up", "1 if the last status read succeeded, else 0")
+        up.add_metric([], 1.0 if snap is not None else 0.0)
+        yield up
+        reads = CounterMetricFamily("pgstreams_status_reads", "Status reads from the database (each serves "
+                                    "every scrape within the minimum interval)")
+        reads.add_metric([], float(self.reads))
+        yield reads
+        if snap is None:
+            return
+        dur = GaugeMetricFamily("pgstreams_status_read_duration_seconds",
+                                "How long the last status read took")
+        dur.add_metric([], snap.duration)
+        yield dur
+        yield from _status_metrics(snap)
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=list(labels))
+
+
+def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    parts = _gauge("pgstreams_topic_partitions", "Partitions of a topic", _TOPIC)
+    size = _gauge("pgstreams_topic_size_bytes", "Size of a topic on disk (segments, indexes, TOAST)", _TOPIC)
+    segments = _gauge("pgstreams_topic_segments", "Storage segments of a topic", _TOPIC)
+    retention = _gauge("pgstreams_topic_retention_seconds", "Retention by age of a topic (topics with one)",
+                       _TOPIC)
+    dead = _gauge("pgstreams_dead_letters", "Dead letters stored in a dead-letter topic", _TOPIC)
+    dlt_topics = set()
+    for t in snap.topics:
+        parts.add_metric([t.topic], t.partitions)
+        size.add_metric([t.topic], t.bytes)
+        segments.add_metric([t.topic], t.segments)
+        if t.retention_ms is not None:
+            retention.add_metric([t.topic], t.retention_ms / 1000)
+        if t.dead_letter:
+            dlt_topics.add(t.topic)
+    head = _gauge("pgstreams_partition_head_position", "Position of a partition's newest event", _PARTITION)
+    events = _gauge("pgstreams_partition_events", "Events stored in a partition", _PARTITION)
+    published = CounterMetricFamily("pgstreams_partition_events_published", "Events published to a partition "
+                                    "(stored plus removed by retention; its rate is the publish rate)",
+                                    labels=list(_PARTITION))
+    dead_counts: dict[str, int] = {}
+    for p in snap.partitions:
+        labels = [p.topic, str(p.partition)]
+        if p.head is not None:
+            head.add_metric(labels, p.head)
+        events.add_metric(labels, p.events)
+        published.add_metric(labels, p.published)
+        if p.topic in dlt_topics:
+            dead_counts[p.topic] = dead_counts.get(p.topic, 0) + p.events
+    for topic, n in sorted(dead_counts.items()):
+        dead.add_metric([topic], n)
+    yield from (parts, size, segments, retention, head, events, published, dead)
+    lag = _gauge("pgstreams_group_lag_events", "Events after a group's checkpoint", _GROUP)
+    lag_s = _gauge("pgstreams_group_lag_seconds", "Age of a group's first unread event (0: caught up)",
+                   _GROUP)
+    cp = _gauge("pgstreams_group_checkpoint_position", "A group's committed position", _GROUP)
+    cp_age = _gauge("pgstreams_group_checkpoint_age_seconds", "Seconds since a group's checkpoint moved",
+                    _GROUP)
+    owned = _gauge("pgstreams_group_partition_owned", "1 if a live member holds the partition's lease",
+                   _GROUP)
+    stale = _gauge("pgstreams_group_partition_stale", "1 if the partition's owner missed its session timeout",
+                   _GROUP)
+    retrying = _gauge("pgstreams_group_partition_retrying", "1 if the group is retrying (or blocked on) an "
+                      "event of the partition", _GROUP)
+    for g in snap.groups:
+        labels = [g.group, g.topic, str(g.partition)]
+        lag.add_metric(labels, g.lag)
+        lag_s.add_metric(labels, g.lag_seconds)
+        cp.add_metric(labels, g.checkpoint or 0)
+        cp_age.add_metric(labels, g.checkpoint_age)
+        owned.add_metric(labels, 1.0 if g.owner is not None and not g.stale else 0.0)
+        stale.add_metric(labels, 1.0 if g.stale else 0.0)
+        retrying.add_metric(labels, 1.0 if g.retry_state is not None else 0.0)
+    yield from (lag, lag_s, cp, cp_age, owned, stale, retrying)
+    hb = _gauge("pgstreams_member_heartbeat_age_seconds", "Seconds since a member's last heartbeat", _MEMBER)
+    mparts = _gauge("pgstreams_member_partitions", "Partitions a member owns", _MEMBER)
+    mstale = _gauge("pgstreams_member_stale", "1 if a member missed its session timeout", _MEMBER)
+    for m in snap.members:
+        labels = [m.group, m.topic, m.member_id]
+        hb.add_metric(labels, m.heartbeat_age)
+        mparts.add_metric(labels, m.partitions)
+        mstale.add_metric(labels, 1.0 if m.stale else 0.0)
+    yield from (hb, mparts, mstale)
+
+
+_WORKER_COUNTERS = (
+    ("events", "pgstreams_worker_events_handled", "Events the worker's handlers handled"),
+    ("failures", "pgstreams_worker_events_failed", "Handler calls that raised"),
+    ("retries", "pgstreams_worker_events_retried", "Failed events or batches scheduled again"),
+    ("dead_lettered", "pgstreams_worker_events_dead_lettered", "Events sent to a dead-letter topic"),
+    ("batches", "pgstreams_worker_batches", "Batches delivered"),
+    ("commits", "pgstreams_worker_commits", "Checkpoint commits"),
+    ("fenced", "pgstreams_worker_commits_fenced", "Commits refused because the lease moved"),
+    ("rebalances", "pgstreams_worker_rebalances", "Changes of the worker's partitions"),
+    ("polls", "pgstreams_worker_polls", "Fetches from the database"),
+)
+
+
+class WorkerCollector(Collector):
+    """A :class:`pgstreams.Worker`'s own metrics (label ``member``): counters of events handled, failed,
+    retried and dead-lettered (and batches, commits, fenced commits, rebalances, polls), and histograms
+    of handler and batch durations per topic and group (``buckets``: default
+    :data:`DEFAULT_DURATION_BUCKETS`). Create it before the worker runs: durations are recorded from then
+    on."""
+
+    def __init__(self, worker: Worker, *, buckets: tuple[float, ...] = DEFAULT_DURATION_BUCKETS) -> None:
+        self.worker = worker
+        labels = ("member", "topic", "group")
+        self._handler = Histogram("pgstreams_worker_handler_duration_seconds", "Duration of handler calls",
+                                  labels, registry=None, buckets=buckets)
+        self._batch = Histogram("pgstreams_worker_batch_duration_seconds", "Duration of a batch through its "
+                                "retries and commits", labels, registry=None, buckets=buckets)
+        worker.stats.watch(self._observe)
+
+    def _observe(self, kind: str, seconds: float, topic: str, group: str) -> None:
+        hist = self._handler if kind == "handler" else self._batch
+        hist.labels(self.worker.member_id, topic, group).observe(max(0.0, seconds))
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        counts: dict[str, Any] = self.worker.stats.snapshot()
+        for key, name, doc in _WORKER_COUNTERS:
+            fam = CounterMetricFamily(name, doc, labels=["member"])
+            fam.add_metric([self.worker.member_id], float(counts.get(key, 0)))
+            yield fam
+        yield from self._handler.collect()
+        yield from self._batch.collect()

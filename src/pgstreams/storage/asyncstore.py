@@ -1,0 +1,218 @@
+"""The async executor and the async typed operations of the hot paths (publishing, polling, checkpoints,
+topic lookups), for :mod:`pgstreams.aio`.
+
+They run the same named queries as the sync :class:`~pgstreams.storage.Executor` (``core_query``), on
+psycopg's async connections from a :class:`psycopg_pool.AsyncConnectionPool`, and map rows to the same
+values; a poll sends the read fence and the read together (one round trip), like ``EventStore.poll``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import RowFactory, dict_row, tuple_row
+from psycopg.types.string import BytesBinaryDumper
+from psycopg_pool import AsyncConnectionPool
+
+from ..models import CommitOutcome
+from .events import _COPY_TYPES, EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, StoredAt
+from .executor import Params, core_query
+from .naming import TopicTables
+from .topics import TopicRecord, _record
+
+#: The statements of a poll, as :meth:`pgstreams.storage.EventStore.poll_checked` sends them.
+_POLL = ("load_fences", "poll", "removed_after_cursors")
+
+
+class AsyncExecutor:
+    """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on one the caller
+    passes (possibly inside its transaction): the async twin of :class:`~pgstreams.storage.Executor`."""
+
+    def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
+        self.pool = pool
+        self.schema = schema
+
+    def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
+        """Core query ``name`` rendered for this schema (and topic)."""
+        return core_query(name, self.schema, topic_id)
+
+    def tables(self, topic_id: int) -> TopicTables:
+        """The storage names of a topic in this schema."""
+        return TopicTables(self.schema, topic_id)
+
+    @asynccontextmanager
+    async def connection(self, conn: psycopg.AsyncConnection | None = None
+                         ) -> AsyncIterator[psycopg.AsyncConnection]:
+        """``conn`` if given, else a pooled autocommit connection for the block."""
+        if conn is not None:
+            yield conn
+            return
+        async with self.pool.connection() as pooled:
+            yield pooled
+
+    async def one(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
+                  topic_id: int | None = None, row: RowFactory[Any] = tuple_row) -> Any:
+        """The first row of query ``name`` (``None`` when there is none)."""
+        async with self.connection(conn) as c:
+            cur = c.cursor(row_factory=row)
+            await cur.execute(self.query(name, topic_id), params)
+            return await cur.fetchone()
+
+    async def all(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
+                  topic_id: int | None = None, row: RowFactory[Any] = tuple_row) -> list[Any]:
+        """Every row of query ``name``."""
+        async with self.connection(conn) as c:
+            cur = c.cursor(row_factory=row)
+            await cur.execute(self.query(name, topic_id), params)
+            return await cur.fetchall()
+
+    async def run(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
+                  topic_id: int | None = None) -> int:
+        """Run query ``name`` for its effect; return the number of rows it affected."""
+        async with self.connection(conn) as c:
+            cur = await c.execute(self.query(name, topic_id), params)
+            return cur.rowcount
+
+
+class AsyncStore:
+    """The async operations of one schema over one :class:`AsyncExecutor`."""
+
+    def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
+        self.executor = self.ex = AsyncExecutor(pool, schema)
+        self.schema = schema
+
+    # -- topics ------------------------------------------------------------------------------------------
+    async def topic(self, name: str, conn: psycopg.AsyncConnection | None = None) -> TopicRecord | None:
+        """The topic named ``name``, ``None`` if there is none."""
+        row = await self.ex.one("topic_by_name", (name,), conn=conn, row=dict_row)
+        return None if row is None else _record(row)
+
+    async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None
+                              ) -> int:
+        """Make segments cover positions up to ``until``; the first position no segment covers after."""
+        row = await self.ex.one("ensure_segments", (topic_id, until), conn=conn, topic_id=topic_id)
+        return int(row[0]) if row and row[0] else 0
+
+    async def last_position(self, topic_id: int, conn: psycopg.AsyncConnection | None = None) -> int:
+        """The last position the topic's sequence handed out (0 before any)."""
+        row = await self.ex.one("sequence_last_value", conn=conn, topic_id=topic_id)
+        return int(row[0]) if row else 0
+
+    async def analyze_segment(self, topic_id: int, position: int,
+                              conn: psycopg.AsyncConnection | None = None) -> bool:
+        """Give the segment holding ``position`` statistics; whether it is done for that segment."""
+        row = await self.ex.one("analyze_segment", (topic_id, position), conn=conn)
+        return row is None or bool(row[0])
+
+    # -- writing -----------------------------------------------------------------------------------------
+    async def insert(self, conn: psycopg.AsyncConnection, topic_id: int, row: EventRow) -> StoredAt:
+        """Insert one event on ``conn`` (its own transaction in autocommit, else the caller's)."""
+        if row[EVENT_ID] is not None:
+            params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
+            params["topic_id"] = topic_id
+            got = await self.ex.one("insert_event_idempotent", params, conn=conn, topic_id=topic_id)
+            if got is not None:
+                return StoredAt(row[PARTITION], int(got[0]))
+            prev = await self.ex.one("existing_event_id", (topic_id, row[EVENT_ID]), conn=conn)
+            if prev is None:  # pragma: no cover - the conflicting row vanished (topic recreated)
+                raise psycopg.errors.UndefinedTable("the topic changed while publishing")
+            return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)
+        cur = await conn.execute(self.ex.query("insert_event", topic_id), (row[0], *row), prepare=True)
+        got = await cur.fetchone()
+        assert got is not None
+        return StoredAt(row[PARTITION], int(got[0]))
+
+    async def copy(self, conn: psycopg.AsyncConnection, topic_id: int, rows: Sequence[EventRow],
+                   has_ids: bool) -> int:
+        """Store ``rows`` in one transaction with COPY (as ``EventStore.copy``); how many were stored."""
+        partitions = sorted({r[PARTITION] for r in rows})
+        async with conn.transaction():
+            await self.ex.run("join_fence", (partitions,), conn=conn, topic_id=topic_id)
+            cur = conn.cursor()
+            if not has_ids:
+                cur.adapters.register_dumper(None, BytesBinaryDumper)  # as EventStore.copy
+                async with cur.copy(self.ex.query("copy_events_tagged", topic_id)) as cp:
+                    cp.set_types(list(_COPY_TYPES))
+                    for r in rows:
+                        await cp.write_row(r)
+                return len(rows)
+            await cur.execute(self.ex.query("staging_table"))
+            async with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
+                for i, r in enumerate(rows):
+                    await cp.write_row((i, *r))
+            await self.ex.run("join_fence_staged", conn=conn, topic_id=topic_id)
+            cur = await conn.execute(self.ex.query("insert_staged", topic_id),
+                                     {"topic_id": topic_id,
+                                      "seq": self.ex.tables(topic_id).sequence_regclass})
+            return cur.rowcount
+
+    async def notify(self, channel: str, payload: str, conn: psycopg.AsyncConnection | None = None) -> None:
+        """Send a notification (delivered when its transaction commits)."""
+        await self.ex.one("notify", (channel, payload), conn=conn)
+
+    # -- reading -----------------------------------------------------------------------------------------
+    async def fences(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int]
+                     ) -> dict[int, int]:
+        """The read fence of each partition (see ``EventStore.fences``)."""
+        ps = list(partitions)
+        row = await self.ex.one("fences", (ps,), conn=conn, topic_id=topic_id)
+        assert row is not None
+        return dict(zip(ps, (int(f) for f in row[0]), strict=True))
+
+    async def time_cursors(self, conn: psycopg.AsyncConnection, topic_id: int, fences: Mapping[int, int],
+                           at: datetime) -> dict[int, Cursor]:
+        """Per partition, the cursor before its first event below its fence created at or after ``at``."""
+        ps = sorted(fences)
+        rows = await self.ex.all("time_cursors", (ps, [fences[p] for p in ps], at), conn=conn,
+                                 topic_id=topic_id)
+        return {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows}
+
+    async def poll_checked(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
+                           ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
+        """The rows of a poll below the partitions' read fences and the removed segments after the
+        cursors, as ``EventStore.poll_checked``: the fences, the read and the check are sent together
+        (one round trip; the read's snapshot is newer than the fences)."""
+        curs = []
+        async with conn.pipeline():
+            for q in _POLL:
+                cur = conn.cursor(binary=q == "poll")
+                await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                curs.append(cur)
+        out = [await cur.fetchall() for cur in curs]
+        return out[1], out[2]
+
+    # -- checkpoints -------------------------------------------------------------------------------------
+    async def load_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
+                               partitions: Sequence[int]) -> dict[int, Cursor]:
+        """The checkpoints of ``group`` on these partitions (partitions without one are absent)."""
+        rows = await self.ex.all("load_checkpoints", (group, topic_id, list(partitions)), conn=conn)
+        return {int(p): int(pos) for p, pos in rows}
+
+    async def create_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
+                                 starts: Mapping[int, Cursor]) -> None:
+        """Create the checkpoints of ``starts`` that do not exist yet (existing ones win)."""
+        ps = sorted(starts)
+        await self.ex.run("init_checkpoints", (group, topic_id, ps, [starts[p] for p in ps]), conn=conn)
+
+    async def store_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
+                                targets: Mapping[int, Cursor], expected: Mapping[int, Cursor]
+                                ) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened."""
+        ps = sorted(targets)
+        rows = await self.ex.all("store_checkpoints", (group, topic_id, ps, [targets[p] for p in ps],
+                                                      [expected[p] for p in ps]), conn=conn)
+        return {int(p): CommitOutcome(code) for p, code in rows}
+
+    async def seek_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
+                               cursors: Mapping[int, Cursor]) -> None:
+        """Set the checkpoints to ``cursors`` (they may move backwards)."""
+        ps = sorted(cursors)
+        await self.ex.run("seek_checkpoints", (group, topic_id, ps, [cursors[p] for p in ps]), conn=conn)
+
+
+__all__ = ["AsyncExecutor", "AsyncStore"]

@@ -1,0 +1,88 @@
+"""``pgstreams metrics serve`` and ``pgstreams worker --metrics-port``: the real HTTP endpoints of real
+subprocesses, scraped as Prometheus would."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+
+import pgstreams
+from _core_helpers import wait_until
+from _obs_helpers import CLI, TESTS, get, server, value
+
+
+def test_metrics_serve_exports_the_database_status_over_http(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("orders", 2)
+        client.publish_many("orders", [{"value": i, "partition": i % 2} for i in range(10)])
+        c = client.consumer("orders", "billing")
+        assert c.poll(max_events=2, timeout=5)
+        c.commit()
+    with server(["metrics", "serve", "--port", "0", "--min-interval", "0", "--dsn", dsn],
+                "serving metrics at") as srv:
+        assert srv.url.startswith("http://127.0.0.1:")  # loopback by default
+        text = get(srv.url + "/metrics")
+        assert value(text, "pgstreams_up") == 1
+        assert value(text, "pgstreams_partition_events", topic="orders", partition="0") == 5
+        assert value(text, "pgstreams_topic_partitions", topic="orders") == 2
+        lag = [value(text, "pgstreams_group_lag_events", group="billing", topic="orders", partition=str(p))
+               for p in (0, 1)]
+        assert sum(v or 0 for v in lag) == 8
+        assert "dbname" not in text and "password" not in text
+        srv.proc.terminate()
+        assert srv.proc.wait(20) == 0, srv.output
+
+
+def test_metrics_serve_reads_the_database_once_per_interval_however_many_scrapers(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("t", 1)
+    with server(["metrics", "serve", "--port", "0", "--min-interval", "3600", "--dsn", dsn],
+                "serving metrics at") as srv:
+        texts: list[str] = []
+        threads = [threading.Thread(target=lambda: texts.append(get(srv.url + "/metrics"))) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        texts.append(get(srv.url + "/metrics"))
+        assert len(texts) == 7
+        assert {value(t, "pgstreams_status_reads_total") for t in texts} == {1.0}
+
+
+def test_metrics_serve_bad_input_exits_non_zero_without_a_traceback(dsn: str) -> None:
+    p = subprocess.run([*CLI, "metrics", "serve", "--port", "70000", "--dsn", dsn], capture_output=True,
+                       text=True, timeout=60, cwd=TESTS)
+    assert p.returncode == 2 and "--port" in p.stderr and "Traceback" not in p.stderr
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        p = subprocess.run([*CLI, "metrics", "serve", "--port", str(port), "--dsn", dsn], capture_output=True,
+                           text=True, timeout=60, cwd=TESTS)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "address" in p.stderr.lower(), p.stderr
+
+
+def test_worker_metrics_port_exports_the_workers_own_metrics(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("jobs", 1)
+        client.publish_many("jobs", [{"value": i} for i in range(1, 21)])  # 5, 10, 15, 20 fail
+    args = ["worker", "obs_app:fail_fives", "--topic", "jobs", "--group", "g", "--max-attempts", "2",
+            "--backoff", "0.01", "--member-id", "w1", "--metrics-port", "0", "--dsn", dsn]
+    with server(args, "serving metrics at") as srv:
+        def dead_lettered() -> str | None:
+            text = get(srv.url + "/metrics")
+            done = value(text, "pgstreams_worker_events_dead_lettered_total", member="w1") == 4
+            return text if done else None
+
+        text = wait_until(dead_lettered, 60, "four dead letters in the worker's metrics", every=0.2)
+        assert value(text, "pgstreams_worker_events_handled_total", member="w1") == 16
+        assert value(text, "pgstreams_worker_events_failed_total", member="w1") == 8
+        assert value(text, "pgstreams_worker_events_retried_total", member="w1") == 4
+        count = value(text, "pgstreams_worker_handler_duration_seconds_count", member="w1", topic="jobs",
+                      group="g")
+        assert count is not None and count >= 8
+        assert value(text, "pgstreams_worker_batch_duration_seconds_count", member="w1", topic="jobs",
+                     group="g")
+        srv.proc.terminate()
+        assert srv.proc.wait(30) == 0, srv.output

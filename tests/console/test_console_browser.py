@@ -1,0 +1,89 @@
+"""The console in a real browser: headless Chromium (Debian's package) driven by Playwright, against
+``pgstreams console`` as a subprocess, through every page and the replay action, with live updates; a
+screenshot of each page is saved by the run (see ``SCREENSHOTS`` in conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pgstreams
+from _console_data import fill
+from _obs_helpers import server
+
+DEADLINE_MS = 30_000
+
+
+def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, screenshots: Path) -> None:
+    where = fill(dsn)
+    with server(["console", "--port", "0", "--refresh", "1", "--dsn", dsn], "serving the console at") as srv:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(DEADLINE_MS)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+        # overview: topics with their counts, groups; it updates itself
+        page.goto(srv.url + "/")
+        row = page.locator("#topics tr", has_text="orders").first
+        assert row.locator("td").nth(2).inner_text() == "8"
+        page.screenshot(path=str(screenshots / "overview.png"), full_page=True)
+        with pgstreams.connect(dsn) as client:
+            client.publish_many("orders", [{"value": i} for i in range(12)])
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('#topics tr')].some(r => r.cells[0]
+                   && r.cells[0].innerText.startsWith('orders') && r.cells[2].innerText === '20')""")
+        page.wait_for_selector("#topics svg.spark")  # the publish-rate chart, once two samples are in
+        page.screenshot(path=str(screenshots / "overview-live.png"), full_page=True)
+
+        # a topic and its event browser
+        page.click("#topics a:text-is('orders')")
+        page.wait_for_url("**/topics/orders")
+        assert page.locator("#partitions tbody tr").count() == 2
+        page.fill("#browse input[name=partition]", "0")
+        page.fill("#browse input[name=position]", "0")
+        page.click("#browse button[type=submit]")
+        page.wait_for_selector("#events")
+        values = page.locator("#events pre.value")
+        kinds = [values.nth(i).get_attribute("data-kind") for i in range(3)]
+        assert kinds == ["json", "text", "bytes"]
+        assert '"items": [' in values.nth(0).inner_text()
+        assert values.nth(2).inner_text() == "00 ff 72 61 77"
+        page.screenshot(path=str(screenshots / "topic.png"), full_page=True)
+        page.goto(srv.url + "/topics/orders?position=abc")
+        assert "position must be an integer" in page.inner_text("#error")
+        page.goto(srv.url + "/topics/missing")
+        assert "no topic named 'missing'" in page.inner_text("#error")
+        page.screenshot(path=str(screenshots / "not-found.png"))
+
+        # a group: its partitions, lag
+        page.goto(srv.url + "/")
+        page.click("#groups a:text-is('billing')")
+        page.wait_for_url("**/groups/billing")
+        lag = int(page.inner_text("#total-lag"))
+        assert lag == 19
+        page.screenshot(path=str(screenshots / "group.png"), full_page=True)
+
+        # dead letters: the list, one of them, replay it, then all
+        page.goto(srv.url + "/dlt/payments.dlt")
+        assert page.locator("#dead-letters tr.dead-letter").count() == 2
+        assert "boom is not allowed" in page.inner_text("#dead-letters")
+        page.screenshot(path=str(screenshots / "dead-letters.png"), full_page=True)
+        page.click(f"a[href='/dlt/payments.dlt/0/{where['first']}']")
+        page.wait_for_selector("#error-type")
+        assert page.inner_text("#error-type") == "ValueError"
+        page.screenshot(path=str(screenshots / "dead-letter.png"), full_page=True)
+        page.click("#replay-one button")
+        page.wait_for_selector("#message")
+        assert page.inner_text("#message").startswith("replayed: payments[0]@")
+        page.screenshot(path=str(screenshots / "replayed.png"), full_page=True)
+        page.goto(srv.url + "/dlt/payments.dlt")
+        page.click("#replay-all button")
+        page.wait_for_selector("#message")
+        assert "replayed 2 dead letter(s) of 2 read" in page.inner_text("#message")
+        with pgstreams.connect(dsn) as client:
+            copies = [e for e in client.read_events("payments", 0, limit=100)
+                      if "dlt.replayed_from" in e.headers]
+        assert len(copies) == 2  # the one replayed first was not published again
+        assert errors == []
+        for name in ("overview", "topic", "group", "dead-letters", "dead-letter", "replayed"):
+            assert (screenshots / f"{name}.png").stat().st_size > 1000

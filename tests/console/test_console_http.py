@@ -1,0 +1,156 @@
+"""``pgstreams console`` over HTTP, as a real subprocess: every route, bad input, the replay action with
+its CSRF check, and the safety rules (loopback unless credentials, authentication)."""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.parse
+import urllib.request
+
+import pgstreams
+from _console_data import fill
+from _obs_helpers import CLI, TESTS, server
+
+READY = "serving the console at"
+
+
+def fetch(url: str, data: dict[str, str] | None = None, headers: dict[str, str] | None = None
+          ) -> tuple[int, str]:
+    body = None if data is None else urllib.parse.urlencode(data).encode()
+    req = urllib.request.Request(url, data=body, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, html.unescape(resp.read().decode())
+    except urllib.error.HTTPError as exc:
+        return exc.code, html.unescape(exc.read().decode())
+
+
+def console(dsn: str, *extra: str, env: dict[str, str] | None = None):
+    return server(["console", "--port", "0", "--dsn", dsn, *extra], READY, env=env)
+
+
+def test_every_route_and_bad_input(dsn: str) -> None:
+    where = fill(dsn)
+    with console(dsn) as srv:
+        assert srv.url.startswith("http://127.0.0.1:")
+        base = srv.url
+        code, page = fetch(base + "/")
+        assert code == 200 and "orders" in page and "payments.dlt" in page and "billing" in page
+        code, page = fetch(base + "/topics/orders")
+        assert code == 200 and 'id="partitions"' in page
+        code, page = fetch(base + "/topics/orders?partition=0&position=0&limit=10")
+        assert code == 200
+        assert "customer-1" in page and "OrderPlaced" in page and "order-1" in page and "corr-1" in page
+        assert "source: web" in page
+        assert '"items": [\n' in page  # JSON pretty-printed
+        assert "plain text" in page
+        assert "00 ff 72 61 77" in page  # bytes as hex
+        code, page = fetch(base + "/topics/orders?partition=1&time=2000-01-01T00:00:00Z")
+        assert code == 200 and page.count('class="event"') == 5
+        code, page = fetch(base + "/groups/billing")
+        assert code == 200 and 'id="partitions"' in page and "orders" in page
+        code, page = fetch(base + "/groups/payer")
+        assert code == 200 and "payments" in page and "No registered members" in page  # the worker left
+        code, page = fetch(base + "/dlt/payments.dlt")
+        assert code == 200 and "ValueError" in page and "boom is not allowed" in page
+        code, page = fetch(base + f"/dlt/payments.dlt/0/{where['first']}")
+        assert code == 200 and "boom is not allowed" in page and 'id="replay-one"' in page
+        for path, what in (("/topics/nope", "no topic named 'nope'"),
+                           ("/groups/nope", "no group named 'nope'"),
+                           ("/dlt/nope", "no topic named 'nope'"), ("/topics/bad%20name", "no topic named"),
+                           ("/dlt/payments.dlt/0/999999", "no event at partition 0, position 999999"),
+                           ("/nowhere", "Not Found")):
+            code, page = fetch(base + path)
+            assert code == 404, (path, code)
+            assert what in page, (path, page)
+        for query, why in (("position=abc", "position must be an integer, not 'abc'"),
+                           ("position=-1", "position must be >= 0"),
+                           ("partition=9", "partition must be from 0 to 1, not 9"),
+                           ("time=yesterday", "time must be an ISO 8601 time"),
+                           ("time=2026-01-01T00:00:00", "has no time zone"),
+                           ("position=1&time=2026-01-01T00:00:00Z", "not both"),
+                           ("limit=5000", "limit must be at most 1000")):
+            code, page = fetch(base + "/topics/orders?" + query)
+            assert code == 400, (query, code)
+            assert why in page, (query, page)
+
+
+def _csrf(page: str) -> str:
+    m = re.search(r'name="csrf" value="([^"]+)"', page)
+    assert m, "no CSRF field in the page"
+    return m.group(1)
+
+
+def _copies(dsn: str) -> list[pgstreams.Event]:
+    with pgstreams.connect(dsn) as client:
+        return [e for e in client.read_events("payments", 0, limit=100) if "dlt.replayed_from" in e.headers]
+
+
+def test_replay_is_a_csrf_checked_post_and_happens_once(dsn: str) -> None:
+    where = fill(dsn)
+    with console(dsn) as srv:
+        one = f"{srv.url}/dlt/payments.dlt/0/{where['first']}"
+        code, page = fetch(one + "/replay", {"csrf": "forged"})
+        assert code == 403 and "CSRF" in page
+        code, _ = fetch(one + "/replay", {})
+        assert code == 403
+        code, _ = fetch(one + "/replay")  # a GET changes nothing
+        assert code in (404, 405)
+        assert _copies(dsn) == []
+        token = _csrf(fetch(one)[1])
+        code, _ = fetch(one + "/replay", {"csrf": token}, {"Origin": "http://evil.example"})
+        assert code == 403 and _copies(dsn) == []
+        code, page = fetch(one + "/replay", {"csrf": token})
+        assert code == 200 and "replayed: payments[0]@" in page
+        copies = _copies(dsn)
+        assert len(copies) == 1 and copies[0].value == {"boom": True}
+        assert copies[0].headers["dlt.replayed_from"] == f"payments.dlt/0/{where['first']}"
+        assert not any(k.startswith("dlt.") and k not in ("dlt.replayed_from", "dlt.replayed_at")
+                       for k in copies[0].headers)
+        code, page = fetch(one + "/replay", {"csrf": token})
+        assert code == 200 and "was replayed already" in page
+        assert len(_copies(dsn)) == 1
+        code, page = fetch(srv.url + "/dlt/payments.dlt/replay", {"csrf": token})
+        assert code == 200 and "replayed 2 dead letter(s) of 2 read" in page
+        assert sorted(e.headers["dlt.replayed_from"] for e in _copies(dsn)) == sorted(
+            f"payments.dlt/0/{p}" for p in where.values())  # the first one was not published twice
+        code, page = fetch(srv.url + "/dlt/payments.dlt")
+        assert page.count(">replayed<") == 2
+
+
+def test_non_loopback_needs_credentials_and_credentials_are_required(dsn: str) -> None:
+    p = subprocess.run([*CLI, "console", "--host", "0.0.0.0", "--port", "0", "--dsn", dsn], cwd=TESTS,
+                       capture_output=True, text=True, timeout=60,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_CONSOLE")})
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "not a loopback address" in p.stderr and "PGSTREAMS_CONSOLE_TOKEN" in p.stderr
+    p = subprocess.run([*CLI, "console", "--port", "70000", "--dsn", dsn], cwd=TESTS, capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 2 and "--port" in p.stderr and "Traceback" not in p.stderr
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("t", 1)
+    with console(dsn, env={"PGSTREAMS_CONSOLE_TOKEN": "s3cret-token"}) as srv:
+        assert fetch(srv.url + "/")[0] == 401
+        assert fetch(srv.url + "/", headers={"Authorization": "Bearer wrong"})[0] == 401
+        code, page = fetch(srv.url + "/", headers={"Authorization": "Bearer s3cret-token"})
+        assert code == 200 and "s3cret-token" not in page
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor())
+        with opener.open(srv.url + "/topics/t?token=s3cret-token", timeout=60) as resp:
+            assert resp.status == 200 and "token=" not in resp.url  # kept in a cookie from then on
+        with opener.open(srv.url + "/", timeout=60) as resp:
+            assert resp.status == 200
+    creds = {"PGSTREAMS_CONSOLE_USER": "admin", "PGSTREAMS_CONSOLE_PASSWORD": "pa55word"}
+    with console(dsn, env=creds) as srv:
+        code, _ = fetch(srv.url + "/")
+        assert code == 401
+        good = base64.b64encode(b"admin:pa55word").decode()
+        bad = base64.b64encode(b"admin:nope").decode()
+        assert fetch(srv.url + "/", headers={"Authorization": f"Basic {bad}"})[0] == 401
+        code, page = fetch(srv.url + "/", headers={"Authorization": f"Basic {good}"})
+        assert code == 200 and "pa55word" not in page
+    assert "pa55word" not in srv.output and "s3cret" not in srv.output

@@ -1,0 +1,169 @@
+"""The database-wide status (``Client.status``) and the Prometheus collectors registered in an
+application's own registry."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+import pgstreams
+from _obs_helpers import samples, value
+from pgstreams.metrics import StatusCollector, WorkerCollector
+
+
+def _setup(client: pgstreams.Client) -> None:
+    client.create_topic("orders", 3)
+    client.publish_many("orders", [{"value": i, "key": f"k{i}", "partition": i % 3} for i in range(30)])
+    consumer = client.consumer("orders", "billing")
+    got = consumer.poll(max_events=4, timeout=5)
+    assert got
+    consumer.commit()
+    client.create_topic("orders.dlt", 1)
+    client.publish("orders.dlt", {"dead": 1})
+
+
+def test_status_reports_every_partition_group_and_dead_letter_topic(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        _setup(client)
+        snap = client.status()
+        assert {t.topic: (t.partitions, t.dead_letter) for t in snap.topics} == {
+            "orders": (3, False), "orders.dlt": (1, True)}
+        assert all(t.bytes > 0 for t in snap.topics)
+        parts = {(p.topic, p.partition): p for p in snap.partitions}
+        assert [parts[("orders", p)].events for p in range(3)] == [10, 10, 10]
+        assert all(p.published == p.events for p in snap.partitions)
+        desc = {p.partition: p.head for p in client.describe_topic("orders").partition_info}
+        assert {p: parts[("orders", p)].head for p in range(3)} == desc
+        lags = {g.partition: g for g in snap.groups if g.group == "billing"}
+        described = {s.partition: s.lag for s in client.describe_group("billing")}
+        assert {p: g.lag for p, g in lags.items()} == described
+        assert sum(g.lag for g in lags.values()) == 30 - 4
+        assert all(g.lag_seconds >= 0 for g in lags.values())
+        assert all((g.lag_seconds > 0) == (g.lag > 0) for g in lags.values())
+        assert snap.taken_at.tzinfo is not None and snap.duration > 0
+
+
+def test_collector_in_an_application_registry_exports_the_status(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        _setup(client)
+        registry = CollectorRegistry()
+        registry.register(StatusCollector(client, min_interval=0))
+        text = generate_latest(registry).decode()
+        assert value(text, "pgstreams_up") == 1
+        assert value(text, "pgstreams_topic_partitions", topic="orders") == 3
+        assert value(text, "pgstreams_partition_events", topic="orders", partition="1") == 10
+        assert value(text, "pgstreams_partition_events_published_total", topic="orders", partition="1") == 10
+        assert value(text, "pgstreams_dead_letters", topic="orders.dlt") == 1
+        assert value(text, "pgstreams_dead_letters", topic="orders") is None
+        lag = sum(v for (n, labels), v in samples(text).items() if n == "pgstreams_group_lag_events"
+                  and ("group", "billing") in labels)
+        assert lag == 26
+        # counters grow with publishing
+        client.publish("orders", 1, partition=1)
+        text = generate_latest(registry).decode()
+        assert value(text, "pgstreams_partition_events_published_total", topic="orders", partition="1") == 11
+
+
+def test_collector_reads_the_database_at_most_once_per_interval_however_many_scrapers(dsn: str) -> None:
+    now = [100.0]
+    with pgstreams.connect(dsn) as client:
+        _setup(client)
+        calls = []
+
+        def status() -> pgstreams.StatusSnapshot:
+            calls.append(1)
+            return client.status()
+
+        collector = StatusCollector(status=status, min_interval=15, clock=lambda: now[0])
+        registry = CollectorRegistry()
+        registry.register(collector)
+        outs: list[str] = []
+        threads = [threading.Thread(target=lambda: outs.append(generate_latest(registry).decode()))
+                   for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(calls) == 1 and collector.reads == 1
+        assert all(value(o, "pgstreams_topic_partitions", topic="orders") == 3 for o in outs)
+        now[0] += 14.9
+        generate_latest(registry)
+        assert len(calls) == 1
+        now[0] += 0.2
+        generate_latest(registry)
+        assert len(calls) == 2
+
+
+def test_collector_reports_a_failed_read_as_down_and_keeps_serving() -> None:
+    def status() -> pgstreams.StatusSnapshot:
+        raise OSError("connection refused")
+
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(status=status, min_interval=0))
+    text = generate_latest(registry).decode()
+    assert value(text, "pgstreams_up") == 0
+
+
+def test_collector_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="min_interval"):
+        StatusCollector(status=lambda: None, min_interval=-1)  # type: ignore[arg-type,return-value]
+    with pytest.raises(ValueError, match="either a client or a status"):
+        StatusCollector()
+
+
+def test_worker_collector_counts_handled_failed_retried_and_dead_lettered(dsn: str) -> None:
+    from _core_helpers import running, until
+
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("jobs", 1)
+        client.publish_many("jobs", [{"value": i} for i in range(1, 11)])   # 5 and 10 fail
+        worker = pgstreams.Worker(client, install_signal_handlers=False, maintenance=None)
+        collector = WorkerCollector(worker)
+        registry = CollectorRegistry()
+        registry.register(collector)
+        from obs_app import fail_fives
+
+        worker.subscribe("jobs", "g", fail_fives, retry=pgstreams.RetryPolicy(max_attempts=2, backoff=0.01))
+        member = worker.member_id
+        with running(worker):
+            until(lambda: worker.stats.dead_lettered == 2, 60, "two dead letters")
+        text = generate_latest(registry).decode()
+        assert value(text, "pgstreams_worker_events_handled_total", member=member) == 8
+        assert value(text, "pgstreams_worker_events_failed_total", member=member) == 4
+        assert value(text, "pgstreams_worker_events_retried_total", member=member) == 2
+        assert value(text, "pgstreams_worker_events_dead_lettered_total", member=member) == 2
+        handler_calls = value(text, "pgstreams_worker_handler_duration_seconds_count", member=member,
+                              topic="jobs", group="g")
+        assert handler_calls is not None and handler_calls >= 4  # a call per chunk delivered
+        batches = value(text, "pgstreams_worker_batch_duration_seconds_count", member=member, topic="jobs",
+                        group="g")
+        assert batches is not None and batches >= 1
+
+
+def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("big", 2, segment_size=1000)
+        for _ in range(5):
+            client.publish_many("big", [{"value": i, "partition": i % 2} for i in range(500)])
+        consumer = client.consumer("big", "slow")
+        got = consumer.poll(max_events=300, timeout=5)
+        consumer.commit()
+        assert got
+        client.maintain()  # seals the full segments: their counts come from statistics from now on
+        snap = client.status()
+        described = {s.partition: s for s in client.describe_group("slow")}
+        lags = {g.partition: g.lag for g in snap.groups if g.group == "slow"}
+        assert lags == {p: s.lag for p, s in described.items()}
+        assert sum(lags.values()) == 2500 - len(got)
+        figures = {p.partition: p.events for p in client.describe_topic("big").partition_info}
+        assert {p.partition: p.events for p in snap.partitions} == figures == {0: 1250, 1: 1250}
+        client.alter_topic("big", {"retention.events": 1000})
+        client.maintain()  # removes the oldest sealed segments
+        snap = client.status()
+        parts = {p.partition: p for p in snap.partitions}
+        assert sum(p.events for p in parts.values()) < 2500
+        assert all(p.published == 1250 for p in parts.values())  # stored + removed: the counter never drops
+        figures = {p.partition: p.events for p in client.describe_topic("big").partition_info}
+        assert {p: s.events for p, s in parts.items()} == figures

@@ -89,7 +89,8 @@ class AsyncStore:
     # -- topics ------------------------------------------------------------------------------------------
     async def topic(self, name: str, conn: psycopg.AsyncConnection | None = None) -> TopicRecord | None:
         """The topic named ``name``, ``None`` if there is none."""
-        row = await self.ex.one("topic_by_name", (name,), conn=conn, row=dict_row)
+        params = {"name": name, "schema": self.schema}
+        row = await self.ex.one("topic_by_name", params, conn=conn, row=dict_row)
         return None if row is None else _record(row)
 
     async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None

@@ -209,3 +209,29 @@ def take(consumer: pgstreams.Consumer, n: int, timeout: float = 10.0, commit: bo
     extra = consumer.poll(max_events=1000, timeout=0.05)
     assert not extra, f"{len(extra)} more events than the {n} expected: {[e.value for e in extra][:5]}"
     return out
+
+
+def share_exactly_once_worker(dsn: str, topic: str, group: str, seed: int, hold_max: float,
+                              lock_timeout: float, stop_file: str) -> None:
+    """Consume ``topic`` in share group ``group`` writing one row per event into ``effects`` inside
+    :meth:`ShareConsumer.transaction`, rejecting the events whose value has ``"i": 2`` in it; now and then
+    hold a transaction open past ``lock_timeout`` (its acks are then refused and everything rolls back)
+    or for a random time (so that a SIGKILL from the parent lands mid-transaction). Returns once
+    ``stop_file`` exists."""
+    rng = random.Random(seed)
+    with pgstreams.connect(dsn, migrate=False, pool_size=3) as client:
+        share = client.share_consumer(topic, group, lock_timeout=lock_timeout, max_deliveries=1000)
+        while not os.path.exists(stop_file):
+            with share.transaction() as tx:
+                events = tx.poll(rng.randint(1, 20), timeout=0.2)
+                bad = [e for e in events if e.value.get("i") == 2]
+                if bad:
+                    tx.reject(bad, "i is 2")
+                for ev in tx.events:
+                    tx.connection.execute("INSERT INTO effects (position, pid) VALUES (%s, %s)",
+                                          (ev.position, os.getpid()))
+                r = rng.random()
+                if events and r < 0.05:
+                    time.sleep(lock_timeout * 1.5)  # past the lock: the acks are refused
+                elif r < 0.3:
+                    time.sleep(rng.random() * hold_max)

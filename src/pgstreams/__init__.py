@@ -41,6 +41,9 @@ from .models import (
     PublishResult,
     ReplayResult,
     RetentionStatus,
+    Settlement,
+    ShareGroupStatus,
+    ShareOutcome,
     StatusSnapshot,
     TopicDescription,
     TopicInfo,
@@ -48,6 +51,14 @@ from .models import (
 )
 from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
+from .shares import (
+    DEFAULT_LOCK_TIMEOUT,
+    DEFAULT_MAX_DELIVERIES,
+    SHARE_DEFAULTS,
+    ShareConsumer,
+    ShareOptions,
+    ShareTransaction,
+)
 from .topicconfig import TOPIC_CONFIG_DEFAULTS
 
 if TYPE_CHECKING:
@@ -100,12 +111,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAINTENANCE_INTERVAL",
+    "DEFAULT_MAX_DELIVERIES",
     "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME",
+    "SHARE_DEFAULTS",
     "TOPIC_CONFIG_DEFAULTS",
     "BatchConfig",
     "CheckpointReset",
@@ -146,6 +160,12 @@ __all__ = [
     "RetentionStatus",
     "RetryPolicy",
     "ServiceFailed",
+    "Settlement",
+    "ShareConsumer",
+    "ShareGroupStatus",
+    "ShareOptions",
+    "ShareOutcome",
+    "ShareTransaction",
     "StatusSnapshot",
     "TopicConflict",
     "TopicDescription",

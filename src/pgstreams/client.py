@@ -39,6 +39,7 @@ from .models import (
     PublishResult,
     ReplayResult,
     RetentionStatus,
+    ShareGroupStatus,
     StatusSnapshot,
     TopicDescription,
     TopicInfo,
@@ -46,6 +47,8 @@ from .models import (
 from .names import check_group, check_partitions, check_schema, check_topic
 from .producer import Producer, TopicState
 from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, server_label
+from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
+from .shares.consumer import Ordering as ShareOrdering
 from .storage import CORE, Store, TopicRecord
 from .storage.notifications import Listener, Notifier, channel
 
@@ -83,6 +86,10 @@ DEFAULT_POOL_SIZE = 10
 DEFAULT_BROWSE_LIMIT = 20
 #: Seconds between fallback polls of a waiting consumer when no notification arrives.
 DEFAULT_POLL_INTERVAL = 0.25
+#: The reserved header holding a publish delay in seconds (``publish(delay=...)``).
+DELAY_HEADER = "pgstreams.delay"
+#: Longest publish delay (seconds): a year.
+MAX_PUBLISH_DELAY = 365 * 86_400.0
 
 #: libpq's environment variables that name a server (with them, an empty DSN connects there).
 LIBPQ_SERVER_VARIABLES = ("PGSERVICE", "PGHOST", "PGHOSTADDR", "PGDATABASE")
@@ -554,6 +561,7 @@ class Client:
         causation_id: str | None = None,
         conn: psycopg.Connection | None = None,
         notify: bool = True,
+        delay: float | None = None,
     ) -> PublishResult:
         """Publish one event and return where it was stored.
 
@@ -568,11 +576,21 @@ class Client:
         default true) sends the consumers' wake-up notification inside that transaction, delivered at
         commit. PostgreSQL refuses to ``PREPARE TRANSACTION`` a transaction that sent one: pass
         ``notify=False`` in two-phase transactions (consumers then find the events by polling, within
-        their ``poll_interval``). The other keyword arguments default to ``None``: no key, headers,
-        event type or ids, a pooled connection in its own transaction.
+        their ``poll_interval``). ``delay`` (seconds, default ``None``: none): share groups do not
+        acquire the event before that much time has passed since it was stored; stream groups see it at
+        once. It is kept in the reserved header ``pgstreams.delay``. The other keyword arguments default
+        to ``None``: no key, headers, event type or ids, a pooled connection in its own transaction.
         """
         if not isinstance(notify, bool):
             raise InvalidArgument(f"notify must be a bool, not {type(notify).__name__}")
+        if delay is not None:
+            if (isinstance(delay, bool) or not isinstance(delay, (int, float))
+                    or not 0 <= delay <= MAX_PUBLISH_DELAY):
+                raise InvalidArgument(f"delay must be a number of seconds from 0 to {MAX_PUBLISH_DELAY:g}, "
+                                      f"got {delay!r}")
+            if headers is not None and not isinstance(headers, Mapping):
+                raise InvalidArgument(f"headers must be a mapping of strings, not {type(headers).__name__}")
+            headers = {**(headers or {}), DELAY_HEADER: f"{delay:.6f}"}
         try:
             return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
                                                   correlation_id, causation_id), conn, notify)
@@ -626,6 +644,78 @@ class Client:
         """Every group with checkpoints, the topics it reads and its total lag."""
         return self.store.groups.summaries()
 
+    # -- share groups and queues ---------------------------------------------------------------------
+    def share_consumer(
+        self, topic: str, group: str, *, start: Start = SHARE_DEFAULTS.start,
+        lock_timeout: float = SHARE_DEFAULTS.lock_timeout,
+        max_deliveries: int = SHARE_DEFAULTS.max_deliveries,
+        dead_letter: bool | str = SHARE_DEFAULTS.dead_letter,
+        ordering: ShareOrdering = SHARE_DEFAULTS.ordering,
+    ) -> ShareConsumer:
+        """A :class:`pgstreams.ShareConsumer` of ``topic`` in share group ``group``: any number of them,
+        in any processes, share every partition of the topic, each event going to one of them at a time.
+
+        ``start`` (default ``"earliest"``) is where a group new on a partition starts: ``"earliest"``,
+        ``"latest"`` or an aware ``datetime`` (like stream groups). ``lock_timeout`` (default 30 s): how
+        long an acquired event stays locked. ``max_deliveries`` (default 5): after that many deliveries
+        an event goes to the dead-letter topic instead of being delivered again. ``dead_letter`` (default
+        ``True``: ``"<topic>.dlt"``, created with the topic's partition count on first use; a topic name;
+        ``False``: none, such events are dropped). ``ordering`` (default ``None``: no order; ``"key"``:
+        events with the same key are never in flight at once and are delivered in partition order).
+        Raises :class:`TopicNotFound` and :class:`InvalidArgument` (nothing is changed then).
+        """
+        return ShareConsumer(self, topic, group, ShareOptions(
+            start=start, lock_timeout=lock_timeout, max_deliveries=max_deliveries, dead_letter=dead_letter,
+            ordering=ordering))
+
+    def create_queue(
+        self, name: str, partitions: int = 1, *, lock_timeout: float = SHARE_DEFAULTS.lock_timeout,
+        max_deliveries: int = SHARE_DEFAULTS.max_deliveries,
+        dead_letter: bool | str = SHARE_DEFAULTS.dead_letter,
+        ordering: ShareOrdering = SHARE_DEFAULTS.ordering, segment_size: int = DEFAULT_SEGMENT_SIZE,
+    ) -> TopicInfo:
+        """Create queue ``name``: a topic (``partitions``, default 1; ``segment_size`` as for
+        :meth:`create_topic`) with a share group of the same name starting at its beginning, with these
+        settings (defaults as for :meth:`share_consumer`). Idempotent; :meth:`queue` returns its
+        consumer. Acked events stay in the topic's segments (the log) until retention removes them."""
+        ShareConsumer.check(name, name, ShareOptions(lock_timeout=lock_timeout, max_deliveries=max_deliveries,
+                                                     dead_letter=dead_letter, ordering=ordering))
+        info = self.create_topic(name, partitions, segment_size=segment_size)
+        ShareConsumer(self, name, name, ShareOptions(
+            lock_timeout=lock_timeout, max_deliveries=max_deliveries, dead_letter=dead_letter,
+            ordering=ordering), queue=True)
+        return info
+
+    def queue(self, name: str) -> ShareConsumer:
+        """The :class:`pgstreams.ShareConsumer` of queue ``name`` (with the settings it was created with).
+        Raises :class:`TopicNotFound`, or :class:`GroupNotFound` when ``name`` is a topic but no queue."""
+        from .errors import GroupNotFound
+
+        check_topic(name)
+        state = self.topic_state(name, refresh=True)
+        settings = self.store.shares.settings(name, state.id)
+        if settings is None or not settings.queue:
+            raise GroupNotFound(f"{name!r} is a topic, not a queue (create it with create_queue)")
+        ordering: ShareOrdering = "key" if settings.ordering == "key" else None
+        return ShareConsumer(self, name, name, ShareOptions(
+            lock_timeout=settings.lock_timeout, max_deliveries=settings.max_deliveries,
+            dead_letter=settings.dead_letter if settings.dead_letter is not None else False,
+            ordering=ordering), queue=True)
+
+    def describe_share_group(self, group: str, topic: str | None = None) -> list[ShareGroupStatus]:
+        """Per topic and partition of share group ``group`` (of ``topic`` only, if given): where it
+        started, acquired, available, waiting and delivered-too-often counts, the oldest lock and the
+        dead-letter counters (the ``share_group_status`` view). Raises ``GroupNotFound``."""
+        from .errors import GroupNotFound
+
+        check_group(group)
+        if topic is not None:
+            check_topic(topic)
+        out = self.store.shares.status(group, topic)
+        if not out:
+            where = f" on topic {topic!r}" if topic else ""
+            raise GroupNotFound(f"share group {group!r} does not exist{where}")
+        return out
     # -- administration ------------------------------------------------------------------------------
     def reset_group(self, group: str, topic: str, *, to_earliest: bool = False, to_latest: bool = False,
                     to_datetime: datetime | None = None, shift_by: int | None = None,

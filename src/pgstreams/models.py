@@ -19,7 +19,9 @@ class Event:
 
     ``value`` has the type it was published with (bytes, str, or the decoded JSON value). ``position`` is
     unique within the topic; events of a partition are delivered in position order. ``txid`` is the id of
-    the transaction that published the event. ``created_at`` is aware, in UTC.
+    the transaction that published the event. ``created_at`` is aware, in UTC. ``delivery_count`` is how
+    many times a share group has delivered the event, this delivery included (``0`` for stream groups,
+    which have no per-event deliveries).
     """
 
     topic: str
@@ -34,6 +36,7 @@ class Event:
     causation_id: str | None
     created_at: datetime
     txid: int = 0
+    delivery_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -252,6 +255,96 @@ class GroupInfo:
     group: str
     topics: tuple[str, ...]
     lag: int
+
+
+class ShareOutcome(enum.Enum):
+    """What acking, releasing, rejecting or renewing one acquired event of a share group did.
+
+    - ``DONE``: it took effect.
+    - ``EXPIRED``: the event's lock had expired: nothing was done, and the event is (or will be)
+      delivered again.
+    - ``LOST``: another acquisition holds the event now, or it was already acked, rejected or
+      dead-lettered: nothing was done.
+    - ``DEAD_LETTERED``: (release only) the event had been delivered ``max_deliveries`` times: instead of
+      being delivered again it went to the dead-letter topic (dropped without one).
+    """
+
+    DONE = "done"
+    EXPIRED = "expired"
+    LOST = "lost"
+    DEAD_LETTERED = "dead_lettered"
+
+    @property
+    def ok(self) -> bool:
+        """True for ``DONE`` and ``DEAD_LETTERED``: this consumer settled the event."""
+        return self in (ShareOutcome.DONE, ShareOutcome.DEAD_LETTERED)
+
+
+@dataclass(frozen=True)
+class Settlement:
+    """What :meth:`ShareConsumer.ack` (``release``, ``reject``, ``renew``) did: ``action`` (``"ack"``,
+    ``"release"``, ``"reject"``, ``"renew"``) and the :class:`ShareOutcome` per ``(partition, position)``
+    of each event given, in the order given."""
+
+    action: str
+    outcomes: Mapping[tuple[int, int], ShareOutcome] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """Every event was settled by this call (``DONE`` or ``DEAD_LETTERED``)."""
+        return all(o.ok for o in self.outcomes.values())
+
+    def failed(self) -> list[tuple[int, int]]:
+        """The ``(partition, position)`` of the events not settled (``EXPIRED`` or ``LOST``)."""
+        return [k for k, o in self.outcomes.items() if not o.ok]
+
+    def outcome(self, event: Event) -> ShareOutcome:
+        """The outcome of ``event`` (raises ``KeyError`` if it was not part of the call)."""
+        return self.outcomes[(event.partition, event.position)]
+
+
+@dataclass(frozen=True)
+class ShareGroupStatus:
+    """A share group's state on one partition of a topic (the ``share_group_status`` view; see
+    :meth:`Client.describe_share_group` and ``pgstreams groups describe``).
+
+    ``start`` is the position the group started after (``None``: the beginning), ``frontier`` the last
+    position taken into its state (every event up to it was acquired at least once or is waiting),
+    ``head`` the partition's last position (``None`` when empty). ``acquired``: events locked by a
+    consumer now; ``available``: events that can be acquired now (due again, or past the frontier);
+    ``waiting``: events released with a delay, published with a delay, or waiting behind an earlier
+    event of their key; ``delivered_too_often``: events delivered ``max_deliveries`` times, not locked,
+    about to be dead-lettered; ``oldest_lock``: when the oldest lock held now was taken (aware, UTC;
+    ``None``: none). Counters since the group was created: ``removed_too_often`` (events removed after
+    ``max_deliveries``), ``rejected``, ``dead_lettered`` (copies published to the dead-letter topic).
+    ``dead_letter``, ``max_deliveries``, ``lock_timeout`` (seconds) and ``ordering`` are the group's
+    settings as its latest consumer set them; ``queue`` is true for queues (:meth:`Client.create_queue`).
+    """
+
+    group: str
+    topic: str
+    partition: int
+    queue: bool
+    start: int | None
+    frontier: int
+    head: int | None
+    acquired: int
+    available: int
+    waiting: int
+    delivered_too_often: int
+    oldest_lock: datetime | None
+    removed_too_often: int
+    rejected: int
+    dead_lettered: int
+    dead_letter: str | None
+    max_deliveries: int
+    lock_timeout: float
+    ordering: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
+        out: dict[str, Any] = to_json(self)
+        return out
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ def test_public_signatures_are_those_documented() -> None:
     assert shape(Client.delete_topic) == "(self, name)"
     assert shape(Client.publish) == (
         "(self, topic, value, *, key=None, headers=None, partition=None, event_type=None, event_id=None,"
-        " correlation_id=None, causation_id=None, conn=None, notify=True)")
+        " correlation_id=None, causation_id=None, conn=None, notify=True, delay=None)")
     assert shape(Client.publish_many) == "(self, topic, events)"
     assert shape(Client.consumer) == "(self, topic, group, *, start='earliest')"
     assert shape(Consumer.poll) == shape(ConsumerTransaction.poll) == "(self, max_events=500, timeout=1.0)"
@@ -47,6 +47,21 @@ def test_public_signatures_are_those_documented() -> None:
     assert shape(Consumer.seek) == "(self, partition, position)"
     assert shape(Consumer.seek_to_beginning) == shape(Consumer.seek_to_end) == shape(Consumer.transaction)
     assert shape(Consumer.seek_to_time) == "(self, dt)"
+    # share groups and queues
+    assert shape(Client.share_consumer) == (
+        "(self, topic, group, *, start='earliest', lock_timeout=30.0, max_deliveries=5, dead_letter=True,"
+        " ordering=None)")
+    assert shape(pgstreams.ShareConsumer.poll) == shape(pgstreams.ShareTransaction.poll) == (
+        "(self, max_events=500, timeout=1.0)")
+    assert shape(pgstreams.ShareConsumer.ack).startswith("(self, events")
+    assert shape(pgstreams.ShareConsumer.release).startswith("(self, events, delay=0.0")
+    assert shape(pgstreams.ShareConsumer.reject).startswith("(self, events, reason=None")
+    assert shape(pgstreams.ShareConsumer.renew) == "(self, events)"
+    assert shape(pgstreams.ShareConsumer.transaction) == "(self)"
+    assert shape(Client.create_queue).startswith("(self, name")
+    assert shape(Client.queue) == "(self, name)"
+    assert "delivery_count" in {f.name for f in dataclasses.fields(pgstreams.Event)}
+    assert shape(pgstreams.Worker.subscribe).endswith("share=False, concurrency=1)")
     assert {f.name for f in dataclasses.fields(pgstreams.Event)} >= {
         "topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
         "correlation_id", "causation_id", "created_at"}

@@ -21,10 +21,12 @@ from .output import (
     print_json,
     print_listing,
     resets_table,
+    share_partition_json,
+    share_table,
 )
 
-groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag; reset and delete.",
-                         no_args_is_help=True)
+groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag; reset and delete. Share groups: "
+                         "events in flight.", no_args_is_help=True)
 
 
 @groups_app.command("list")
@@ -47,21 +49,35 @@ def groups_describe(
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Per topic and partition of a group: checkpoint, head and lag, and for groups run by workers the
-    lease owner, its last heartbeat and whether it is stale (or the partition retries a failing event)."""
+    lease owner, its last heartbeat and whether it is stale (or the partition retries a failing event).
+    For a share group: where it started, its frontier, acquired, available, waiting and delivered-too-often
+    counts, the oldest lock and the dead-letter counters."""
     check_group(group)
     if topic is not None:
         check_topic(topic)
     with open_client(dsn, schema) as client:
-        statuses = client.describe_group(group, topic)  # one read of each partition's head and lag
-        members = pgstreams.group_members(client, group, topic)
+        shares = client.store.shares.status(group, topic)
+        try:
+            statuses = client.describe_group(group, topic)  # one read of each partition's head and lag
+        except pgstreams.GroupNotFound:
+            if not shares:
+                raise
+            statuses = []
+        members = pgstreams.group_members(client, group, topic) if statuses else []
     if as_json:
-        print_json([group_partition_json(s) for s in statuses])
+        print_json([group_partition_json(s) for s in statuses] + [share_partition_json(s) for s in shares])
         return
     console = out_console()
-    console.print(group_table(statuses, membership=True))
-    console.print(f"total lag: {sum(s.lag for s in statuses)}")
-    for m in members:
-        console.print(member_line(m))
+    if statuses:
+        console.print(group_table(statuses, membership=True))
+        console.print(f"total lag: {sum(s.lag for s in statuses)}")
+        for m in members:
+            console.print(member_line(m))
+    if shares:
+        console.print(share_table(shares))
+        console.print(f"acquired: {sum(s.acquired for s in shares)}, "
+                      f"available: {sum(s.available for s in shares)}, "
+                      f"dead-lettered: {sum(s.dead_lettered for s in shares)}")
 
 
 @groups_app.command("reset")

@@ -143,6 +143,33 @@ def group_partition_json(status: pgstreams.GroupPartitionStatus) -> dict[str, An
     return {name: full[name] for name in (*PROGRESS_FIELDS, *MEMBERSHIP_FIELDS)}
 
 
+def share_partition_json(status: pgstreams.ShareGroupStatus) -> dict[str, Any]:
+    """A share group's partition for ``groups describe --json``: every field of
+    :class:`pgstreams.ShareGroupStatus` and ``"type": "share"``."""
+    out: dict[str, Any] = {"type": "share", **to_json(status)}
+    return out
+
+
+def share_table(statuses: Sequence[pgstreams.ShareGroupStatus], title: str | None = None) -> Table:
+    """A rich table of share-group statuses: per topic and partition the group's start, frontier, head,
+    acquired, available, waiting and delivered-too-often counts, the oldest lock, and the dead-letter
+    counters."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    for name, right in (("share group", False), ("topic", False), ("partition", True), ("start", True),
+                        ("frontier", True), ("head", True), ("acquired", True), ("available", True),
+                        ("waiting", True), ("too often", True), ("oldest lock", False), ("rejected", True),
+                        ("DLT", True)):
+        table.add_column(name, justify="right" if right else "left", overflow="fold")
+    for s in statuses:
+        table.add_row(s.group, s.topic, str(s.partition), cell(s.start), str(s.frontier), cell(s.head),
+                      str(s.acquired), str(s.available), str(s.waiting),
+                      f"[bold yellow]{s.delivered_too_often}[/]" if s.delivered_too_often else "0",
+                      short_time(s.oldest_lock), str(s.rejected), str(s.dead_lettered))
+    return table
+
+
 def event_json(ev: pgstreams.Event) -> dict[str, Any]:
     """An event as the JSON object ``consume`` prints.
 

@@ -1,4 +1,5 @@
-"""``pgstreams worker``: run a handler as a member of a stream group (see ``docs/workers.md``)."""
+"""``pgstreams worker``: run a handler as a member of a stream group or a share group (see
+``docs/workers.md`` and ``docs/shares.md``)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,14 @@ def worker_command(
         metavar="MODULE:FUNCTION", help="The handler, e.g. myapp.handlers:on_order (MODULE is imported with "
         "the current directory on the path).", show_default=False)],
     topic: Annotated[str, typer.Option("--topic", "-t", help="Topic to consume.", show_default=False)],
-    group: Annotated[str, typer.Option("--group", "-g", help="Stream group to join.", show_default=False)],
+    group: Annotated[str | None, typer.Option(
+        "--group", "-g", help="Stream group to join (or --share-group).", show_default=False)] = None,
+    share_group: Annotated[str | None, typer.Option(
+        "--share-group", help="Share group to consume in (instead of --group): every worker reads every "
+        "partition, events are acquired one by one.", show_default=False)] = None,
+    concurrency: Annotated[int, typer.Option(
+        "--concurrency", help="Handlers running at once in this process (share groups only).")
+    ] = _OPTIONS.concurrency,
     batch: Annotated[bool, typer.Option("--batch", help="Call the handler with a list of events.")] = False,
     min_events: Annotated[int, typer.Option("--min-events", help="Deliver a batch once this many events "
                                             "are at hand.")] = _OPTIONS.min_events,
@@ -73,9 +81,18 @@ def worker_command(
 ) -> None:
     """Run a handler as a member of a group until SIGINT/SIGTERM: it gets its share of the partitions,
     retries failing events and sends them to the dead-letter topic, and on a signal finishes its batch,
-    commits, gives its partitions back and exits 0."""
+    commits, gives its partitions back and exits 0. With --share-group it consumes in a share group
+    instead: it competes for single events of every partition with the group's other consumers, running
+    --concurrency handlers at once; a failing event is released with the backoff and, after
+    --max-attempts deliveries, goes to the dead-letter topic."""
     check_topic(topic)
-    check_group(group)
+    if (group is None) == (share_group is None):
+        raise usage_error("give exactly one of --group (a stream group) and --share-group (a share group)")
+    name = group if group is not None else share_group
+    assert name is not None
+    check_group(name)
+    if share_group is None and concurrency != _OPTIONS.concurrency:
+        raise usage_error("--concurrency needs --share-group")
     begin = parse_start(start)
     level = getattr(logging, log_level.upper(), None)
     if log_level.lower() not in ("debug", "info", "warning", "error") or not isinstance(level, int):
@@ -91,11 +108,12 @@ def worker_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     with open_client(dsn, schema) as client:
         worker = Worker(client, member_id=member_id)
-        worker.add_subscription(topic, group, fn, SubscriptionOptions(
+        worker.add_subscription(topic, name, fn, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made
             retry=retry, dead_letter=False if no_dead_letter else dead_letter, start=begin,
-            heartbeat_interval=heartbeat_interval, session_timeout=session_timeout))
+            heartbeat_interval=heartbeat_interval, session_timeout=session_timeout,
+            share=share_group is not None, concurrency=concurrency))
         server = None
         if metrics_port is not None:
             metrics = load_extra("pgstreams.metrics", "metrics")

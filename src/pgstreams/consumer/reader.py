@@ -37,12 +37,12 @@ _SEVERITY = {
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EVENT_FIELDS = ("topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
-                 "correlation_id", "causation_id", "created_at", "txid")
+                 "correlation_id", "causation_id", "created_at", "txid", "delivery_count")
 
 
 def _event(topic: str, partition: int, position: int, key: str | None, value: object,
            headers: object, event_type: str | None, event_id: str | None, correlation_id: str | None,
-           causation_id: str | None, created_at: datetime, txid: int) -> Event:
+           causation_id: str | None, created_at: datetime, txid: int, delivery_count: int = 0) -> Event:
     """``Event(...)`` at a quarter of the cost (polls build one per row; a frozen dataclass's ``__init__``
     sets each field through ``object.__setattr__``). The result is the same as the constructor's. Filling
     the instance's own ``__dict__`` in field order keeps it a key-sharing dict, cheaper than assigning a
@@ -61,6 +61,7 @@ def _event(topic: str, partition: int, position: int, key: str | None, value: ob
     d["causation_id"] = causation_id
     d["created_at"] = created_at
     d["txid"] = txid
+    d["delivery_count"] = delivery_count
     return ev
 
 
@@ -88,6 +89,14 @@ def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
         append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
                       headers or {}, et, eid, cid, sid, created, x))
     return out
+
+
+def event_of_row(topic: str, row: Sequence[Any], delivery_count: int = 0) -> Event:
+    """The :class:`Event` of one row in the column order of :data:`ROW_FIELDS` (a share group's
+    acquisition returns its events so), delivered ``delivery_count`` times."""
+    p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid = row[:12]
+    return _event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value), headers or {}, et,
+                  eid, cid, sid, _EPOCH + since_epoch, x, delivery_count)
 
 
 def check_start(start: object) -> Start:

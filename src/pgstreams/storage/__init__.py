@@ -6,8 +6,8 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`OperationsStore`,
-  :class:`StatusStore`, gathered by :class:`Store`;
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`ShareStore`,
+  :class:`OperationsStore`, :class:`StatusStore`, gathered by :class:`Store`;
 - :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
 
@@ -25,6 +25,7 @@ from .migrations import CORE, Migration, MigrationSet, MigrationStatus
 from .naming import TopicTables, notification_channel
 from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
+from .shares import ShareSettings, ShareStore
 from .sinks import SinkStore
 from .status import StatusStore
 from .topics import Segments, TopicRecord, TopicStore
@@ -53,6 +54,8 @@ __all__ = [
     "QuerySet",
     "RemovedSegment",
     "Segments",
+    "ShareSettings",
+    "ShareStore",
     "SinkStore",
     "StatusStore",
     "Store",
@@ -78,6 +81,7 @@ class Store:
         self.checkpoints = CheckpointStore(self.executor)
         self.groups = GroupStore(self.executor)
         self.sinks = SinkStore(self.executor)
+        self.shares = ShareStore(self.executor)
         self.operations = OperationsStore(self.executor)
         self.status = StatusStore(self.executor)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 from .batching import BatchAssembler, BatchConfig, Clock
 from .deadletter import (
     DLT_ATTEMPTS,
+    DLT_DELIVERIES,
     DLT_ERROR_MESSAGE,
     DLT_ERROR_TYPE,
     DLT_EVENT_ID,
@@ -52,6 +53,7 @@ from .worker import Worker, run_consumer
 
 __all__ = [
     "DLT_ATTEMPTS",
+    "DLT_DELIVERIES",
     "DLT_ERROR_MESSAGE",
     "DLT_ERROR_TYPE",
     "DLT_EVENT_ID",

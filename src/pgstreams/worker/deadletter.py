@@ -27,6 +27,8 @@ DLT_ERROR_MESSAGE = "dlt.error_message"
 DLT_ATTEMPTS = "dlt.attempts"
 DLT_MEMBER = "dlt.member"
 DLT_FAILED_AT = "dlt.failed_at"
+#: Added for events of share groups: how many times the group delivered the event.
+DLT_DELIVERIES = "dlt.deliveries"
 
 
 def dead_letter_headers(event: Event, *, group: str, error: BaseException | None, attempts: int,
@@ -43,6 +45,21 @@ def dead_letter_headers(event: Event, *, group: str, error: BaseException | None
     })
     if event.event_id:
         headers[DLT_EVENT_ID] = event.event_id
+    if event.delivery_count:
+        headers[DLT_DELIVERIES] = str(event.delivery_count)
+    return headers
+
+
+def share_dead_letter_headers(event: Event, *, group: str, kind: str, message: str, member_id: str,
+                              failed_at: datetime) -> dict[str, str]:
+    """The headers of the dead-letter copy of an event of share group ``group``: as
+    :func:`dead_letter_headers`, with the error given as its type name ``kind`` and ``message`` and the
+    delivery count as the attempts (and as ``dlt.deliveries``)."""
+    headers = dead_letter_headers(event, group=group, error=None, attempts=event.delivery_count,
+                                  member_id=member_id, failed_at=failed_at)
+    headers[DLT_ERROR_TYPE] = kind
+    headers[DLT_ERROR_MESSAGE] = message
+    headers[DLT_DELIVERIES] = str(event.delivery_count)
     return headers
 
 

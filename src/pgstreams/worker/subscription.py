@@ -35,6 +35,9 @@ class SubscriptionOptions:
     name; ``False``: none). ``start`` (default ``"earliest"``): where the group starts on partitions
     without a checkpoint. ``heartbeat_interval`` / ``session_timeout`` (default ``None``: the group's
     configuration). ``partitions`` (default ``None``: join the group's membership): a static assignment.
+    ``share`` (default false): ``group`` is a share group (every process reads every partition, events are
+    acquired one by one); ``concurrency`` (default 1, share groups only): handlers run at once in this
+    process.
     """
 
     batch: bool = False
@@ -48,6 +51,12 @@ class SubscriptionOptions:
     heartbeat_interval: float | None = None
     session_timeout: float | None = None
     partitions: Sequence[int] | None = None
+    share: bool = False
+    concurrency: int = 1
+
+
+#: Most handlers a share subscription runs at once in one process.
+MAX_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,8 @@ class Subscription:
     start: Start
     heartbeat_interval: float | None = None
     session_timeout: float | None = None
+    share: bool = False
+    concurrency: int = 1
 
 
 def dead_letter_topic(client: Client, group: str, topic: str, dead_letter: object) -> str | None:
@@ -106,6 +117,18 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
     elif not isinstance(retry, RetryPolicy):
         raise InvalidArgument(f"retry must be a RetryPolicy, not {type(retry).__name__}")
     config = BatchConfig(o.min_events, o.max_events, o.max_wait)
+    if not isinstance(o.share, bool):
+        raise InvalidArgument(f"share must be true or false, not {o.share!r}")
+    if (isinstance(o.concurrency, bool) or not isinstance(o.concurrency, int)
+            or not 1 <= o.concurrency <= MAX_CONCURRENCY):
+        raise InvalidArgument(
+            f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, got {o.concurrency!r}")
+    if o.concurrency != 1 and not o.share:
+        raise InvalidArgument("concurrency needs share=True (a stream group processes a partition in order, "
+                              "with one handler at a time)")
+    if o.share and o.partitions is not None:
+        raise InvalidArgument("partitions cannot be given with share=True (every consumer of a share group "
+                              "reads every partition)")
     name = client.topic_state(topic).name
     check_group(group)
     if o.partitions is None and (o.heartbeat_interval is not None or o.session_timeout is not None):
@@ -114,7 +137,7 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
                      cfg.session_timeout if o.session_timeout is None else o.session_timeout)
     return Subscription(name, group, as_called(handler), o.batch, config, o.mode, retry,
                         dead_letter_topic(client, group, name, o.dead_letter), check_start(o.start),
-                        o.heartbeat_interval, o.session_timeout)
+                        o.heartbeat_interval, o.session_timeout, o.share, o.concurrency)
 
 
 #: Every subscription option at its default: the one place the keyword defaults of

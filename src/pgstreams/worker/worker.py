@@ -16,6 +16,7 @@ from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
 from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
 from ..services import Service, ServiceFailed, Supervisor
+from ..shares import ShareConsumer, ShareOptions
 from ._checks import number
 from .batching import Clock
 from .deadletter import DeadLetters
@@ -23,6 +24,7 @@ from .handlers import Handler
 from .retry import RetryPolicy
 from .retrystate import RetryStateStore
 from .runner import Runner, WorkerStats
+from .shares import ShareRunner, ShareSource
 from .streams import StreamSource
 from .subscription import DEFAULTS, Mode, Subscription, SubscriptionOptions, make_subscription
 
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
     from ..consumer import Consumer
 
 log = logging.getLogger("pgstreams.worker")
+
+#: The delivery limit of a share subscription without a dead-letter topic: retried (almost) forever.
+_FOREVER = 1_000_000
 
 
 class Worker:
@@ -70,7 +75,7 @@ class Worker:
         self.shutdown_timeout = shutdown_timeout
         self.stats = WorkerStats()
         self._subs: list[tuple[Subscription, StreamReader | None]] = []  # with the reader of a static one
-        self._runners: list[Runner] = []
+        self._runners: list[Runner | ShareRunner] = []
         self._members: list[GroupMember] = []
         self._services: list[Service] = []
         self._supervisor: Supervisor | None = None
@@ -90,7 +95,8 @@ class Worker:
                   retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
                   start: Start = DEFAULTS.start, heartbeat_interval: float | None = None,
                   session_timeout: float | None = None,
-                  partitions: Sequence[int] | None = None) -> Subscription:
+                  partitions: Sequence[int] | None = None, share: bool = DEFAULTS.share,
+                  concurrency: int = DEFAULTS.concurrency) -> Subscription:
         """Run ``handler`` on ``topic`` as a member of ``group``.
 
         ``handler(event)`` (``batch=False``, default) or ``handler(events)`` (``batch=True``); in
@@ -108,11 +114,17 @@ class Worker:
         ``partitions``: a static assignment instead of membership (default ``None``: join the group): the
         worker processes exactly these partitions, takes no leases and is not fenced, like a
         :class:`pgstreams.Consumer` with ``partitions=``; do not mix it with members of the same group.
+        ``share`` (default false): run on share group ``group`` (see :meth:`pgstreams.Client.share_consumer`):
+        no membership, every worker reads every partition and events are acquired one by one; a failing
+        event is released with the ``retry`` backoff (other events go on) and after ``retry.max_attempts``
+        deliveries goes to the dead-letter topic (without one it is retried forever); events are locked
+        for :data:`pgstreams.DEFAULT_LOCK_TIMEOUT` seconds. ``concurrency`` (default 1, share groups only)
+        handlers run at once in this process.
         """
         return self.add_subscription(topic, group, handler, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait, mode=mode,
             retry=retry, dead_letter=dead_letter, start=start, heartbeat_interval=heartbeat_interval,
-            session_timeout=session_timeout, partitions=partitions))
+            session_timeout=session_timeout, partitions=partitions, share=share, concurrency=concurrency))
 
     def add_subscription(self, topic: str, group: str, handler: Handler,
                          options: SubscriptionOptions | None = None) -> Subscription:
@@ -160,7 +172,10 @@ class Worker:
         members: list[Service] = []
         try:
             for sub, fixed in self._subs:
-                self._runners.append(self._runner(sub, fixed, members))
+                if sub.share:
+                    self._runners += self._share_runners(sub)
+                else:
+                    self._runners.append(self._runner(sub, fixed, members))
         except BaseException:
             # nothing runs yet: leave the groups joined so far rather than hold leases nobody processes
             for m in self._members:
@@ -210,6 +225,16 @@ class Worker:
                                        member_id=self.member_id)
         return Runner(sub, source, member_id=self.member_id, clock=self.clock, stats=self.stats,
                       retry_states=retry_states, dead_letters=dead_letters)
+
+    def _share_runners(self, sub: Subscription) -> list[ShareRunner]:
+        """The ``concurrency`` runners of share subscription ``sub``, over one consumer of its group."""
+        dlt = sub.dead_letter
+        options = ShareOptions(start=sub.start, max_deliveries=sub.retry.max_attempts if dlt else _FOREVER,
+                               dead_letter=dlt if dlt is not None else False)
+        source = ShareSource(ShareConsumer(self.client, sub.topic, sub.group, options,
+                                           consumer_id=self.member_id))
+        return [ShareRunner(sub, source, index=i, member_id=self.member_id, clock=self.clock,
+                            stats=self.stats) for i in range(sub.concurrency)]
 
     def _on_failure(self, failed: ServiceFailed) -> None:
         self.failure = failed

@@ -1,0 +1,586 @@
+"""The :class:`ShareConsumer`: acquire events of a share group, then ack, release, reject or renew them."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal
+
+import psycopg
+
+from ..consumer.reader import Start, check_start, event_of_row
+from ..consumer.wakeup import topic_wakeup
+from ..errors import InvalidArgument, TopicConflict, TopicNotFound
+from ..models import Event, Settlement, ShareOutcome
+from ..names import check_group, check_topic
+from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW
+
+if TYPE_CHECKING:
+    from ..client import Client
+
+#: Seconds an acquired event stays locked to its consumer unless acked, released or renewed.
+DEFAULT_LOCK_TIMEOUT = 30.0
+#: Deliveries of an event (each acquisition counts one) after which it goes to the dead-letter topic.
+DEFAULT_MAX_DELIVERIES = 5
+#: Rows a share group keeps at most per partition before its frontier stops (the bounded window of events
+#: in flight, released, delayed or waiting for their key); one poll may add a batch beyond it.
+DEFAULT_SHARE_WINDOW = 10_000
+#: The orderings of a share group: ``None`` (no order) or ``"key"``.
+ORDERINGS: tuple[str | None, ...] = (None, "key")
+#: Longest interval (seconds) between a busy consumer's searches for events whose lock expired (half the
+#: lock timeout when shorter; a consumer that finds nothing else searches at once).
+_EXPIRY_SCAN = 1.0
+#: Longest delay of a release (seconds): a day.
+_MAX_DELAY = 86_400.0
+
+Ordering = Literal["key"] | None
+_OUTCOMES = {"k": ShareOutcome.DONE, "e": ShareOutcome.EXPIRED, "o": ShareOutcome.LOST,
+             "d": ShareOutcome.DEAD_LETTERED}
+
+
+@dataclass(frozen=True)
+class ShareOptions:
+    """The options of :meth:`pgstreams.Client.share_consumer` with their defaults: ``start``
+    (``"earliest"``), ``lock_timeout`` (:data:`DEFAULT_LOCK_TIMEOUT`, 30 s), ``max_deliveries``
+    (:data:`DEFAULT_MAX_DELIVERIES`, 5), ``dead_letter`` (``True``: ``"<topic>.dlt"``; a topic name;
+    ``False``: none) and ``ordering`` (``None``; ``"key"``)."""
+
+    start: Start = "earliest"
+    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
+    max_deliveries: int = DEFAULT_MAX_DELIVERIES
+    dead_letter: bool | str = True
+    ordering: Ordering = None
+
+
+#: Every share-consumer option at its default: the one place their defaults come from.
+SHARE_DEFAULTS = ShareOptions()
+
+
+def _seconds(name: str, value: object, *, low: float, high: float = math.inf, low_ok: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
+    if value < low or (not low_ok and value == low) or value > high:
+        bound = f"{'at least' if low_ok else 'more than'} {low:g}" + (
+            f" and at most {high:g}" if high != math.inf else "")
+        raise InvalidArgument(f"{name} must be {bound} seconds, got {value!r}")
+    return float(value)
+
+
+def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= 100_000:
+        raise InvalidArgument(f"max_events must be an integer from 1 to 100000, got {max_events!r}")
+    return max_events, _seconds("timeout", timeout, low=0.0)
+
+
+def check_share_options(topic: str, options: ShareOptions) -> tuple[Start, float, int, str | None, Ordering]:
+    """Validate share-consumer options for ``topic``; return ``(start, lock_timeout, max_deliveries,
+    dead-letter topic or None, ordering)``."""
+    start = check_start(options.start)
+    lock = _seconds("lock_timeout", options.lock_timeout, low=0.0, high=_MAX_DELAY, low_ok=False)
+    if lock < 0.01:
+        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {options.lock_timeout!r}")
+    md = options.max_deliveries
+    if isinstance(md, bool) or not isinstance(md, int) or not 1 <= md <= 1_000_000:
+        raise InvalidArgument(f"max_deliveries must be an integer from 1 to 1000000, got {md!r}")
+    dl = options.dead_letter
+    dlt: str | None
+    if dl is True:
+        dlt = f"{topic}.dlt"
+    elif dl is False:
+        dlt = None
+    elif isinstance(dl, str):
+        dlt = dl
+    else:
+        raise InvalidArgument(f"dead_letter must be True, False or a topic name, not {dl!r}")
+    if dlt is not None:
+        check_topic(dlt)
+        if dlt == topic:
+            raise InvalidArgument(f"the dead-letter topic of {topic!r} cannot be the topic itself")
+    if options.ordering not in ORDERINGS:
+        raise InvalidArgument(f"ordering must be None or 'key', not {options.ordering!r}")
+    return start, lock, md, dlt, options.ordering
+
+
+def new_consumer_id() -> str:
+    """A consumer id: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class ShareConsumer:
+    """A consumer of share group ``group`` on ``topic``: competes with every other consumer of the group
+    for individual events of every partition. Create one with :meth:`pgstreams.Client.share_consumer`
+    (or :meth:`pgstreams.Client.queue`). Thread-safe.
+
+    :meth:`poll` acquires events, each locked to this consumer for ``lock_timeout`` seconds and carrying
+    its ``delivery_count``; then :meth:`ack` (done), :meth:`release` (delivered again, after a delay),
+    :meth:`reject` (never delivered again: to the dead-letter topic when there is one) or :meth:`renew`
+    (lock extended). An event whose lock expires becomes available again; once delivered
+    ``max_deliveries`` times it goes to the dead-letter topic instead (in one transaction with its removal
+    from the group). Settling an event whose lock expired, or that another consumer holds now, does
+    nothing and says so (:class:`pgstreams.ShareOutcome`): it never acks an event twice. Settle the
+    :class:`pgstreams.Event` objects :meth:`poll` returned: settling any other (an event of another topic,
+    group or consumer, or one already settled here) raises :class:`pgstreams.InvalidArgument` and changes
+    nothing.
+    """
+
+    def __init__(self, client: Client, topic: str, group: str, options: ShareOptions = SHARE_DEFAULTS, *,
+                 queue: bool = False, consumer_id: str | None = None) -> None:
+        check_topic(topic)
+        check_group(group)
+        if consumer_id is not None and (not isinstance(consumer_id, str) or not 0 < len(consumer_id) <= 200):
+            raise InvalidArgument(f"consumer_id must be a string of 1 to 200 characters, got {consumer_id!r}")
+        state = client.topic_state(topic, refresh=True)
+        start, lock, md, dlt, ordering = check_share_options(state.name, options)
+        self._client = client
+        self.topic = state.name
+        self.group = group
+        self.topic_id = state.id
+        self.partition_count = state.partitions
+        self.start: Start = start
+        self.lock_timeout = lock
+        self.max_deliveries = md
+        self.dead_letter: str | None = dlt
+        self.ordering: Ordering = ordering
+        self.consumer_id = consumer_id or new_consumer_id()
+        self.window = DEFAULT_SHARE_WINDOW
+        self._store = client.store.shares
+        # the events acquired and not settled, as poll returned them: only those very objects can be settled
+        # (an event of another group of the same topic has the same position and maybe delivery count)
+        self._held: dict[tuple[int, int], Event] = {}
+        # of those acquired in one go past the frontier: the first position of their shared batch row (a hint
+        # for settling them: a batch acked whole is one row deleted; a stale hint costs nothing)
+        self._batch: dict[tuple[int, int], int] = {}
+        self._members: dict[tuple[int, int], tuple[int, ...]] = {}  # (partition, first) -> its positions
+        self._lock = threading.Lock()
+        self._turn = 0
+        self._next_expiry_scan = 0.0
+        self._dlt_partitions: int | None = None
+        if dlt is not None:
+            self._ensure_dead_letter_topic(dlt)
+        try:
+            with client.connection() as conn:
+                with conn.transaction():
+                    self._store.upsert_group(conn, group, self.topic_id, queue=queue, lock_timeout=lock,
+                                             max_deliveries=md, dead_letter=dlt, ordering=ordering)
+                    self._init_partitions(conn)
+        except psycopg.errors.ForeignKeyViolation as exc:
+            raise TopicNotFound(f"topic {topic!r} was deleted") from exc
+
+    @staticmethod
+    def check(topic: str, group: str, options: ShareOptions) -> None:
+        """Validate names and options without touching the database (raises :class:`InvalidArgument`,
+        :class:`pgstreams.InvalidName`)."""
+        check_topic(topic)
+        check_group(group)
+        check_share_options(topic, options)
+
+    def __repr__(self) -> str:
+        return f"<pgstreams.ShareConsumer topic={self.topic!r} group={self.group!r} id={self.consumer_id!r}>"
+
+    def _ensure_dead_letter_topic(self, name: str) -> None:
+        try:
+            meta = self._client.topic_state(name)
+        except TopicNotFound:
+            try:
+                self._client.create_topic(name, self.partition_count)
+            except TopicConflict:
+                pass
+            meta = self._client.topic_state(name, refresh=True)
+        self._dlt_partitions = meta.partitions
+
+    def _init_partitions(self, conn: psycopg.Connection) -> None:
+        parts = list(range(self.partition_count))
+        missing = set(parts) - self._store.partitions(conn, self.group, self.topic_id)
+        if not missing:
+            return
+        events = self._client.store.events
+        if self.start == "earliest":
+            frontiers = dict.fromkeys(missing, 0)
+        else:
+            fences = events.fences(conn, self.topic_id, sorted(missing))
+            if self.start == "latest":
+                frontiers = {p: f - 1 for p, f in fences.items()}
+            else:
+                frontiers = events.time_cursors(conn, self.topic_id, fences, self.start)
+        self._store.init_partitions(conn, self.group, self.topic_id, frontiers)
+
+    @property
+    def client(self) -> Client:
+        """The client this consumer works through."""
+        return self._client
+
+    @property
+    def partitions(self) -> tuple[int, ...]:
+        """Every partition of the topic (a share consumer reads them all)."""
+        return tuple(range(self.partition_count))
+
+    def held(self) -> list[tuple[int, int, int]]:
+        """The events this consumer acquired and has not settled: ``(partition, position, delivery
+        count)``, sorted (their locks may have expired meanwhile)."""
+        with self._lock:
+            return sorted((p, pos, e.delivery_count) for (p, pos), e in self._held.items())
+
+    def holds(self, event: Event) -> bool:
+        """``event`` (an object :meth:`poll` returned) is acquired by this consumer and not settled yet."""
+        with self._lock:
+            return self._held.get((event.partition, event.position)) is event
+
+    # -- acquiring ---------------------------------------------------------------------------------------
+    def _next_turn(self, count: int) -> int:
+        """The partition (an index into the list polled) new events are looked for first: it rotates."""
+        with self._lock:
+            self._turn = (self._turn + 1) % max(1, count)
+            return self._turn
+
+    def acquire(self, max_events: int = 500, partitions: Sequence[int] | None = None) -> list[Event]:
+        """Acquire up to ``max_events`` events (default 500) of ``partitions`` (default all) now, without
+        waiting; events due for the dead-letter topic on the way are sent there first."""
+        now = time.monotonic()
+        expired = now >= self._next_expiry_scan
+        if expired:
+            self._next_expiry_scan = now + min(_EXPIRY_SCAN, self.lock_timeout / 2)
+        order = list(self.partitions if partitions is None else partitions)
+        turn = self._next_turn(len(order))
+        with self._client.connection() as conn:
+            rows = self._store.acquire(
+                conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
+                dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
+                window=self.window, expired=expired, turn=turn)
+            if not rows:
+                # nothing at hand: wait for a consumer advancing the first partition now (consumers of one
+                # partition take turns), and look for expired locks
+                rows = self._store.acquire(
+                    conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                    max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
+                    dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
+                    window=self.window, expired=True, turn=turn, wait=True)
+                if not rows and not expired:
+                    rows = self._store.acquire(
+                        conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                        max_events=max_events, lock_timeout=self.lock_timeout,
+                        max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
+                        ordered=self.ordering == "key", window=self.window, expired=True, turn=turn)
+        if not rows:
+            return []
+        acquired: list[Event] = []
+        doomed: list[Event] = []
+        batches: dict[tuple[int, int], int] = {}
+        members: dict[tuple[int, int], list[int]] = {}
+        removed = [(row[0], row[1]) for row in rows if row[4] is None]
+        if removed:  # retention removed these events before the group settled them
+            rows = [row for row in rows if row[4] is not None]
+            with self._client.connection() as conn:
+                self._store.forget(conn, self.group, self.topic_id, self.consumer_id, removed)
+        for row in rows:
+            ev = self._event(row)
+            if row[13] == "d":
+                doomed.append(ev)
+            else:
+                acquired.append(ev)
+                if row[14] is not None:
+                    batches[(ev.partition, ev.position)] = row[14]
+                    members.setdefault((ev.partition, row[14]), []).append(ev.position)
+        with self._lock:
+            for ev in acquired:
+                self._held[(ev.partition, ev.position)] = ev
+            self._batch.update(batches)
+            for k, ps in members.items():
+                self._members[k] = tuple(ps)
+        for ev in doomed:
+            self._dead_letter([ev], "DeliveryLimit",
+                              f"delivered {ev.delivery_count} times (max_deliveries {self.max_deliveries}); "
+                              "the last lock expired", too_often=True)
+        return acquired
+
+    def _event(self, row: Sequence[Any]) -> Event:
+        return event_of_row(self.topic, row, row[12])
+
+    def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Acquire up to ``max_events`` available events (default 500), waiting at most ``timeout`` seconds
+        (default 1.0) for the first; an empty list when none came. Each is locked to this consumer for
+        ``lock_timeout`` seconds and carries its ``delivery_count`` (1 on its first delivery). New events
+        wake the consumer through LISTEN/NOTIFY; it polls every ``poll_interval`` as a fallback (events
+        released, whose lock expired or whose delay passed are found by those polls)."""
+        max_events, timeout = _check_limits(max_events, timeout)
+        wake = topic_wakeup(self._client, self.topic_id)
+        wake.restart()
+        deadline = time.monotonic() + timeout
+        while True:
+            wake.mark()
+            got = self.acquire(max_events)
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            wake.wait(remaining)
+
+    # -- settling ----------------------------------------------------------------------------------------
+    def _mine(self, events: Iterable[Event] | Event) -> list[tuple[Event, int]]:
+        """The events with the delivery count they were acquired with; refuses events not held here."""
+        if isinstance(events, Event):
+            events = [events]
+        if isinstance(events, (str, bytes)) or not isinstance(events, Iterable):
+            raise InvalidArgument(f"events must be Event objects, not {type(events).__name__}")
+        out: list[tuple[Event, int]] = []
+        seen: set[tuple[int, int]] = set()
+        with self._lock:
+            for ev in events:
+                if not isinstance(ev, Event):
+                    raise InvalidArgument(f"events must be Event objects, not {type(ev).__name__}")
+                if ev.topic != self.topic:
+                    raise InvalidArgument(
+                        f"event {ev.topic}[{ev.partition}]@{ev.position} is of topic {ev.topic!r}, not of "
+                        f"{self.topic!r} (share group {self.group!r})")
+                k = (ev.partition, ev.position)
+                if self._held.get(k) is not ev:
+                    raise InvalidArgument(
+                        f"event {ev.topic}[{ev.partition}]@{ev.position} (delivery {ev.delivery_count}) is "
+                        f"not held by this consumer of share group {self.group!r}: acquired by another "
+                        "consumer or group, or already settled (pass the Event objects poll returned)")
+                if k not in seen:
+                    seen.add(k)
+                    out.append((ev, ev.delivery_count))
+        return out
+
+    def _forget(self, keys: Iterable[tuple[int, int]]) -> None:
+        with self._lock:
+            for k in keys:
+                self._held.pop(k, None)
+                first = self._batch.pop(k, None)
+                if first is not None:
+                    self._members.pop((k[0], first), None)
+
+    def _whole_batches(self, held: list[tuple[Event, int]]) -> dict[tuple[int, int], tuple[int, ...]]:
+        """The batch rows all of whose events are in ``held``."""
+        named: dict[tuple[int, int], set[int]] = {}
+        with self._lock:
+            for e, _ in held:
+                first = self._batch.get((e.partition, e.position))
+                if first is not None:
+                    named.setdefault((e.partition, first), set()).add(e.position)
+            return {k: self._members[k] for k, ps in named.items()
+                    if k in self._members and len(ps) == len(self._members[k])}
+
+    def _settle(self, action: str, held: list[tuple[Event, int]], conn: psycopg.Connection | None,
+                **kw: Any) -> dict[tuple[int, int], str]:
+        if not held:
+            return {}
+        if action == ACK:
+            whole = self._whole_batches(held)
+            if whole:
+                if conn is not None:
+                    acked = self._store.ack_batches(conn, self.group, self.topic_id, self.consumer_id, whole)
+                else:
+                    with self._client.connection() as c:
+                        acked = self._store.ack_batches(c, self.group, self.topic_id, self.consumer_id, whole)
+                done = {(p, pos) for (p, first) in acked for pos in whole[(p, first)]}
+                rest = [(e, d) for e, d in held if (e.partition, e.position) not in done]
+                codes = dict.fromkeys(done, "k")
+                if rest:
+                    codes.update(self._settle_each(action, rest, conn, **kw))
+                return codes
+        return self._settle_each(action, held, conn, **kw)
+
+    def _settle_each(self, action: str, held: list[tuple[Event, int]], conn: psycopg.Connection | None,
+                     **kw: Any) -> dict[tuple[int, int], str]:
+        with self._lock:
+            batch = self._batch
+            quads = [(e.partition, e.position, d, batch.get((e.partition, e.position))) for e, d in held]
+        if conn is not None:
+            return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, quads,
+                                      **kw)
+        with self._client.connection() as c:
+            return self._store.settle(c, self.group, self.topic_id, self.consumer_id, action, quads, **kw)
+
+    def _settlement(self, name: str, codes: dict[tuple[int, int], str], held: list[tuple[Event, int]],
+                    forget: bool = True) -> Settlement:
+        outcomes = {(e.partition, e.position): _OUTCOMES[codes[(e.partition, e.position)]] for e, _ in held}
+        if forget:
+            self._forget(outcomes)  # settled, expired or lost: this consumer holds none of them any more
+        return Settlement(name, outcomes)
+
+    def ack(self, events: Iterable[Event] | Event, *, conn: psycopg.Connection | None = None) -> Settlement:
+        """Mark ``events`` done: they are never delivered to this group again. Returns the outcome per
+        event (:class:`pgstreams.Settlement`): ``DONE``, or ``EXPIRED`` / ``LOST`` when the lock was no
+        longer held (nothing done: the event is delivered again or was settled by another acquisition).
+        ``conn``: ack inside that connection's open transaction (it takes effect when the caller commits;
+        :meth:`transaction` does this)."""
+        held = self._mine(events)
+        return self._settlement("ack", self._settle(ACK, held, conn), held)
+
+    def release(self, events: Iterable[Event] | Event, delay: float = 0.0, *,
+                error: BaseException | None = None) -> Settlement:
+        """Give ``events`` back: available to any consumer of the group again after ``delay`` seconds
+        (default 0). An event already delivered ``max_deliveries`` times goes to the dead-letter topic
+        instead (outcome ``DEAD_LETTERED``; dropped without one), with ``error`` (default none) as the
+        reason in its headers."""
+        d = _seconds("delay", delay, low=0.0, high=_MAX_DELAY)
+        held = self._mine(events)
+        codes = self._settle(RELEASE, held, None, delay=d, lock_timeout=self.lock_timeout,
+                             max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None)
+        doomed = [e for e, _ in held if codes[(e.partition, e.position)] == "d"]
+        if doomed and self.dead_letter is not None:
+            kind, msg = ("DeliveryLimit", "") if error is None else (type(error).__name__, str(error))
+            msg = msg or f"delivered {self.max_deliveries} times (max_deliveries {self.max_deliveries})"
+            sent = self._dead_letter(doomed, kind, msg, too_often=True)
+            for e in doomed:
+                if (e.partition, e.position) not in sent:
+                    codes[(e.partition, e.position)] = "o"
+        return self._settlement("release", codes, held)
+
+    def renew(self, events: Iterable[Event] | Event) -> Settlement:
+        """Extend the locks of ``events`` by ``lock_timeout`` seconds from now (those still held)."""
+        held = self._mine(events)
+        codes = self._settle(RENEW, held, None, lock_timeout=self.lock_timeout)
+        return self._settlement("renew", codes, held, forget=False)
+
+    def reject(self, events: Iterable[Event] | Event, reason: str | None = None, *,
+               conn: psycopg.Connection | None = None) -> Settlement:
+        """Mark ``events`` as never to be delivered again: each goes to the dead-letter topic (when the
+        group has one) in the same transaction, with ``reason`` (default none) in its headers. ``conn``:
+        inside that connection's open transaction (default: a transaction of its own)."""
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidArgument(f"reason must be a string or None, not {type(reason).__name__}")
+        held = self._mine(events)
+        if conn is not None:
+            return self._reject(conn, held, reason)
+        with self._client.connection() as c:
+            with c.transaction():
+                return self._reject(c, held, reason)
+
+    def _reject(self, conn: psycopg.Connection, held: list[tuple[Event, int]], reason: str | None
+                ) -> Settlement:
+        by_key = {(e.partition, e.position): e for e, _ in held}
+        with conn.transaction():
+            codes = self._settle(REJECT, held, conn)
+            done = [by_key[k] for k, c in codes.items() if c == "k"]
+            self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer",
+                                       rejected=True)
+        return self._settlement("reject", codes, held)
+
+    # -- dead letters ------------------------------------------------------------------------------------
+    def _dead_letter(self, events: list[Event], kind: str, message: str, *, too_often: bool
+                     ) -> set[tuple[int, int]]:
+        """Finish the dead-letter claims of ``events``: publish their copies and remove them from the
+        group in one transaction; return those this consumer sent (a claim taken over by another consumer
+        is theirs)."""
+        claims = [(e.partition, e.position, e.delivery_count, None) for e in events]
+        by_key = {(e.partition, e.position): e for e in events}
+        with self._client.connection() as conn:
+            with conn.transaction():
+                codes = self._store.settle(conn, self.group, self.topic_id, self.consumer_id,
+                                           FINISH_DEAD_LETTER, claims)
+                done = [by_key[k] for k, c in codes.items() if c == "k"]
+                self._publish_dead_letters(conn, done, kind, message, too_often=too_often)
+        return {(e.partition, e.position) for e in done}
+
+    def _publish_dead_letters(self, conn: psycopg.Connection, events: list[Event], kind: str, message: str,
+                              *, too_often: bool = False, rejected: bool = False) -> None:
+        from ..worker.deadletter import share_dead_letter_headers
+
+        now = datetime.now(timezone.utc)
+        counts: dict[int, int] = {}
+        for ev in events:
+            counts[ev.partition] = counts.get(ev.partition, 0) + 1
+            if self.dead_letter is None:
+                continue
+            headers = share_dead_letter_headers(ev, group=self.group, kind=kind, message=message,
+                                                member_id=self.consumer_id, failed_at=now)
+            same = self._dlt_partitions == self.partition_count
+            self._client.publish(self.dead_letter, ev.value, key=ev.key, headers=headers,
+                                 partition=ev.partition if same else None, event_type=ev.event_type,
+                                 correlation_id=ev.correlation_id, causation_id=ev.causation_id, conn=conn)
+        sent = self.dead_letter is not None
+        for p, n in counts.items():
+            self._store.count(conn, self.group, self.topic_id, p, too_often=n if too_often else 0,
+                              rejected=n if rejected else 0, dead_lettered=n if sent else 0)
+
+    # -- exactly-once ------------------------------------------------------------------------------------
+    @contextmanager
+    def transaction(self) -> Iterator[ShareTransaction]:
+        """Poll, handle and ack in one PostgreSQL transaction.
+
+        Yields a :class:`ShareTransaction` with ``.poll(...)`` and ``.connection``. Events are acquired
+        at once (each acquisition counts a delivery, whatever becomes of the transaction); leaving the block
+        normally acks every event polled in it in the transaction of the handler's writes on
+        ``.connection`` and commits both, but only if every ack is ``DONE``: if a lock expired or was taken
+        over meanwhile, everything is rolled back (:attr:`ShareTransaction.settlement` says which) and the
+        events are delivered again. An exception rolls back the writes, releases the events (available at
+        once) and propagates.
+        """
+        with self._client.connection() as conn:
+            tx = ShareTransaction(self, conn)
+            try:
+                with conn.transaction():
+                    yield tx
+                    if tx.events:
+                        held = self._mine(tx.events)
+                        codes = self._settle(ACK, held, conn)
+                        tx.settlement = self._settlement("ack", codes, held, forget=False)
+                        if not tx.settlement.ok:
+                            raise _RollBack
+                if tx.settlement is not None:
+                    self._forget(tx.settlement.outcomes)
+            except _RollBack:
+                # the acks that took effect were rolled back with the writes: those events are still held
+                # here, give them back at once; the others are no longer this consumer's
+                assert tx.settlement is not None
+                self._forget(tx.settlement.failed())
+                again = [e for e in tx.events if tx.settlement.outcome(e).ok]
+                if again:
+                    try:
+                        self.release(again)
+                    except psycopg.Error:
+                        pass  # their locks expire
+            except BaseException:
+                if tx.events and not conn.broken:
+                    try:
+                        self.release([e for e in tx.events if (e.partition, e.position) in self._held])
+                    except psycopg.Error:
+                        pass  # the locks expire
+                raise
+
+
+class _RollBack(Exception):
+    """Leaves a transaction block with a rollback."""
+
+
+class ShareTransaction:
+    """The handle of :meth:`ShareConsumer.transaction`: ``connection`` is in the open transaction;
+    ``events`` are those polled in it; ``settlement`` is set when the block ends (``None`` before, or when
+    nothing was polled)."""
+
+    def __init__(self, consumer: ShareConsumer, conn: psycopg.Connection) -> None:
+        self._consumer = consumer
+        self.connection = conn
+        self.events: list[Event] = []
+        self.settlement: Settlement | None = None
+
+    @property
+    def committed(self) -> bool:
+        """The block ended and its writes and acks were committed (or nothing was polled)."""
+        return self.settlement is None or self.settlement.ok
+
+    def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
+        """Like :meth:`ShareConsumer.poll` (``max_events`` default 500, ``timeout`` default 1.0 s); the
+        events are acked with the transaction."""
+        got = self._consumer.poll(max_events, timeout)
+        self.events.extend(got)
+        return got
+
+    def reject(self, events: Sequence[Event], reason: str | None = None) -> Settlement:
+        """Reject ``events`` (polled in this transaction) in the transaction (see
+        :meth:`ShareConsumer.reject`): they are not acked at its end, and their rejection is kept only
+        if it commits."""
+        out = self._consumer.reject(events, reason, conn=self.connection)
+        gone = {(e.partition, e.position) for e in events}
+        self.events = [e for e in self.events if (e.partition, e.position) not in gone]
+        return out

@@ -1,0 +1,117 @@
+"""Workers on share groups: concurrency, at-least-once and transactional modes, retries by release with
+backoff, dead letters after max_attempts deliveries, and the source protocol."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import psycopg
+import pytest
+
+import pgstreams
+from _core_helpers import running, until
+from pgstreams.worker.shares import ShareSource
+
+
+def handled_count(client: pgstreams.Client) -> int:
+    with client.connection() as conn:
+        row = conn.execute("SELECT count(*) FROM out").fetchone()
+    return int(row[0]) if row else 0
+
+
+@pytest.mark.parametrize("mode", ["at-least-once", "transactional"])
+def test_a_share_worker_runs_concurrent_handlers_on_one_partition(client: pgstreams.Client,
+                                                                  mode: str) -> None:
+    client.create_topic("t", 1)
+    with client.connection() as conn:
+        conn.execute("CREATE TABLE out (position bigint PRIMARY KEY)")
+    client.publish_many("t", [{"value": i} for i in range(200)])
+    running_now = {"n": 0, "peak": 0}
+    gate = threading.Lock()
+    peak_reached = threading.Event()
+
+    def handle(ev: pgstreams.Event, conn: psycopg.Connection | None = None) -> None:
+        with gate:
+            running_now["n"] += 1
+            running_now["peak"] = max(running_now["peak"], running_now["n"])
+            if running_now["peak"] >= 3:
+                peak_reached.set()
+        peak_reached.wait(0.05)  # let the other handlers start (the test is about them running at once)
+        if conn is not None:
+            conn.execute("INSERT INTO out VALUES (%s)", (ev.position,))
+        else:
+            with client.connection() as c:
+                c.execute("INSERT INTO out VALUES (%s) ON CONFLICT DO NOTHING", (ev.position,))
+        with gate:
+            running_now["n"] -= 1
+
+    handler = handle if mode == "transactional" else (lambda ev: handle(ev))
+    worker = pgstreams.Worker(client, install_signal_handlers=False)
+    worker.subscribe("t", "g", handler, share=True, concurrency=4, mode=mode,  # type: ignore[arg-type]
+                     max_events=10)
+    with running(worker):
+        until(lambda: handled_count(client) == 200, 60, "200 events handled")
+    assert running_now["peak"] >= 3
+    [st] = client.describe_share_group("g")
+    assert (st.acquired, st.available) == (0, 0)
+    assert client.store.shares.state_rows("g", client.topic_record("t").id) == 0
+
+
+def test_a_failing_event_is_retried_with_backoff_then_dead_lettered_while_others_go_on(
+        client: pgstreams.Client) -> None:
+    client.create_topic("t", 1)
+    client.publish_many("t", [{"value": i} for i in range(20)])
+    seen: list[tuple[int, int]] = []
+    done: set[int] = set()
+
+    def handle(ev: pgstreams.Event) -> None:
+        seen.append((ev.value, ev.delivery_count))
+        if ev.value == 3:
+            raise ValueError("three")
+        done.add(ev.value)
+
+    worker = pgstreams.Worker(client, install_signal_handlers=False)
+    worker.subscribe("t", "g", handle, share=True, retry=pgstreams.RetryPolicy(max_attempts=3, backoff=0.05))
+    with running(worker):
+        until(lambda: len(done) == 19, 30, "the other events handled")
+        until(lambda: sum(s.dead_lettered for s in client.describe_share_group("g")) == 1, 30,
+              "the failing event dead-lettered")
+    assert [d for v, d in seen if v == 3] == [1, 2, 3]
+    [copy] = pgstreams.Consumer(client, "t.dlt", "x").poll(10, 2)
+    assert copy.value == 3 and copy.headers["dlt.deliveries"] == "3"
+    assert copy.headers["dlt.error_type"] == "ValueError" and copy.headers["dlt.error_message"] == "three"
+    assert worker.stats.dead_lettered == 1
+
+
+def test_share_subscription_options_are_checked(client: pgstreams.Client) -> None:
+    client.create_topic("t")
+    worker = pgstreams.Worker(client, install_signal_handlers=False)
+    with pytest.raises(pgstreams.InvalidArgument, match="concurrency"):
+        worker.subscribe("t", "g", print, concurrency=2)
+    with pytest.raises(pgstreams.InvalidArgument, match="concurrency"):
+        worker.subscribe("t", "g", print, share=True, concurrency=0)
+    with pytest.raises(pgstreams.InvalidArgument, match="partitions"):
+        worker.subscribe("t", "g", print, share=True, partitions=[0])
+    with pytest.raises(pgstreams.InvalidArgument, match="share"):
+        worker.subscribe("t", "g", print, share="yes")  # type: ignore[arg-type]
+
+
+def test_the_share_source_implements_the_source_protocol(client: pgstreams.Client) -> None:
+    client.create_topic("t", 2)
+    client.publish_many("t", [{"value": i} for i in range(4)])
+    source = ShareSource(client.share_consumer("t", "g"))
+    assert source.partitions == (0, 1) and source.sync() is None and not source.changed()
+    assert source.owns({0, 1})
+    got = source.fetch(10, {0, 1})  # new events of one partition per fetch (partitions rotate)
+    got += source.fetch(10, {0, 1})
+    assert sorted(e.value for e in got) == [0, 1, 2, 3]
+    assert source.commit(got[:2]).ok
+    with source.transaction() as tx:
+        assert source.commit(got[2:3], tx).ok
+    source.release(got[3:])
+    again = source.fetch(10, {0, 1})
+    assert [e.position for e in again] == [got[3].position] and again[0].delivery_count == 2
+    t0 = time.monotonic()
+    source.idle(lambda: False)
+    assert time.monotonic() - t0 >= client.poll_interval * 0.9

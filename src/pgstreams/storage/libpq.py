@@ -118,7 +118,10 @@ class Direct:
         s = self._session(conn)
         if st.name not in s.prepared:
             res = conn.pgconn.prepare(st.name, st.text, types)
-            if res.status != pq.ExecStatus.COMMAND_OK:
+            # a statement of that name exists already (this registry lost track of it): names are hashes
+            # of the statements' text, so it is this very statement
+            if res.status != pq.ExecStatus.COMMAND_OK and res.error_field(
+                    pq.DiagnosticField.SQLSTATE) != b"42P05":
                 raise psycopg.errors.error_from_result(res, encoding=s.encoding)
             s.prepared.add(st.name)
         return s.encoding

@@ -375,8 +375,7 @@ class StreamReader:
         storage, client = self._storage, self.client
 
         def read() -> tuple[list[Row], list[tuple[int, ...]]]:
-            with client.connection() as c:
-                return storage.poll(c, params)
+            return client.run(lambda c: storage.poll(c, params))
 
         self._ahead = (params, self._ahead_pool.submit(read))
 
@@ -410,9 +409,8 @@ class StreamReader:
         deadline = time.monotonic() + timeout
         while True:
             wakeup.mark()
-            if conn is None:
-                with client.connection() as c:
-                    got = self.fetch_rows(c, max_events)
+            if conn is None:  # retried on a fresh connection if it broke (the cursors move after a read)
+                got = client.run(lambda c: self.fetch_rows(c, max_events))
                 if len(got[0]) == max_events:  # a backlog: read on while the caller works
                     self._read_ahead(max_events)
             else:
@@ -530,8 +528,7 @@ def create_checkpoints(client: Client, topic: str, group: str, *, start: Start =
     checkpoints."""
     reader = StreamReader(client, topic, group, start=start, partitions=partitions)
     try:
-        with client.connection() as conn:
-            reader.create_checkpoints(conn)
+        client.run(reader.create_checkpoints)
     except _GONE as exc:
         raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
     return reader

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .client import DEFAULT_SEGMENT_SIZE, Client, connect
+from .client import DEFAULT_RETRY_TIMEOUT, DEFAULT_SEGMENT_SIZE, Client, connect
 from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
     ConfigurationError,
+    ConnectionLost,
     DataLoss,
     GroupActive,
     GroupNotFound,
@@ -19,6 +20,7 @@ from .errors import (
     InvalidName,
     MessageTooLarge,
     MigrationError,
+    PermissionDenied,
     PgStreamsError,
     TopicConflict,
     TopicNotFound,
@@ -112,6 +114,7 @@ __all__ = [
     "DEFAULT_LOCK_TIMEOUT",
     "DEFAULT_MAINTENANCE_INTERVAL",
     "DEFAULT_MAX_DELIVERIES",
+    "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
     "MAX_PARTITIONS",
@@ -124,6 +127,7 @@ __all__ = [
     "CommitOutcome",
     "ConfigEntry",
     "ConfigurationError",
+    "ConnectionLost",
     "Consumer",
     "ConsumerTransaction",
     "DataLoss",
@@ -149,6 +153,7 @@ __all__ = [
     "PartitionInfo",
     "PartitionStats",
     "PartitionStatus",
+    "PermissionDenied",
     "PgStreamsError",
     "PublishResult",
     "ReplayResult",

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -20,9 +20,11 @@ from psycopg_pool import ConnectionPool
 from . import topicconfig
 from .errors import (
     ConfigurationError,
+    ConnectionLost,
     InvalidArgument,
     InvalidConfig,
     MigrationError,
+    PermissionDenied,
     TopicConflict,
     TopicNotFound,
 )
@@ -44,6 +46,7 @@ from .models import (
 )
 from .names import check_group, check_partitions, check_schema, check_topic
 from .producer import Producer, TopicState
+from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, server_label
 from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
 from .shares.consumer import Ordering as ShareOrdering
 from .storage import CORE, Store, TopicRecord
@@ -53,8 +56,27 @@ if TYPE_CHECKING:
     from .consumer import Consumer, Start
 
 
-__all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_SCHEMA", "DEFAULT_SEGMENT_SIZE", "Client",
-           "connect", "resolve_dsn"]
+__all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_RETRY_TIMEOUT", "DEFAULT_SCHEMA",
+           "DEFAULT_SEGMENT_SIZE", "Client", "connect", "resolve_dsn"]
+
+T = TypeVar("T")
+
+#: The privileges :meth:`Client.grant` gives (see ``0011_roles.sql``).
+PRIVILEGES = ("produce", "consume", "admin")
+
+
+@contextmanager
+def denied(action: str) -> Iterator[None]:
+    """Turn PostgreSQL's refusal (SQLSTATE 42501) of the block into :class:`PermissionDenied` naming
+    ``action`` and PostgreSQL's object."""
+    try:
+        yield
+    except psycopg.errors.InsufficientPrivilege as exc:
+        detail = (exc.diag.message_primary or str(exc)).strip()
+        raise PermissionDenied(f"permission denied to {action} ({detail})") from None
+    except PermissionDenied as exc:
+        detail = str(exc).removeprefix("permission denied: ")
+        raise PermissionDenied(f"permission denied to {action} ({detail})") from None
 
 #: The schema holding every pgstreams table unless ``connect(schema=...)`` says otherwise.
 DEFAULT_SCHEMA = "pgstreams"
@@ -69,13 +91,21 @@ DELAY_HEADER = "pgstreams.delay"
 #: Longest publish delay (seconds): a year.
 MAX_PUBLISH_DELAY = 365 * 86_400.0
 
+#: libpq's environment variables that name a server (with them, an empty DSN connects there).
+LIBPQ_SERVER_VARIABLES = ("PGSERVICE", "PGHOST", "PGHOSTADDR", "PGDATABASE")
+
+
 def resolve_dsn(dsn: str | None) -> str:
-    """The DSN to use: ``dsn``, else ``$PGSTREAMS_DSN``, else the embedded server's."""
+    """The DSN to use: ``dsn``, else ``$PGSTREAMS_DSN``, else libpq's own environment when it names a
+    server (``PGSERVICE`` with the service file, ``PGHOST``, ``PGHOSTADDR``, ``PGDATABASE``; the password
+    may come from ``PGPASSWORD`` or ``PGPASSFILE``), else the embedded server's."""
     if dsn:
         return dsn
     env = os.environ.get("PGSTREAMS_DSN")
     if env:
         return env
+    if any(os.environ.get(v) for v in LIBPQ_SERVER_VARIABLES):
+        return " "  # an empty conninfo: libpq reads its environment and service file
     from .embedded import embedded_dsn
 
     return embedded_dsn()
@@ -88,25 +118,32 @@ def connect(
     migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
 ) -> Client:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager).
 
-    ``dsn`` defaults to ``$PGSTREAMS_DSN``, else an embedded PostgreSQL started on demand (see
+    ``dsn`` defaults to ``$PGSTREAMS_DSN``, else libpq's environment when it names a server
+    (``PGSERVICE``, ``PGHOST``, ...), else an embedded PostgreSQL started on demand (see
     :mod:`pgstreams.embedded`). ``schema`` (default ``"pgstreams"``) holds every table. ``migrate``
     (default true) applies pending migrations. ``pool_size`` (default 10) bounds the connection pool.
     ``poll_interval`` (default 0.25 s) is how often waiting consumers poll when no notification arrives.
+    ``retry_timeout`` (default :data:`DEFAULT_RETRY_TIMEOUT`, 30 s; 0 turns retrying off): how long a
+    publish, poll, commit or other call keeps being retried on fresh connections after the connection
+    broke or the server restarted, before it raises :class:`pgstreams.ConnectionLost` (see
+    :mod:`pgstreams.reconnect`).
     """
-    _check_options(schema, migrate, pool_size, poll_interval)
+    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
     if dsn is not None and not isinstance(dsn, str):
         raise InvalidArgument(f"dsn must be a string, not {type(dsn).__name__}")
     if dsn is not None and not dsn.strip():
         # an empty DSN would silently fall back to $PGSTREAMS_DSN or the embedded server
         raise InvalidArgument("dsn must not be empty (None uses $PGSTREAMS_DSN or the embedded server)")
     return Client(resolve_dsn(dsn), schema=schema, migrate=migrate, pool_size=pool_size,
-                  poll_interval=float(poll_interval))
+                  poll_interval=float(poll_interval), retry_timeout=float(retry_timeout))
 
 
-def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object) -> None:
+def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object,
+                   retry_timeout: object = DEFAULT_RETRY_TIMEOUT) -> None:
     """Validate the options of :func:`connect` and :class:`Client` before anything is connected."""
     check_schema(schema)
     if not isinstance(migrate, bool):  # migrate="no" would be truthy and migrate
@@ -116,6 +153,20 @@ def _check_options(schema: object, migrate: object, pool_size: object, poll_inte
     if (isinstance(poll_interval, bool) or not isinstance(poll_interval, (int, float))
             or not 0 < poll_interval < math.inf):
         raise InvalidArgument(f"poll_interval must be a positive number, got {poll_interval!r}")
+    if (isinstance(retry_timeout, bool) or not isinstance(retry_timeout, (int, float))
+            or not 0 <= retry_timeout < math.inf):
+        raise InvalidArgument(f"retry_timeout must be a number of seconds >= 0, got {retry_timeout!r}")
+
+
+@contextmanager
+def _grant_errors(role: str, topic: str | None) -> Iterator[None]:
+    """A missing role or topic of a grant as :class:`InvalidArgument` / :class:`TopicNotFound`."""
+    try:
+        yield
+    except psycopg.errors.UndefinedObject:
+        raise InvalidArgument(f"role {role!r} does not exist (CREATE ROLE it first)") from None
+    except psycopg.errors.NoDataFound:
+        raise TopicNotFound(f"topic {topic!r} does not exist") from None
 
 
 class Client:
@@ -124,7 +175,7 @@ class Client:
 
     Prefer :func:`connect`, which resolves the DSN and validates arguments. The arguments and their
     defaults are those of :func:`connect` (``schema="pgstreams"``, ``migrate=True``, ``pool_size=10``,
-    ``poll_interval=0.25``), except that ``dsn`` is required.
+    ``poll_interval=0.25``, ``retry_timeout=30``), except that ``dsn`` is required.
 
     ``store`` is the storage layer of the client's schema (:class:`pgstreams.storage.Store`), for
     pgstreams' own modules and extensions.
@@ -133,18 +184,23 @@ class Client:
     def __init__(
         self, dsn: str, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
     ) -> None:
-        if not isinstance(dsn, str) or not dsn.strip():
-            raise InvalidArgument(f"dsn must be a non-empty string, not {dsn!r}")
-        _check_options(schema, migrate, pool_size, poll_interval)
-        self.dsn = dsn
+        if not isinstance(dsn, str) or not dsn:
+            raise InvalidArgument("dsn must be a non-empty string")
+        _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+        self._dsn = dsn
         self.schema = schema
         self.poll_interval = float(poll_interval)
+        self.retry_timeout = float(retry_timeout)
+        #: the server as ``user@host:port/dbname``, never with a password
+        self.server = server_label(dsn)
         try:
             probe = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
         except psycopg.Error as exc:
-            raise ConfigurationError(f"cannot connect to PostgreSQL: {str(exc).strip()}") from exc
-        with probe:
+            raise ConfigurationError(
+                f"cannot connect to PostgreSQL at {self.server}: {redact(str(exc).strip(), dsn)}") from None
+        with probe, denied(f"use schema {schema!r} (see pgstreams grant)"):
             if migrate:
                 CORE.migrate(probe, schema)
             else:
@@ -152,28 +208,112 @@ class Client:
                 if pending:
                     raise MigrationError(
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
-        self._pool = ConnectionPool(
-            dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams"
-        )
-        self.store = Store(self._pool, schema)
+            self._pool = ConnectionPool(
+                dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams",
+                timeout=max(self.retry_timeout, 1.0),
+            )
+            self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
+            self.store = Store(self._pool, schema, self.retry)
+            #: this client's producer id (see :mod:`pgstreams.producer`)
+            self.producer_id = self.store.events.new_producer_id(probe)
         self._topics: dict[str, TopicState] = {}
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema), self.raw_connection)
+                                  channel(schema), self.raw_connection, self.producer_id, self.retry)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
+    @property
+    def dsn(self) -> str:
+        """The DSN the client connects with (it may hold a password: never print it; see :attr:`server`)."""
+        return self._dsn
+
     def raw_connection(self) -> psycopg.Connection:
         """A new autocommit connection of the client's own, outside the pool (the caller closes it)."""
-        return psycopg.connect(self.dsn, autocommit=True)
+        return psycopg.connect(self._dsn, autocommit=True)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:
-        """Borrow a pooled autocommit connection (for ad-hoc SQL on the same database)."""
-        with self._pool.connection() as conn:
+        """Borrow a pooled autocommit connection (for ad-hoc SQL on the same database). Waiting for one
+        is bounded by ``retry_timeout``; the body is not retried (see :meth:`run`)."""
+        try:
+            cm = self._pool.connection()
+            conn = cm.__enter__()
+        except Exception as exc:
+            if retriable(exc):
+                raise self.retry.lost(exc) from exc
+            raise
+        try:
             yield conn
+        except BaseException as exc:
+            if not cm.__exit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            cm.__exit__(None, None, None)
+
+    def run(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn(conn)`` on a pooled autocommit connection; if it fails because the connection broke or the
+        server restarted, run again on a fresh one until ``retry_timeout`` passes (then
+        :class:`ConnectionLost`). ``fn`` must be safe to run again."""
+        try:
+            return self.retry.pooled(fn)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            detail = (exc.diag.message_primary or str(exc)).strip()
+            raise PermissionDenied(f"permission denied: {detail}") from None
+        except Exception as exc:
+            if retriable(exc) and not isinstance(exc, ConnectionLost):
+                raise self.retry.lost(exc) from exc
+            raise
+
+    # -- roles ---------------------------------------------------------------------------------------
+    def grant(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,
+              topics: Iterable[str] = (), admin: bool = False) -> None:
+        """Grant PostgreSQL role ``role`` (which must exist) the right to publish to the ``produce`` topics,
+        to read ``topics`` and store checkpoints, leases and losses as group ``consume``, and/or (``admin``)
+        to do everything (create, alter and delete topics, reset and delete groups, maintenance). Defaults:
+        nothing of each. Enforced by PostgreSQL (grants, row-level security; see docs/security.md), not by
+        the client. Needs the admin right itself. All or nothing."""
+        for privilege, topic, group in self._grants(role, produce, consume, topics, admin):
+            with denied(f"grant {privilege} rights to role {role!r}"), _grant_errors(role, topic):
+                self.store.operations.grant(role, privilege, topic, group)
+
+    def revoke(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,
+               topics: Iterable[str] = (), admin: bool = False) -> int:
+        """Take back what :meth:`grant` gave (same arguments; ``consume`` without ``topics``: on every
+        topic). Returns how many grants were revoked."""
+        n = 0
+        for privilege, topic, group in self._grants(role, produce, consume, topics, admin, revoking=True):
+            with denied(f"revoke {privilege} rights of role {role!r}"), _grant_errors(role, topic):
+                n += self.store.operations.revoke(role, privilege, topic, group)
+        return n
+
+    @staticmethod
+    def _grants(role: object, produce: Iterable[str], consume: object, topics: Iterable[str], admin: object,
+                revoking: bool = False) -> list[tuple[str, str | None, str | None]]:
+        if not isinstance(role, str) or not 0 < len(role.encode("utf-8", "surrogatepass")) <= 63 or (
+                "\x00" in role):
+            raise InvalidArgument(f"role must be a PostgreSQL role name (1 to 63 bytes), got {role!r}")
+        if not isinstance(admin, bool):
+            raise InvalidArgument(f"admin must be True or False, not {admin!r}")
+        produce = [produce] if isinstance(produce, str) else list(produce)
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        for t in produce + topics:
+            check_topic(t)
+        out: list[tuple[str, str | None, str | None]] = [("produce", t, None) for t in produce]
+        if consume is not None:
+            check_group(consume)
+            if not topics and not revoking:
+                raise InvalidArgument("consume needs the topics the group reads (topics=[...] / --topic)")
+            out += [("consume", t, str(consume)) for t in topics] or [("consume", None, str(consume))]
+        elif topics:
+            raise InvalidArgument("topics are the topics of a consume grant: give the group too")
+        if admin:
+            out.append(("admin", None, None))
+        if not out:
+            raise InvalidArgument("nothing to grant: give produce topics, a consume group or admin")
+        return out
 
     def close(self) -> None:
         """Close the pool and background threads. Idempotent."""
@@ -192,7 +332,7 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<pgstreams.Client schema={self.schema!r}>"
+        return f"<pgstreams.Client server={self.server!r} schema={self.schema!r}>"
 
     def topic_state(self, name: str, *, refresh: bool = False, conn: psycopg.Connection | None = None
                     ) -> TopicState:
@@ -248,7 +388,8 @@ class Client:
             if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
                 raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
             segment_size = events
-        self.store.topics.create(name, partitions, segment_size, settings)
+        with denied(f"create topic {name!r}"):
+            self.store.topics.create(name, partitions, segment_size, settings)
         info = self._info(name)
         if info.partitions != partitions:
             raise TopicConflict(
@@ -296,7 +437,8 @@ class Client:
                 raise InvalidArgument(f"partitions: topic {name!r} has {current.partitions} partitions; "
                                       "decreasing is not possible")
         try:
-            done = self.store.operations.alter_topic(name, settings, deleted, partitions)
+            with denied(f"alter topic {name!r}"):
+                done = self.store.operations.alter_topic(name, settings, deleted, partitions)
         except ValueError as exc:
             raise InvalidArgument(f"partitions: {exc}") from None
         if done is None:
@@ -398,7 +540,9 @@ class Client:
     def delete_topic(self, name: str) -> None:
         """Delete a topic, its events and every group checkpoint on it. Raises :class:`TopicNotFound`."""
         check_topic(name)
-        if not self.store.topics.delete(name):
+        with denied(f"delete topic {name!r}"):
+            gone = self.store.topics.delete(name)
+        if not gone:
             raise TopicNotFound(f"topic {name!r} does not exist")
         self._forget(name)
 
@@ -447,8 +591,12 @@ class Client:
             if headers is not None and not isinstance(headers, Mapping):
                 raise InvalidArgument(f"headers must be a mapping of strings, not {type(headers).__name__}")
             headers = {**(headers or {}), DELAY_HEADER: f"{delay:.6f}"}
-        return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
-                                              correlation_id, causation_id), conn, notify)
+        try:
+            return self._producer.publish(topic, (value, key, headers, partition, event_type, event_id,
+                                                  correlation_id, causation_id), conn, notify)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise PermissionDenied(f"permission denied to publish to topic {topic!r} "
+                                   f"({(exc.diag.message_primary or '').strip()})") from None
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish events in one transaction with COPY: all or none. Returns the number stored.
@@ -457,7 +605,8 @@ class Client:
         Events whose ``event_id`` the topic already holds (or that repeat one earlier in the batch) are
         not stored and not counted.
         """
-        return self._producer.publish_many(topic, events)
+        with denied(f"publish to topic {topic!r}"):
+            return self._producer.publish_many(topic, events)
 
     # -- consuming -----------------------------------------------------------------------------------
     def consumer(self, topic: str, group: str, *, start: Start = "earliest") -> Consumer:
@@ -472,7 +621,8 @@ class Client:
         """
         from .consumer import Consumer, create_checkpoints
 
-        reader = create_checkpoints(self, topic, group, start=start)
+        with denied(f"consume topic {topic!r} as group {group!r}"):
+            reader = create_checkpoints(self, topic, group, start=start)
         return Consumer.of(reader)
 
     # -- groups --------------------------------------------------------------------------------------
@@ -580,9 +730,10 @@ class Client:
         Returns each partition's checkpoint before and after."""
         from .admin import reset_group
 
-        return reset_group(self, group, topic, to_earliest=to_earliest, to_latest=to_latest,
+        with denied(f"reset group {group!r} on topic {topic!r}"):
+            return reset_group(self, group, topic, to_earliest=to_earliest, to_latest=to_latest,
                            to_datetime=to_datetime, shift_by=shift_by, to_position=to_position,
-                           partition=partition, dry_run=dry_run)
+                               partition=partition, dry_run=dry_run)
 
     def delete_group(self, group: str, topic: str | None = None) -> int:
         """Delete ``group``'s checkpoints, leases, losses and (without ``topic``) configuration, on ``topic``
@@ -590,7 +741,8 @@ class Client:
         ``GroupNotFound`` when it has no checkpoints there. Returns the number of checkpoints deleted."""
         from .admin import delete_group
 
-        return delete_group(self, group, topic)
+        with denied(f"delete group {group!r}"):
+            return delete_group(self, group, topic)
 
     def replay_dead_letters(self, dlt_topic: str, *, to: str | None = None, group: str | None = None,
                             where_error_type: str | None = None, dry_run: bool = False,

@@ -74,12 +74,45 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
     return uri
 
 
+class TemporaryServer:
+    """A throw-away PostgreSQL of :func:`restartable_server`: :attr:`dsn` of its ``postgres`` database,
+    and :meth:`stop`, :meth:`start` and :meth:`restart` (same port and data)."""
+
+    def __init__(self, commands: Any, data: Path, log: Path, options: str, user: str | None, dsn: str
+                 ) -> None:
+        self._commands = commands
+        self._data = data
+        self._log = log
+        self._options = options
+        self._user = user
+        self.dsn = dsn
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        self._commands.pg_ctl(["-w", "-o", self._options, "-l", str(self._log), "start"], pgdata=self._data,
+                              user=self._user, timeout=60)
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server: ``mode`` ``"fast"`` (default: sessions are ended, the server shuts down
+        cleanly) or ``"immediate"`` (no shutdown checkpoint: crash recovery at the next start)."""
+        if mode not in ("fast", "immediate", "smart"):
+            raise ValueError(f"unknown shutdown mode {mode!r}")
+        self._commands.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self._data, user=self._user, timeout=60)
+
+    def restart(self, mode: str = "fast", down: float = 0.0) -> None:
+        """:meth:`stop` with ``mode``, stay down ``down`` seconds (default 0), :meth:`start`."""
+        import time
+
+        self.stop(mode)
+        if down > 0:
+            time.sleep(down)
+        self.start()
+
+
 @contextmanager
-def temporary_server(settings: Mapping[str, str] | None = None) -> Iterator[str]:
-    """A throw-away PostgreSQL listening on 127.0.0.1 (a free port), built with the embedded server's
-    binaries in a temporary directory and started with ``settings`` (``-c name=value``); stopped and
-    removed on exit. Yields the DSN of its ``postgres`` database. For tests and benchmarks that need a
-    server of their own (a setting that needs a restart, a TCP listener, a server they stop)."""
+def restartable_server(settings: Mapping[str, str] | None = None) -> Iterator[TemporaryServer]:
+    """As :func:`temporary_server`, but yields the :class:`TemporaryServer`, which can be stopped and
+    restarted (for fault tests and benchmarks)."""
     import pwd
     import shutil
     import tempfile
@@ -100,11 +133,25 @@ def temporary_server(settings: Mapping[str, str] | None = None) -> Iterator[str]
             os.chown(root, entry.pw_uid, entry.pw_gid)
         commands.initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=data, user=user)
         port = find_suitable_port("127.0.0.1")
-        commands.pg_ctl(["-w", "-o", f"-h 127.0.0.1 -p {port} -k {root} {options}", "-l", str(log), "start"],
-                         pgdata=data, user=user, timeout=60)
+        server = TemporaryServer(commands, data, log, f"-h 127.0.0.1 -p {port} -k {root} {options}", user,
+                                 f"postgresql://postgres@127.0.0.1:{port}/postgres")
+        server.start()
         try:
-            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            yield server
         finally:
-            commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=data, user=user, timeout=60)
+            try:
+                server.stop("fast")
+            except Exception:  # noqa: BLE001 - already stopped
+                pass
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@contextmanager
+def temporary_server(settings: Mapping[str, str] | None = None) -> Iterator[str]:
+    """A throw-away PostgreSQL listening on 127.0.0.1 (a free port), built with the embedded server's
+    binaries in a temporary directory and started with ``settings`` (``-c name=value``); stopped and
+    removed on exit. Yields the DSN of its ``postgres`` database. For tests and benchmarks that need a
+    server of their own (a setting that needs a restart, a TCP listener, a server they stop)."""
+    with restartable_server(settings) as server:
+        yield server.dsn

@@ -54,3 +54,14 @@ class GroupActive(PgStreamsError):
 class DataLoss(PgStreamsError):
     """Events a reader needed were removed by retention before it read them (Spark's
     ``failOnDataLoss=true``)."""
+
+
+class ConnectionLost(PgStreamsError):
+    """PostgreSQL could not be reached for longer than the client's ``retry_timeout``: the call was retried
+    on fresh connections until then. The message names the server (never its password); the last
+    connection error is the ``__cause__``."""
+
+
+class PermissionDenied(PgStreamsError):
+    """PostgreSQL refused an action to the connected role (see ``pgstreams grant``); the message names the
+    action and the object (topic, group or table). Nothing was changed."""

@@ -34,7 +34,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from .errors import ConfigurationError, InvalidArgument
+from .errors import ConfigurationError, ConnectionLost, InvalidArgument, PermissionDenied
 from .models import MaintenanceReport
 from .services import Service
 
@@ -175,8 +175,13 @@ class MaintenanceService(Service):
                 self.client.store.operations.ping(self._conn)  # still connected: still the leader
                 self.last_report = self.maintenance.run()
                 self.passes += 1
-        except psycopg.OperationalError as exc:
+        except (psycopg.OperationalError, ConnectionLost, PermissionDenied) as exc:
+            # a role without the admin grant cannot maintain: the leader lock goes to one that can
             log.warning("maintenance pass failed (retried at the next tick): %s", str(exc).strip())
+            self._drop_connection()
+        except psycopg.errors.InsufficientPrivilege as exc:
+            log.warning("maintenance needs the admin grant (pgstreams grant ROLE --admin): %s",
+                        str(exc).strip())
             self._drop_connection()
 
     def _drop_connection(self) -> None:

@@ -3,6 +3,14 @@
 Keys pick partitions with :func:`pgstreams.partitioner.partition_for_key`; events without key or partition
 go round-robin from a random partition per topic and client. Single events are inserted straight through
 libpq on a pooled connection; batches are one COPY (all or none).
+
+Idempotent by default, as Kafka's producer: each client has a producer id (drawn once) and numbers its
+publishes; a publish on a pooled connection stores its *producer tag* ``(producer id << 32) | (number mod
+2^32)`` in the event row itself. If the connection breaks during the call (a restart, a killed session),
+the outcome is unknown: the publish is retried on a fresh connection (within the client's
+``retry_timeout``), which first waits until the broken session ended, then looks for the tag in the
+event's partitions above the last position the client knew before the attempt, and stores the event only
+if it is absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ import functools
 import itertools
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +32,7 @@ from .codec import KIND_BYTES, check_headers, check_optional_str, encode_value
 from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
+from .reconnect import Reconnect, retriable
 from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
 from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 
@@ -46,6 +56,7 @@ class TopicState:
     copies_until_check: int = 0  # events publish_many may still COPY before it re-checks the segments ahead
     copied_lower_bound: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
     max_bytes: int = int(TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])  # the topic's max.message.bytes
+    known: int = 0  # a position handed out already: every publish starting later stores its events above
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
@@ -54,7 +65,8 @@ class TopicState:
                    Segments(record.id, record.segment_size, covered=record.segments_end),
                    itertools.count(random.randrange(record.partitions)),
                    max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
-                                                   TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])))
+                                                   TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])),
+                   known=record.last_position)
 
 
 def event_size(row: EventRow) -> int:
@@ -111,8 +123,10 @@ def choose_partition(state: TopicState, key: str | None, partition: object) -> i
 
 
 def event_row(state: TopicState, value: Any, key: object, headers: object, partition: object,
-              event_type: object, event_id: object, correlation_id: object, causation_id: object) -> EventRow:
-    """Validate and encode one event (raises :class:`InvalidArgument` naming the bad field)."""
+              event_type: object, event_id: object, correlation_id: object, causation_id: object,
+              producer: int | None = None) -> EventRow:
+    """Validate and encode one event (raises :class:`InvalidArgument` naming the bad field); ``producer``
+    is its producer tag (default none)."""
     # runs once per event in publish_many: the checks of absent fields are skipped inline
     if key is not None:
         if not isinstance(key, str):
@@ -146,10 +160,10 @@ def event_row(state: TopicState, value: Any, key: object, headers: object, parti
             kind, payload = encode_value(value)
         except UnicodeEncodeError as exc:
             raise InvalidArgument(f"value is not valid Unicode (unpaired surrogate): {exc}") from None
-    return (p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid)
+    return (p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid, producer)
 
 
-def _mapping_row(state: TopicState, ev: object, i: int) -> EventRow:
+def _mapping_row(state: TopicState, ev: object, i: int, producer: int | None) -> EventRow:
     """:func:`event_row` of a batch's event ``i`` given as a dict (or a Message subclass)."""
     if isinstance(ev, Message):
         fields: Mapping[str, Any] = ev.__dict__
@@ -164,12 +178,13 @@ def _mapping_row(state: TopicState, ev: object, i: int) -> EventRow:
         raise InvalidArgument(f"expected a Message or a dict, not {type(ev).__name__}")
     return event_row(state, fields["value"], fields.get("key"), fields.get("headers"),
                      fields.get("partition"), fields.get("event_type"), fields.get("event_id"),
-                     fields.get("correlation_id"), fields.get("causation_id"))
+                     fields.get("correlation_id"), fields.get("causation_id"), producer)
 
 
-def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
+def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]], producer: int | None = None
                ) -> tuple[list[EventRow], bool]:
-    """Validate and encode a batch; also say whether any event has an event id."""
+    """Validate and encode a batch (every event tagged ``producer``); also say whether any event has an
+    event id."""
     if isinstance(events, (Message, Mapping, str, bytes)) or not isinstance(events, Iterable):
         raise InvalidArgument(
             f"events must be an iterable of Message objects or dicts, not {type(events).__name__}")
@@ -179,9 +194,9 @@ def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]]
         try:
             if type(ev) is Message:  # the common case, without a dict's lookups
                 row = event_row(state, ev.value, ev.key, ev.headers, ev.partition, ev.event_type, ev.event_id,
-                                ev.correlation_id, ev.causation_id)
+                                ev.correlation_id, ev.causation_id, producer)
             else:
-                row = _mapping_row(state, ev, i)
+                row = _mapping_row(state, ev, i, producer)
         except InvalidArgument as exc:
             raise InvalidArgument(f"event {i}: {exc}") from None
         if not has_ids and row[EVENT_ID] is not None:
@@ -198,7 +213,8 @@ class Producer:
     should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`) and ``connect``
     makes the producer's own autocommit connection. Single publishes use that connection (one thread at a
     time; concurrent ones take pooled connections): the pool's check-out and return cost a sixth of the
-    client's CPU per publish."""
+    client's CPU per publish. ``producer_id`` and ``retry``: the client's producer id and retry rule (see
+    the module docstring)."""
 
     store: Store
     topic: Callable[..., TopicState]
@@ -206,14 +222,28 @@ class Producer:
     claim: Callable[[int], bool]
     channel: str
     connect: Callable[[], psycopg.Connection]
+    producer_id: int
+    retry: Reconnect
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._base = (self.producer_id & 0x7FFFFFFF) << 32
+        self._numbers = itertools.count(1)  # thread-safe in CPython (one C call)
+
+    def tag(self) -> int:
+        """The producer tag of the next publish."""
+        return self._base | (next(self._numbers) & 0xFFFFFFFF)
 
     def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
                 notify: bool = True) -> PublishResult:
         """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         state = self.topic(topic)
-        row = event_row(state, *row_args)
+        if conn is not None:
+            row = event_row(state, *row_args)
+        else:
+            tag = self._base | (next(self._numbers) & 0xFFFFFFFF)
+            row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
         if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
             raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
                                   f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
@@ -225,36 +255,62 @@ class Producer:
             stored = events.insert(conn, state.id, row)
             if notify:
                 events.notify(conn, self.channel, str(state.id))
-        elif self._own_lock.acquire(blocking=False):
+        else:
+            floor = state.known  # read before the attempt: its event is stored above it
             try:
-                stored = self._publish_own(topic, state, row)
-            finally:
-                self._own_lock.release()
-        else:  # another thread of this client is publishing on the client's own connection
-            pool = ex.pool
-            assert pool is not None
-            # getconn/putconn: the connection() context manager costs as much again on this path
-            c = pool.getconn()
-            try:
-                stored = self._publish_on(c, topic, state, row)
-            finally:
-                pool.putconn(c)
+                if self._own_lock.acquire(blocking=False):
+                    try:
+                        stored = self._publish_own(topic, state, row)
+                    finally:
+                        self._own_lock.release()
+                else:  # another thread of this client is publishing on the client's own connection
+                    stored = self._publish_pooled(topic, state, row)
+            except _Interrupted as lost:
+                stored = self._again(topic, state, row, floor, lost.pid, lost.error)
+            state.known = stored.position
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    def _publish_pooled(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
+        pool = self.store.executor.pool
+        assert pool is not None
+        # getconn/putconn: the connection() context manager costs as much again on this path
+        try:
+            c = pool.getconn()
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(None, exc) from exc
+        try:
+            return self._publish_on(c, topic, state, row)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(_backend_pid(c), exc) from exc
+        finally:
+            pool.putconn(c)
 
     def _publish_own(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
         """Publish on the producer's own connection (made on first use; a broken one is closed and made
         again by the next publish)."""
         c = self._own
-        if c is None or c.closed:
-            c = self._own = self.connect()
+        try:
+            if c is None or c.closed:
+                c = self._own = self.connect()
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(None, exc) from exc
         try:
             return self._publish_on(c, topic, state, row)
-        except BaseException:
+        except BaseException as exc:
             pg = c.pgconn
+            pid = _backend_pid(c)
             if pg.status != pq.ConnStatus.OK or pg.transaction_status != pq.TransactionStatus.IDLE:
                 c.close()
                 self._own = None
+            if isinstance(exc, Exception) and retriable(exc):
+                raise _Interrupted(pid, exc) from exc
             raise
 
     def _publish_on(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
@@ -273,6 +329,39 @@ class Producer:
                 self._own.close()
                 self._own = None
 
+    def _again(self, topic: str, state: TopicState, row: EventRow, floor: int, pid: int | None,
+               first: BaseException) -> StoredAt:
+        """Publish ``row`` again after its attempt failed with ``first`` (retriable) on the session ``pid``:
+        stored once, whether or not that attempt committed."""
+
+        def attempt(c: psycopg.Connection) -> StoredAt:
+            found = self._settled(c, state, [row[0]], floor, pid, row[-1])
+            if found is not None:
+                return found
+            return self._insert_pooled(c, topic, state, row, None)
+
+        stored = self.retry.again(attempt, first)
+        self.announce(state.id)
+        return stored
+
+    def _settled(self, c: psycopg.Connection, state: TopicState, partitions: list[int], floor: int,
+                 pid: int | None, producer: int | None) -> StoredAt | None:
+        """Wait until the broken session ``pid`` ended its work, then where the events tagged ``producer``
+        were stored, if they were (``None``: not stored, publish them)."""
+        events = self.store.events
+        if pid is not None:
+            deadline = self.retry.start()
+            pause = 0.01
+            while events.session_busy(c, pid):
+                if self.retry.remaining(deadline) <= 0.1:
+                    raise self.retry.lost(psycopg.OperationalError(
+                        f"the session {pid} of the interrupted publish is still running"))
+                time.sleep(pause)
+                pause = min(0.5, pause * 2)
+        if producer is None:
+            return None
+        return events.produced(c, state.id, partitions, floor, producer)
+
     def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow,
                        notify: tuple[str, str] | None) -> StoredAt:
         events = self.store.events
@@ -289,17 +378,41 @@ class Producer:
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
         state = self.topic(topic)
-        rows, has_ids = event_rows(state, events)
+        producer = self._base | (next(self._numbers) & 0xFFFFFFFF)
+        rows, has_ids = event_rows(state, events, producer)
         if not rows:
             return 0
         check_sizes(state, rows)
         pool = self.store.executor.pool
         assert pool is not None
-        with pool.connection() as conn:
-            stored = self._copy(conn, state, rows, has_ids)
+        floor = state.known
+        pid: int | None = None
+        try:
+            with pool.connection() as conn:
+                pid = _backend_pid(conn)
+                stored = self._copy(conn, state, rows, has_ids)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            stored = self._copy_again(state, rows, has_ids, floor, pid, producer, exc)
         self.announce(state.id)
         return stored
 
+    def _copy_again(self, state: TopicState, rows: list[EventRow], has_ids: bool, floor: int,
+                    pid: int | None, producer: int, first: BaseException) -> int:
+        """``publish_many`` again after its attempt failed with ``first`` (retriable): the batch is stored
+        once (all or none), whether or not that attempt committed. Returns what the committed attempt
+        stored (for a batch with event ids that committed before, the events found: at least one)."""
+        partitions = sorted({r[0] for r in rows})
+
+        def attempt(c: psycopg.Connection) -> int:
+            found = self._settled(c, state, partitions, floor, pid, producer)
+            if found is not None:
+                return len(rows) if not has_ids else self.store.events.count_produced(
+                    c, state.id, partitions, floor, producer)
+            return self._copy(c, state, rows, has_ids)
+
+        return self.retry.again(attempt, first)
     def _copy(self, conn: psycopg.Connection, state: TopicState, rows: list[EventRow], has_ids: bool) -> int:
         # Reading the sequence to keep segments ahead costs a round trip: do it once every 1/16 segment
         # of events; if other clients' events outran it, the COPY fails (no segment for a position)
@@ -322,6 +435,26 @@ class Producer:
             state.copied_lower_bound = last + len(rows)
         elif state.copied_lower_bound >= 0:
             state.copied_lower_bound += len(rows)
+        if last > state.known:
+            state.known = last  # handed out before this batch's positions
         if state.copied_lower_bound >= segments.stats_from:
             segments.check_stats(ex, state.copied_lower_bound, conn)
         return stored
+
+
+def _backend_pid(conn: psycopg.Connection) -> int | None:
+    """The server process of ``conn`` (still known after the connection broke), ``None`` if unknown."""
+    try:
+        pid = conn.pgconn.backend_pid
+    except Exception:  # noqa: BLE001 - a closed connection may not tell
+        return None
+    return int(pid) if pid else None
+
+
+class _Interrupted(Exception):
+    """A publish's connection broke (``error``, retriable) on session ``pid`` (``None`` if none was used)."""
+
+    def __init__(self, pid: int | None, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.pid = pid
+        self.error = error

@@ -176,5 +176,6 @@ def test_polling_finds_events_that_sent_no_notification(dsn: str) -> None:
         with running(worker):
             until(lambda: worker.stats.polls >= 1, what="a poll")
             with client.connection() as conn:  # a plain INSERT: no pg_notify
-                client.store.events.insert(conn, tid, (0, "s", None, b"quiet", None, None, None, None, None))
+                quiet = (0, "s", None, b"quiet", None, None, None, None, None, None)
+                client.store.events.insert(conn, tid, quiet)
             until(lambda: seen == ["quiet"], timeout=5, what="the polled event")

@@ -38,7 +38,20 @@ import typer
 
 import pgstreams
 
-from . import console, consume, dlt, groups, maintain, metrics, migrate, produce, quickstart, topics, worker
+from . import (
+    console,
+    consume,
+    dlt,
+    groups,
+    maintain,
+    metrics,
+    migrate,
+    produce,
+    quickstart,
+    security,
+    topics,
+    worker,
+)
 from .common import (
     DEFAULT_SCHEMA,
     EXIT_BROKEN_PIPE,
@@ -124,14 +137,15 @@ __all__ = [
 
 _HELP = (
     "Kafka-like durable event streaming on PostgreSQL.\n\n"
-    "Every command takes --dsn (default: $PGSTREAMS_DSN, else the embedded PostgreSQL) and --schema."
+    "Every command takes --dsn (default: $PGSTREAMS_DSN, else libpq's PGSERVICE/PGHOST environment, else the "
+    "embedded PostgreSQL) and --schema."
 )
 
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
 for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
-                quickstart):
+                quickstart, security):
     _module.register(app)
 
 

@@ -24,6 +24,7 @@ from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 # The name rules live in the core's name module; checking a name before connecting makes a bad name a
 # usage error (exit 2) even when the database cannot be reached.
 from pgstreams.names import check_schema
+from pgstreams.reconnect import redact
 
 from .output import err_console
 
@@ -81,6 +82,13 @@ def report_error(message: str) -> None:
 
 
 def exit_code_of(exc: BaseException) -> tuple[int, str | None]:
+    """The exit code for an exception and the message to print (``None``: print nothing), without any
+    password of a DSN (see :func:`pgstreams.reconnect.redact`)."""
+    code, message = _exit_code_of(exc)
+    return code, None if message is None else redact(message, os.environ.get("PGSTREAMS_DSN"))
+
+
+def _exit_code_of(exc: BaseException) -> tuple[int, str | None]:
     """The exit code for an exception and the message to print (``None``: print nothing).
 
     :class:`CliError` carries its code; :class:`pgstreams.InvalidName` / :class:`pgstreams.InvalidArgument`

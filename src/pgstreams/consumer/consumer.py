@@ -154,13 +154,13 @@ class Consumer:
                 self._reader.targets(events.events())
         else:
             targets = self._reader.targets(events)
-        with self._client.connection() as conn:
-            return self._reader.commit(conn, targets)
+        # retried on a fresh connection if it broke: a checkpoint stored by the lost attempt comes back
+        # IGNORED (already stored) and is applied as well
+        return self._client.run(lambda conn: self._reader.commit(conn, targets))
 
     # -- seeking -------------------------------------------------------------------------------------
     def _set(self, cursors: dict[int, Cursor]) -> None:
-        with self._client.connection() as conn:
-            self._reader.seek(conn, cursors)
+        self._client.run(lambda conn: self._reader.seek(conn, cursors))
         self._last = {}
 
     def _check_partition(self, partition: object) -> int:
@@ -176,8 +176,7 @@ class Consumer:
         p = self._check_partition(partition)
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise InvalidArgument(f"position must be an integer >= 0, got {position!r}")
-        with self._client.connection() as conn:
-            target = self._reader.position_cursor(conn, p, position)
+        target = self._client.run(lambda conn: self._reader.position_cursor(conn, p, position))
         self._set({p: target})
 
     @_topic_must_exist
@@ -189,8 +188,7 @@ class Consumer:
     def seek_to_end(self) -> None:
         """Move every partition's checkpoint after the last event stored now (events of transactions
         still in progress are read when they commit)."""
-        with self._client.connection() as conn:
-            heads = self._reader.head_cursors(conn)
+        heads = self._client.run(self._reader.head_cursors)
         self._set(heads)
 
     @_topic_must_exist
@@ -199,8 +197,7 @@ class Consumer:
         ``dt`` (an aware datetime); to the end where there is none."""
         if not isinstance(dt, datetime) or dt.tzinfo is None or dt.utcoffset() is None:
             raise InvalidArgument("seek_to_time needs a timezone-aware datetime")
-        with self._client.connection() as conn:
-            cursors = self._reader.time_cursors(conn, dt)
+        cursors = self._client.run(lambda conn: self._reader.time_cursors(conn, dt))
         self._set(cursors)
 
     # -- running a handler -----------------------------------------------------------------------------

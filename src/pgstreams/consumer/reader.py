@@ -347,12 +347,16 @@ class StreamReader:
         """Read the partitions the topic gained (up to ``count``) from their checkpoints, created at their
         first event where the group has none (so none of their events is missed, whatever ``start``)."""
         new = list(range(self.partition_count, count))
-        with self.client.connection() as conn:
-            cursors = self._storage.load(conn, new)
-            missing = [p for p in new if p not in cursors]
+
+        def checkpoints(conn: psycopg.Connection) -> dict[int, Cursor]:  # safe to run again
+            got = self._storage.load(conn, new)
+            missing = [p for p in new if p not in got]
             if missing:
                 self._storage.init(conn, dict.fromkeys(missing, _ORIGIN))
-                cursors = self._storage.load(conn, new)
+                got = self._storage.load(conn, new)
+            return got
+
+        cursors = self.client.run(checkpoints)
         self.client.topic_state(self.topic, refresh=True)  # publishers of this client hash over them too
         self.partition_count = count
         self.partitions = (*self.partitions, *new)
@@ -400,8 +404,7 @@ class StreamReader:
         storage, client = self._storage, self.client
 
         def read() -> Polled:
-            with client.connection() as c:
-                return storage.poll(c, params)
+            return client.run(lambda c: storage.poll(c, params))
 
         self._ahead = (params, self._ahead_pool.submit(read))
 
@@ -435,9 +438,8 @@ class StreamReader:
         deadline = time.monotonic() + timeout
         while True:
             wakeup.mark()
-            if conn is None:
-                with client.connection() as c:
-                    got = self.fetch_rows(c, max_events)
+            if conn is None:  # retried on a fresh connection if it broke (the cursors move after a read)
+                got = client.run(lambda c: self.fetch_rows(c, max_events))
                 if len(got[0]) == max_events:  # a backlog: read on while the caller works
                     self._read_ahead(max_events)
             else:
@@ -555,8 +557,7 @@ def create_checkpoints(client: Client, topic: str, group: str, *, start: Start =
     checkpoints."""
     reader = StreamReader(client, topic, group, start=start, partitions=partitions)
     try:
-        with client.connection() as conn:
-            reader.create_checkpoints(conn)
+        client.run(reader.create_checkpoints)
     except _GONE as exc:
         raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
     return reader

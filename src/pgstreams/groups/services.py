@@ -6,7 +6,9 @@ import logging
 import time
 
 import psycopg
+from psycopg_pool import PoolTimeout
 
+from ..errors import ConnectionLost
 from ..services import Service
 from .members import GroupMember
 
@@ -15,7 +17,8 @@ log = logging.getLogger("pgstreams.groups")
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, (psycopg.OperationalError, psycopg.errors.DeadlockDetected,
-                            psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable))
+                            psycopg.errors.SerializationFailure, psycopg.errors.LockNotAvailable,
+                            ConnectionLost, PoolTimeout))
 
 
 class HeartbeatService(Service):

@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from psycopg_pool import ConnectionPool
 
 from .checkpoints import CheckpointStore
@@ -27,6 +29,9 @@ from .shares import ShareSettings, ShareStore
 from .sinks import SinkStore
 from .status import StatusStore
 from .topics import Segments, TopicRecord, TopicStore
+
+if TYPE_CHECKING:
+    from ..reconnect import Reconnect
 
 __all__ = [
     "CORE",
@@ -66,10 +71,10 @@ __all__ = [
 
 class Store:
     """Every typed operation on one schema, over one executor (``pool`` may be ``None`` when every call
-    passes its connection)."""
+    passes its connection; ``retry``: see :class:`Executor`)."""
 
-    def __init__(self, pool: ConnectionPool | None, schema: str) -> None:
-        self.executor = Executor(pool, schema)
+    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None) -> None:
+        self.executor = Executor(pool, schema, retry)
         self.schema = schema
         self.topics = TopicStore(self.executor)
         self.events = EventStore(self.executor)

@@ -89,7 +89,8 @@ class AsyncStore:
     # -- topics ------------------------------------------------------------------------------------------
     async def topic(self, name: str, conn: psycopg.AsyncConnection | None = None) -> TopicRecord | None:
         """The topic named ``name``, ``None`` if there is none."""
-        row = await self.ex.one("topic_by_name", (name,), conn=conn, row=dict_row)
+        params = {"name": name, "schema": self.schema}
+        row = await self.ex.one("topic_by_name", params, conn=conn, row=dict_row)
         return None if row is None else _record(row)
 
     async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None
@@ -136,13 +137,13 @@ class AsyncStore:
             cur = conn.cursor()
             if not has_ids:
                 cur.adapters.register_dumper(None, BytesBinaryDumper)  # as EventStore.copy
-                async with cur.copy(self.ex.query("copy_events", topic_id)) as cp:
+                async with cur.copy(self.ex.query("copy_events_tagged", topic_id)) as cp:
                     cp.set_types(list(_COPY_TYPES))
                     for r in rows:
                         await cp.write_row(r)
                 return len(rows)
             await cur.execute(self.ex.query("staging_table"))
-            async with cur.copy(self.ex.query("copy_staging")) as cp:
+            async with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     await cp.write_row((i, *r))
             await self.ex.run("join_fence_staged", conn=conn, topic_id=topic_id)

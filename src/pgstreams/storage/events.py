@@ -1,10 +1,11 @@
 """Typed operations on events: inserting one, copying many, polling in read order, start cursors.
 
 An event to store is an :data:`EventRow`: ``(partition, kind, key, payload, headers, event_type,
-event_id, correlation_id, causation_id)``, validated and encoded by the producer. Read order within a
-partition is the position; a cursor is the position of the last event read, ``0`` before every event.
-Every write first registers its transaction as a publisher of its partitions, and every read stays below
-the partitions' read fences (see ``0004_partition_fence.sql``).
+event_id, correlation_id, causation_id, producer)``, validated and encoded by the producer (``producer``:
+the producer tag of a retriable publish, see ``0010_idempotent_producer.sql``, else ``None``). Read
+order within a partition is the position; a cursor is the position of the last event read, ``0`` before
+every event. Every write first registers its transaction as a publisher of its partitions, and every
+read stays below the partitions' read fences (see ``0004_partition_fence.sql``).
 """
 
 from __future__ import annotations
@@ -29,13 +30,15 @@ Cursor = int
 #: An event as stored: a plain tuple (one is built per published event, and a named tuple's constructor
 #: costs a tenth of ``publish_many``'s time per event) in the column order of :data:`EVENT_COLUMNS`.
 EventRow = tuple[int, str, "str | None", bytes, "Jsonb | None", "str | None", "str | None", "str | None",
-                 "str | None"]
+                 "str | None", "int | None"]
 #: The columns of an :data:`EventRow`, as the insert and COPY statements name them.
 EVENT_COLUMNS = ("partition", "kind", "key", "value", "headers", "event_type", "event_id", "correlation_id",
-                 "causation_id")
+                 "causation_id", "producer")
 #: Where an :data:`EventRow` holds the partition and the event id.
 PARTITION: Final = 0
 EVENT_ID: Final = 6
+#: Where an :data:`EventRow` holds its producer tag.
+PRODUCER: Final = 9
 
 
 class StoredAt(NamedTuple):
@@ -48,11 +51,11 @@ class StoredAt(NamedTuple):
 
 # Binary COPY types per column. kind is a one-byte ASCII "char", whose binary form is that byte: the
 # text dumper writes exactly it.
-_COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text")
+_COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
 # Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
-# (binary), jsonb, text x 4.
-_INSERT_OIDS = (23, 23, 18, 25, 17, 3802, 25, 25, 25, 25)
-_INSERT_FORMATS = (0, 0, 0, 0, 1, 0, 0, 0, 0, 0)
+# (binary), jsonb, text x 4, int8 (the producer tag).
+_INSERT_OIDS = (23, 23, 18, 25, 17, 3802, 25, 25, 25, 25, 20)
+_INSERT_FORMATS = (0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -125,13 +128,14 @@ class EventStore:
         """
         st = _insert_statement(self.ex.schema, topic_id)
         enc = self._direct.prepare(conn, st, _INSERT_OIDS)
-        p, kind, key, payload, hdrs, et, _eid, cid, sid = row
+        p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
         part = b"%d" % p
         params: list[bytes | None] = [
             part, part, kind.encode(), None if key is None else key.encode(enc), payload,
             None if hdrs is None else json.dumps(hdrs.obj).encode(enc),
             None if et is None else et.encode(enc), None,
             None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
+            None if producer is None else b"%d" % producer,
         ]
         if notify is None:
             res = conn.pgconn.exec_prepared(st.name, params, _INSERT_FORMATS)  # type: ignore[arg-type]
@@ -155,16 +159,43 @@ class EventStore:
             if not has_ids:
                 # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
                 cur.adapters.register_dumper(None, BytesBinaryDumper)
-                with cur.copy(self.ex.query("copy_events", topic_id)) as cp:
+                with cur.copy(self.ex.query("copy_events_tagged", topic_id)) as cp:
                     cp.set_types(_COPY_TYPES)
                     for r in rows:
                         cp.write_row(r)
                 return len(rows)
             cur.execute(self.ex.query("staging_table"))
-            with cur.copy(self.ex.query("copy_staging")) as cp:
+            with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     cp.write_row((i, *r))
             return self.insert_staged(conn, topic_id)
+
+    # -- retried publishes -----------------------------------------------------------------------------
+    def new_producer_id(self, conn: psycopg.Connection) -> int:
+        """A producer id of the schema's own, for a new client (cycling below 2^31)."""
+        row = self.ex.one("new_producer_id", conn=conn)
+        assert row is not None
+        return int(row[0])
+
+    def session_busy(self, conn: psycopg.Connection, pid: int) -> bool:
+        """Whether the role's session ``pid`` may still be running a statement or transaction."""
+        row = self.ex.one("session_busy", (pid,), conn=conn)
+        return bool(row and row[0])
+
+    def produced(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int], floor: int,
+                 producer: int) -> StoredAt | None:
+        """Where an event tagged ``producer`` is stored in ``partitions`` above position ``floor`` (the
+        lowest such event when several are), ``None`` if nowhere."""
+        row = self.ex.one("produced", {"partitions": list(partitions), "floor": floor, "producer": producer},
+                          conn=conn, topic_id=topic_id)
+        return None if row is None else StoredAt(int(row[0]), int(row[1]))
+
+    def count_produced(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int], floor: int,
+                       producer: int) -> int:
+        """How many events tagged ``producer`` ``partitions`` hold above position ``floor``."""
+        row = self.ex.one("count_produced", {"partitions": list(partitions), "floor": floor,
+                                             "producer": producer}, conn=conn, topic_id=topic_id)
+        return int(row[0]) if row else 0
 
     def join_fence(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]) -> None:
         """Register the transaction open on ``conn`` as a publisher of these partitions (readers hold the

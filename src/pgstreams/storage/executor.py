@@ -7,9 +7,9 @@ async executor over an async pool can offer the same methods without touching th
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -19,10 +19,14 @@ from psycopg_pool import ConnectionPool
 from .naming import TopicTables
 from .queries import QuerySet
 
+if TYPE_CHECKING:
+    from ..reconnect import Reconnect
+
 #: The named queries of the core (``pgstreams/storage/sql/queries/*.sql``).
 CORE_QUERIES = QuerySet("pgstreams.storage", "sql", "queries")
 
 Params = Sequence[Any] | dict[str, Any] | None
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -36,11 +40,14 @@ def core_query(name: str, schema: str, topic_id: int | None = None) -> sql.Compo
 class Executor:
     """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on a connection the
     caller passes (which may be inside the caller's transaction). Without a pool (``None``, for processes
-    that hold plain connections, such as Spark tasks) every call must pass its connection."""
+    that hold plain connections, such as Spark tasks) every call must pass its connection. With
+    ``retry`` (a :class:`pgstreams.reconnect.Reconnect`), a call on a pooled connection that fails with a
+    retriable error runs again on a fresh one (see :mod:`pgstreams.reconnect`)."""
 
-    def __init__(self, pool: ConnectionPool | None, schema: str) -> None:
+    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None) -> None:
         self.pool = pool
         self.schema = schema
+        self.retry = retry
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -61,24 +68,44 @@ class Executor:
         with self.pool.connection() as pooled:
             yield pooled
 
+    def pooled(self, fn: Callable[[psycopg.Connection], T]) -> T:
+        """``fn(conn)`` on a pooled connection; with a retry rule, run again on fresh connections after a
+        retriable failure (so ``fn`` must be safe to run again)."""
+        if self.retry is not None:
+            return self.retry.pooled(fn)
+        with self.connection() as c:
+            return fn(c)
+
     def one(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
             topic_id: int | None = None, row: RowFactory[Any] = tuple_row, prepare: bool | None = None
             ) -> Any:
-        """The first row of query ``name`` (``None`` when there is none)."""
-        with self.connection(conn) as c:
-            return c.cursor(row_factory=row).execute(self.query(name, topic_id), params,
-                                                     prepare=prepare).fetchone()
+        """The first row of query ``name`` (``None`` when there is none). On a pooled connection (no
+        ``conn``) retried as by :meth:`pooled`."""
+        query = self.query(name, topic_id)
+
+        def go(c: psycopg.Connection) -> Any:
+            return c.cursor(row_factory=row).execute(query, params, prepare=prepare).fetchone()
+
+        return go(conn) if conn is not None else self.pooled(go)
 
     def all(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
             topic_id: int | None = None, row: RowFactory[Any] = tuple_row, prepare: bool | None = None,
             binary: bool = False) -> list[Any]:
-        """Every row of query ``name``."""
-        with self.connection(conn) as c:
-            return c.cursor(row_factory=row, binary=binary).execute(
-                self.query(name, topic_id), params, prepare=prepare).fetchall()
+        """Every row of query ``name`` (retried as :meth:`one`)."""
+        query = self.query(name, topic_id)
+
+        def go(c: psycopg.Connection) -> list[Any]:
+            return c.cursor(row_factory=row, binary=binary).execute(query, params, prepare=prepare).fetchall()
+
+        return go(conn) if conn is not None else self.pooled(go)
 
     def run(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
             topic_id: int | None = None, prepare: bool | None = None) -> int:
-        """Run query ``name`` for its effect; return the number of rows it affected."""
-        with self.connection(conn) as c:
-            return c.execute(self.query(name, topic_id), params, prepare=prepare).rowcount
+        """Run query ``name`` for its effect; return the number of rows it affected (retried as
+        :meth:`one`)."""
+        query = self.query(name, topic_id)
+
+        def go(c: psycopg.Connection) -> int:
+            return c.execute(query, params, prepare=prepare).rowcount
+
+        return go(conn) if conn is not None else self.pooled(go)

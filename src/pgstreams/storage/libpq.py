@@ -72,6 +72,7 @@ Step = tuple[Statement, Sequence[bytes | None], int]
 
 _OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 _NOTIFY = b"SELECT pg_notify($1, $2)"
+_DUPLICATE_PREPARED = b"42P05"
 
 
 def _check_alive(pg: pq.abc.PGconn) -> None:
@@ -118,7 +119,10 @@ class Direct:
         s = self._session(conn)
         if st.name not in s.prepared:
             res = conn.pgconn.prepare(st.name, st.text, types)
-            if res.status != pq.ExecStatus.COMMAND_OK:
+            # "already exists": the server kept it while this registry forgot it (after a statement that
+            # some other one had gone, the registry forgets them all); the name carries the text's digest
+            if res.status != pq.ExecStatus.COMMAND_OK and (
+                    res.error_field(pq.DiagnosticField.SQLSTATE) != _DUPLICATE_PREPARED):
                 raise psycopg.errors.error_from_result(res, encoding=s.encoding)
             s.prepared.add(st.name)
         return s.encoding

@@ -190,6 +190,21 @@ class OperationsStore:
             out.append(RetentionStatus(**r))
         return out
 
+    def grant(self, role: str, privilege: str, topic: str | None, group: str | None) -> None:
+        """Grant ``role`` a privilege (``produce`` on ``topic``, ``consume`` for ``group`` on ``topic``,
+        ``admin``), in one transaction (see ``0011_roles.sql``)."""
+        def go(conn: psycopg.Connection) -> None:
+            with conn.transaction():
+                self.ex.one("grant_role", (role, privilege, topic, group), conn=conn)
+
+        self.ex.pooled(go)
+
+    def revoke(self, role: str, privilege: str, topic: str | None, group: str | None) -> int:
+        """Revoke what :meth:`grant` granted (``topic``/``group`` ``None``: every one); how many grants
+        went."""
+        row = self.ex.one("revoke_role", (role, privilege, topic, group))
+        return int(row[0]) if row else 0
+
     def record_losses(
         self, conn: psycopg.Connection, group: str, topic_id: int, losses: Sequence[tuple[int, int, int]]
     ) -> None:

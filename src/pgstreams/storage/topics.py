@@ -27,6 +27,8 @@ class TopicRecord:
     config: dict[str, Any]
     created_at: datetime
     segments_end: int = 0
+    #: the last position handed out when the row was read (0 when unknown): a lower bound of later ones
+    last_position: int = 0
 
     def info(self) -> TopicInfo:
         """The public definition (:class:`pgstreams.TopicInfo`), times in UTC."""
@@ -36,7 +38,8 @@ class TopicRecord:
 
 def _record(row: dict[str, Any]) -> TopicRecord:
     return TopicRecord(int(row["id"]), row["name"], int(row["partitions"]), int(row["segment_size"]),
-                       dict(row["config"] or {}), row["created_at"], int(row.get("segments_end") or 0))
+                       dict(row["config"] or {}), row["created_at"], int(row.get("segments_end") or 0),
+                       int(row.get("last_position") or 0))
 
 
 class TopicStore:
@@ -47,7 +50,7 @@ class TopicStore:
 
     def get(self, name: str, conn: psycopg.Connection | None = None) -> TopicRecord | None:
         """The topic named ``name``, ``None`` if there is none."""
-        row = self.ex.one("topic_by_name", (name,), conn=conn, row=dict_row)
+        row = self.ex.one("topic_by_name", {"name": name, "schema": self.ex.schema}, conn=conn, row=dict_row)
         return None if row is None else _record(row)
 
     def find(self, names: Sequence[str], conn: psycopg.Connection | None = None) -> dict[str, TopicRecord]:
@@ -62,12 +65,15 @@ class TopicStore:
     def create(self, name: str, partitions: int, segment_size: int, config: dict[str, Any]) -> bool:
         """Create the topic and its storage in one transaction; False if a topic of that name exists (its
         definition is left as it is)."""
-        with self.ex.connection() as conn, conn.transaction():
-            row = self.ex.one("insert_topic", (name, partitions, segment_size, Jsonb(config)), conn=conn)
-            if row is None:
-                return False
-            self.ex.one("create_topic_storage", (row[0],), conn=conn)
-        return True
+        def create(conn: psycopg.Connection) -> bool:  # run again after a lost connection: idempotent
+            with conn.transaction():
+                row = self.ex.one("insert_topic", (name, partitions, segment_size, Jsonb(config)), conn=conn)
+                if row is None:
+                    return False
+                self.ex.one("create_topic_storage", (row[0],), conn=conn)
+            return True
+
+        return self.ex.pooled(create)
 
     def delete(self, name: str) -> bool:
         """Delete the topic, its storage and every group state on it in one transaction; False if there is

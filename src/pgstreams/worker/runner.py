@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from ..errors import ConnectionLost
 from ..models import CommitOutcome, Event
 from ..services import Service
 from .batching import BatchAssembler, Clock
@@ -32,7 +33,8 @@ log = logging.getLogger("pgstreams.worker")
 #: Longest uninterrupted backoff wait: stop requests and lost partitions are seen this fast.
 _SLICE = 0.05
 #: Database errors after which the runner reads again from the checkpoints instead of dying.
-_TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+_TRANSIENT = (psycopg.OperationalError, psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure,
+              ConnectionLost)
 
 
 #: A receiver of a worker's durations: ``(kind, seconds, topic, group)``; see :meth:`WorkerStats.watch`.

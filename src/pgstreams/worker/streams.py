@@ -179,10 +179,10 @@ class StreamSource:
 
     def fetch(self, max_events: int, partitions: Collection[int]) -> list[Event]:
         reader = self._require()
-        with self._client.connection() as conn:
-            if len(partitions) == len(reader.partitions):
-                return reader.fetch(conn, max_events)
-            return reader.fetch(conn, max_events, [p for p in reader.partitions if p in partitions])
+        if len(partitions) == len(reader.partitions):
+            return self._client.run(lambda conn: reader.fetch(conn, max_events))
+        own = [p for p in reader.partitions if p in partitions]
+        return self._client.run(lambda conn: reader.fetch(conn, max_events, own))
 
     @contextmanager
     def transaction(self, *, bounded: bool = False) -> Iterator[CheckpointTransaction]:
@@ -196,8 +196,8 @@ class StreamSource:
         reader = self._require()
         if tx is None:
             targets = reader.targets(events)
-            with self._client.connection() as conn:
-                outcome = reader.commit(conn, targets, self._lease)
+            lease = self._lease
+            outcome = self._client.run(lambda conn: reader.commit(conn, targets, lease))
         else:
             assert isinstance(tx, CheckpointTransaction)
             outcome = tx.store(events)

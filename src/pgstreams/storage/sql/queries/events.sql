@@ -4,10 +4,12 @@
 
 -- Every insert draws its position with next_position(), which first registers the transaction as a
 -- publisher of the partition (the read fence, see 0004_partition_fence.sql). The partition is bound twice.
+-- The last parameter is the producer tag of a pooled publish (0010_idempotent_producer.sql), else NULL.
 -- name: insert_event
 INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
-                     causation_id)
-VALUES (%s, {schema}.next_position({topic_id}, %s, {seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s)
+                     causation_id, producer)
+VALUES (%s, {schema}.next_position({topic_id}, %s, {seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s,
+        %s)
 RETURNING position;
 
 -- name: insert_event_own
@@ -22,8 +24,8 @@ WITH f AS (
                                            & 1099511627775))
 )
 INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
-                     causation_id)
-SELECT f.partition, nextval({seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s FROM f
+                     causation_id, producer)
+SELECT f.partition, nextval({seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s, %s FROM f
 RETURNING position;
 
 -- name: insert_event_idempotent
@@ -35,9 +37,9 @@ WITH ins AS (
     RETURNING partition, position
 )
 INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id,
-                     correlation_id, causation_id)
+                     correlation_id, causation_id, producer)
 SELECT ins.partition, ins.position, %(kind)s, %(key)s, %(value)s, %(headers)s, %(event_type)s,
-       %(event_id)s, %(correlation_id)s, %(causation_id)s
+       %(event_id)s, %(correlation_id)s, %(causation_id)s, %(producer)s
   FROM ins
 RETURNING position;
 
@@ -47,7 +49,7 @@ SELECT partition, position FROM {schema}.event_ids WHERE topic_id = %s AND event
 -- name: staging_table
 CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
     ord bigint, partition integer, kind "char", key text, value bytea, headers jsonb, event_type text,
-    event_id text, correlation_id text, causation_id text
+    event_id text, correlation_id text, causation_id text, producer bigint
 ) ON COMMIT DELETE ROWS;
 
 -- name: join_fence_staged
@@ -69,9 +71,9 @@ WITH numbered AS MATERIALIZED (
     RETURNING position
 )
 INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id,
-                     correlation_id, causation_id)
+                     correlation_id, causation_id, producer)
 SELECT n.partition, n.position, n.kind, n.key, n.value, n.headers, n.event_type, n.event_id,
-       n.correlation_id, n.causation_id
+       n.correlation_id, n.causation_id, n.producer
   FROM numbered n
  WHERE n.event_id IS NULL OR n.position IN (SELECT position FROM ids)
  ORDER BY n.ord;
@@ -159,6 +161,7 @@ SELECT -1, (SELECT t.partitions FROM {schema}.topics t WHERE t.id = {topic_id}):
                         LIMIT 1) r))::int::bigint,
        NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
 
+-- copy_events and copy_staging: rows without producer tag (Spark writes); the _tagged ones: with it.
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
 FROM STDIN (FORMAT BINARY);
@@ -167,5 +170,47 @@ FROM STDIN (FORMAT BINARY);
 COPY pgstreams_staging (ord, partition, kind, key, value, headers, event_type, event_id, correlation_id,
                         causation_id) FROM STDIN;
 
+-- name: copy_events_tagged
+COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id,
+              producer)
+FROM STDIN (FORMAT BINARY);
+
+-- name: copy_staging_tagged
+COPY pgstreams_staging (ord, partition, kind, key, value, headers, event_type, event_id, correlation_id,
+                        causation_id, producer) FROM STDIN;
+
+-- name: new_producer_id
+SELECT {schema}.new_producer_id();
+
+-- name: session_busy
+-- Whether the session of a publish whose connection broke may still be running it (retried publishes wait
+-- until it is not: only then is its outcome settled). Only the role's own sessions show their state.
+SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = %s AND state IS DISTINCT FROM 'idle'
+                                                 AND state IS NOT NULL);
+
+-- name: produced
+-- Where an event of a producer tag is stored in some partitions above a position (a retried publish whose
+-- first attempt may have committed): a range of the read index per partition, read from the top.
+SELECT e.partition, e.position
+  FROM unnest(%(partitions)s::int[]) AS c(p)
+ CROSS JOIN LATERAL (
+      SELECT t.partition, t.position FROM {table} t
+       WHERE (t.partition, t.position) > (c.p, %(floor)s::bigint)
+         AND (t.partition, t.position) <= (c.p, 9223372036854775807::bigint)
+         AND t.producer = %(producer)s
+       ORDER BY t.partition DESC, t.position DESC
+       LIMIT 1
+) e
+ ORDER BY e.position
+ LIMIT 1;
+
 -- name: notify
 SELECT pg_notify(%s, %s);
+
+-- name: count_produced
+-- How many events of a producer tag some partitions hold above a position.
+SELECT count(*)
+  FROM unnest(%(partitions)s::int[]) AS c(p)
+  JOIN {table} t ON (t.partition, t.position) > (c.p, %(floor)s::bigint)
+                AND (t.partition, t.position) <= (c.p, 9223372036854775807::bigint)
+ WHERE t.producer = %(producer)s;

@@ -183,3 +183,9 @@ SELECT jobid, schedule, command, database, active FROM cron.job WHERE jobname = 
 
 -- name: ping
 SELECT 1;
+
+-- name: grant_role
+SELECT {schema}.grant_role(%s, %s, %s, %s);
+
+-- name: revoke_role
+SELECT {schema}.revoke_role(%s, %s, %s, %s);

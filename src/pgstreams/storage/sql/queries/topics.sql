@@ -3,9 +3,14 @@
 -- parameters. Literal braces are doubled.
 
 -- name: topic_by_name
+-- last_position: the last position the topic's sequence handed out (when the role may read it): a lower
+-- bound of every position drawn later, which a retried publish searches above (see pgstreams.producer).
 SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
-       (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end
-  FROM {schema}.topics t WHERE t.name = %s;
+       (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end,
+       (SELECT CASE WHEN has_sequence_privilege(q.oid, 'SELECT') THEN pg_sequence_last_value(q.oid) END
+          FROM (SELECT to_regclass(format('%%I.%%I', %(schema)s::text, 'topic_' || t.id || '_seq')) AS oid) q
+       ) AS last_position
+  FROM {schema}.topics t WHERE t.name = %(name)s;
 
 -- name: topics_by_names
 SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,

@@ -88,6 +88,7 @@ class Maintenance:
         ops = self._ops
         with self.client.raw_connection() as conn:
             self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
+            ops.prepare_pass(conn)
             ops.lock_pass(conn)
             try:
                 for topic_id in ops.topic_ids(conn):

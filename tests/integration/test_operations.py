@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 import pgstreams
 from _core_helpers import take, until
@@ -400,3 +401,132 @@ def test_sql_maintain_applies_retention_in_one_transaction(client: pgstreams.Cli
         summary = conn.execute("SELECT pgstreams.maintain()").fetchone()
     assert summary is not None and summary[0]["segments_removed"] == 2
     assert _positions(client, "sqlret")[0] == 2 * SEG
+
+
+def test_sql_publish_enforces_max_message_bytes_and_stores_nothing(client: pgstreams.Client) -> None:
+    client.create_topic("small_sql", 1, config={"max.message.bytes": 100})
+    client.create_topic("default_sql", 1)
+    with client.connection() as conn:
+        (limit,) = conn.execute("SELECT pgstreams.max_message_bytes('{}'::jsonb)").fetchone()
+        assert limit == TOPIC_CONFIG_DEFAULTS["max.message.bytes"]  # the SQL default is the Python one
+        too_large = [
+            ("'small_sql', %s::bytea", (b"x" * 101,)),
+            ("'small_sql', 'v'::text, key => %s", ("k" * 100,)),
+            ("'small_sql', 'v'::text, headers => %s::jsonb", ('{"h": "%s"}' % ("y" * 99),)),
+            ("'default_sql', %s::bytea", (b"x" * (limit + 1),)),
+        ]
+        for args, params in too_large:
+            with pytest.raises(psycopg.errors.ProgramLimitExceeded, match=r"max\.message\.bytes \(\d+\)"):
+                conn.execute(f"SELECT pgstreams.publish({args})", params)
+            conn.rollback()
+        conn.execute("SELECT pgstreams.publish('small_sql', 'v'::text, key => 'k', headers => %s)",
+                     (Jsonb({"h": "x"}),))
+        conn.execute("SELECT pgstreams.publish('default_sql', %s::bytea)", (b"x" * limit,))
+        conn.commit()
+    assert client.describe_topic("small_sql").events == 1 and client.describe_topic("default_sql").events == 1
+    client.alter_topic("small_sql", {"max.message.bytes": 1000})  # a new limit applies at once
+    with client.connection() as conn:
+        conn.execute("SELECT pgstreams.publish('small_sql', %s::bytea)", (b"x" * 500,))
+        conn.commit()
+    assert client.describe_topic("small_sql").events == 2
+
+
+def test_a_running_consumer_of_every_partition_reads_partitions_added_meanwhile(
+    client: pgstreams.Client,
+) -> None:
+    client.create_topic("widen", 2)
+    consumer = client.consumer("widen", "g")  # created before the topic grows, kept running
+    fixed = pgstreams.Consumer(client, "widen", "fixed", partitions=[0])
+    assert consumer.poll(10, timeout=0) == []
+    client.alter_topic("widen", partitions=5)
+    client.publish_many("widen", [{"value": p, "partition": p} for p in range(5)])
+    got: dict[int, int] = {}
+
+    def all_partitions() -> bool:
+        for e in consumer.poll(10, timeout=0.5):
+            got[e.partition] = e.value
+        consumer.commit()
+        return sorted(got) == [0, 1, 2, 3, 4]
+
+    until(all_partitions, timeout=10, what="the running consumer reads the new partitions")
+    assert consumer.partitions == (0, 1, 2, 3, 4) and got == {p: p for p in range(5)}
+    assert sorted(s.partition for s in client.describe_group("g") if s.lag == 0) == [0, 1, 2, 3, 4]
+    assert fixed.poll(10, timeout=1)[0].partition == 0 and fixed.partitions == (0,)  # given partitions stay
+
+
+def test_a_running_worker_group_rebalances_partitions_added_meanwhile(
+    client: pgstreams.Client, dsn: str
+) -> None:
+    client.create_topic("wide", 2)
+    handled: set[int] = set()
+    lock = threading.Lock()
+
+    def handle(ev: pgstreams.Event) -> None:
+        with lock:
+            handled.add(ev.value)
+
+    opts = {"heartbeat_interval": 0.1, "session_timeout": 1.0}
+    with pgstreams.connect(dsn) as other:
+        a = pgstreams.Worker(client, member_id="a", install_signal_handlers=False)
+        a.subscribe("wide", "g", handle, **opts)  # type: ignore[arg-type]
+        b = pgstreams.Worker(other, member_id="b", install_signal_handlers=False)
+        b.subscribe("wide", "g", handle, **opts)  # type: ignore[arg-type]
+        a.start()
+        b.start()
+        try:
+            def shares(n: int) -> bool:
+                mine = [set(w.assignment()[("g", "wide")]) for w in (a, b)]
+                return mine[0].isdisjoint(mine[1]) and sorted(mine[0] | mine[1]) == list(range(n)) and all(
+                    len(m) in (n // 2, (n + 1) // 2) for m in mine)
+
+            until(lambda: shares(2), what="1 + 1 partitions")
+            client.alter_topic("wide", partitions=6)
+            until(lambda: shares(6), what="3 + 3 partitions after growing to 6")
+            client.publish_many("wide", [{"value": p, "partition": p} for p in range(6)])
+            until(lambda: handled == set(range(6)), what="events of every partition handled")
+        finally:
+            a.stop(10)
+            b.stop(10)
+
+
+def test_a_worker_group_behind_retention_continues_from_the_oldest_event_and_the_loss_is_visible(
+    client: pgstreams.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.create_topic("lossy_w", 2, config={"segment.events": SEG, "retention.events": SEG})
+    client.consumer("lossy_w", "workers").poll(10, timeout=0)  # the group's checkpoints: before everything
+    _fill(client, "lossy_w", 3 * SEG + 100)
+    client.maintain()
+    retained = _positions(client, "lossy_w")
+    handled: list[int] = []
+    lock = threading.Lock()
+
+    def handle(ev: pgstreams.Event) -> None:
+        with lock:
+            handled.append(ev.position)
+
+    worker = pgstreams.Worker(client, install_signal_handlers=False, maintenance=None)
+    worker.subscribe("lossy_w", "workers", handle)
+    with caplog.at_level(logging.WARNING, logger="pgstreams.consumer"), worker:
+        until(lambda: len(handled) >= len(retained), 30, "the worker handled every retained event")
+    assert sorted(handled) == retained  # from the oldest retained event on, each once
+    assert sum(s.lost_events for s in client.describe_group("workers")) == retained[0] - 1
+    assert any("lost" in r.getMessage() for r in caplog.records)
+
+
+def test_the_prepared_poll_keeps_one_generic_plan(client: pgstreams.Client) -> None:
+    """The poll (read, loss check and partition count in one statement) is planned once per connection
+    (PostgreSQL keeps its generic plan), not at every poll."""
+    client.create_topic("plans", 4)
+    client.publish_many("plans", [{"value": i, "key": f"k{i}"} for i in range(200)])
+    with client.connection() as conn:
+        consumer = client.consumer("plans", "g")
+        reader = consumer.reader
+        for _ in range(20):  # reading, then idle polls at the head, as a consumer does
+            reader.fetch(conn, 500)
+        rows = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%UNION ALL%%' AND statement LIKE '%%loaded_fences%%'"
+        ).fetchall()
+    assert len(rows) == 1
+    generic, custom = rows[0]
+    assert custom <= 5 and generic >= 15  # PostgreSQL tries custom plans for the first 5 executions only

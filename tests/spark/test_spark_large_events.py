@@ -42,7 +42,7 @@ def read_all(options: dict[str, str]) -> tuple[list[type], dict[int, tuple[int, 
 
 def test_reads_of_events_too_large_to_aggregate_a_page_at_once(dsn: str) -> None:
     with pgstreams.connect(dsn) as client:
-        client.create_topic("large", 1)
+        client.create_topic("large", 1, config={"max.message.bytes": 100_000_000})  # 25 MB events
         for i in range(LARGE):
             client.publish("large", value(i), key=f"k{i}")
         client.publish_many("large", [{"value": b"small %d" % i} for i in range(10)])

@@ -46,9 +46,9 @@ class ReaderStorage:
         return self._store.events.time_cursors(conn, self._tid, fences, dt)
 
     def poll(self, conn: psycopg.Connection, params: dict[str, Any]
-             ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
-        """The rows of a poll (fences, then the events below them) and the removed segments after the
-        cursors (see ``EventStore.poll_checked``)."""
+             ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
+        """The rows of a poll (fences, then the events below them), the removed segments after the
+        cursors and the topic's partition count (see ``EventStore.poll_checked``)."""
         return self._store.events.poll_checked(conn, self._tid, params)
 
     def record_losses(self, losses: list[tuple[int, int, int]]) -> None:

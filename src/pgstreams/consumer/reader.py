@@ -75,6 +75,8 @@ if tuple(Event.__dataclass_fields__) != _EVENT_FIELDS or hasattr(Event, "__slots
 ROW_FIELDS = ("partition", "position", "txid", "since_epoch", "kind", "key", "payload", "headers",
               "event_type", "event_id", "correlation_id", "causation_id")
 Row = tuple[Any, ...]
+#: What a poll's statements return: the rows, the removed segments after the cursors, the partition count.
+Polled = tuple[list[Row], list[tuple[int, ...]], int]
 
 
 def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
@@ -176,6 +178,8 @@ class StreamReader:
         self.topic_id: int = meta.id
         #: the number of partitions of the topic
         self.partition_count: int = meta.partitions
+        #: whether the reader reads every partition of the topic, new ones too (``partitions`` not given)
+        self.follows_topic = partitions is None
         if partitions is None:
             parts = list(range(meta.partitions))
         else:
@@ -194,7 +198,7 @@ class StreamReader:
         self._committed: dict[int, Cursor] = {}
         self._cursor: dict[int, Cursor] = {}
         self._rotate = 0
-        self._ahead: tuple[dict[str, Any], Future[tuple[list[Row], list[tuple[int, ...]]]]] | None = None
+        self._ahead: tuple[dict[str, Any], Future[Polled]] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._storage = ReaderStorage(client, self.group, meta.id)
         self._wakeup = topic_wakeup(client, meta.id)
@@ -321,13 +325,15 @@ class StreamReader:
         except psycopg.Error as exc:  # the status then counts them from the checkpoint instead
             log.warning("could not record the loss in the group status: %s", str(exc).strip())
 
-    def _advance(self, polled: tuple[list[Row], list[tuple[int, ...]]], params: Mapping[str, Any]
-                 ) -> tuple[list[Row], dict[int, Cursor]]:
+    def _advance(self, polled: Polled, params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
         """Move the cursors past the rows of ``polled`` (read with ``params``, with the removed segments
-        after the cursors); return the rows, cut to the limit, and the cursor after them per partition."""
-        rows, removed = polled
+        after the cursors and the topic's partition count); return the rows, cut to the limit, and the
+        cursor after them per partition. A reader of every partition takes up partitions added since."""
+        rows, removed, count = polled
         if removed:
             self._losses(rows, params, removed)
+        if count > self.partition_count and self.follows_topic:
+            self._grow(count)
         if not rows:
             return rows, {}
         if len(rows) > params["limit"]:
@@ -337,16 +343,39 @@ class StreamReader:
         self._cursor.update(ends)
         return rows, ends
 
+    def _grow(self, count: int) -> None:
+        """Read the partitions the topic gained (up to ``count``) from their checkpoints, created at their
+        first event where the group has none (so none of their events is missed, whatever ``start``)."""
+        new = list(range(self.partition_count, count))
+
+        def checkpoints(conn: psycopg.Connection) -> dict[int, Cursor]:  # safe to run again
+            got = self._storage.load(conn, new)
+            missing = [p for p in new if p not in got]
+            if missing:
+                self._storage.init(conn, dict.fromkeys(missing, _ORIGIN))
+                got = self._storage.load(conn, new)
+            return got
+
+        cursors = self.client.run(checkpoints)
+        self.client.topic_state(self.topic, refresh=True)  # publishers of this client hash over them too
+        self.partition_count = count
+        self.partitions = (*self.partitions, *new)
+        self._committed.update(cursors)
+        self._cursor.update(cursors)
+        log.info("group %s reads the new partitions %s of topic %s", self.group, new, self.topic)
+
     def read_params(self, max_events: int) -> dict[str, Any]:
         """The parameters of the next read of up to ``max_events`` events after the cursors (for a caller
         that runs the poll itself, such as :mod:`pgstreams.aio`; pass its result to :meth:`advance`)."""
         return self._params(max_events, None)
 
-    def advance(self, polled: tuple[list[Row], list[tuple[int, ...]]], params: Mapping[str, Any]
-                ) -> tuple[list[Row], dict[int, Cursor]]:
-        """Move the cursors past the rows a poll with ``params`` read (``polled``: the rows and the removed
-        segments after the cursors); the rows, cut to the limit, and the cursor after them per partition."""
-        return self._advance(polled, params)
+    def advance(self, polled: Polled, params: Mapping[str, Any]) -> tuple[list[Row], dict[int, Cursor]]:
+        """Move the cursors past the rows a poll with ``params`` read (``polled``: the rows, the removed
+        segments after the cursors and the partition count); the rows, cut to the limit, and the cursor
+        after them per partition. The reader keeps its partitions (a caller running the poll itself
+        creates its reader again to read partitions added since)."""
+        rows, removed, _ = polled
+        return self._advance((rows, removed, 0), params)
 
     def outcome(self, outcomes: Mapping[int, CommitOutcome]) -> CommitOutcome:
         """Record the outcome per partition of a store the caller ran (:attr:`last_outcomes`); return the
@@ -374,7 +403,7 @@ class StreamReader:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix=f"pgstreams-read-ahead-{self.topic}")
         storage, client = self._storage, self.client
 
-        def read() -> tuple[list[Row], list[tuple[int, ...]]]:
+        def read() -> Polled:
             return client.run(lambda c: storage.poll(c, params))
 
         self._ahead = (params, self._ahead_pool.submit(read))

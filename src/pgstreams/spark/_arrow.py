@@ -353,3 +353,29 @@ def encode_copy(batch: pa.RecordBatch, partitioner: Partitioner, *, ordinal: int
         line = pa.concat_arrays([line])
     offsets = np.frombuffer(line.buffers()[1], dtype=np.int32, count=n + 1)
     return line.buffers()[2].to_pybytes()[int(offsets[0]):int(offsets[-1])]
+
+
+def _lengths(arr: pa.Array) -> np.ndarray:
+    """The byte length of each value of a string or binary array (0 for NULL) as int64."""
+    return pc.fill_null(pc.binary_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+
+
+def event_sizes(batch: pa.RecordBatch) -> np.ndarray:
+    """Per row, the size ``max.message.bytes`` limits (as :func:`pgstreams.producer.event_size`): the
+    value's bytes plus the key's and the header names' and values' (UTF-8)."""
+    n = batch.num_rows
+    value = _column(batch, "value")
+    assert value is not None
+    sizes = _lengths(value)
+    key = _column(batch, "key")
+    if key is not None:
+        sizes += _lengths(key)
+    headers = _column(batch, "headers")
+    if headers is not None and len(headers) != headers.null_count:
+        if headers.offset:
+            headers = pa.concat_arrays([headers])
+        flat = _lengths(headers.keys) + _lengths(headers.items)
+        total = np.concatenate([[0], np.cumsum(flat)])
+        offsets = headers.offsets.to_numpy(zero_copy_only=False)[: n + 1]
+        sizes += total[offsets[1:]] - total[offsets[:-1]]
+    return sizes

@@ -11,6 +11,7 @@ capped below it, so all tasks see one consistent set of events: in each partitio
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from pyspark.sql.types import StructType
 
+from ..errors import DataLoss
 from ..storage import TopicRecord, TopicTables
 from . import _db
 from ._arrow import decode_chunk
@@ -46,6 +48,12 @@ from ._sql import (
     chunk_query,
     query,
 )
+
+log = logging.getLogger("pgstreams.spark")
+
+#: How often a chunk query that failed while retention removed a segment it read is tried again
+#: (``failOnDataLoss=false``; later tries no longer see the segment).
+RACE_RETRIES = 3
 
 #: Below this many events a partition range is read through the read-order index.
 ORDERED_CAP = 100_000
@@ -132,7 +140,44 @@ def resolve_cursor(conn: Any, opts: ReadOptions, topic: TopicRecord, fences: dic
         else:
             cursor = at_time[p]
         out[p] = min(cursor, fences[p] - 1)
-    return out
+    return lift_origins(conn, opts, topic.id, out)
+
+
+def lift_origins(conn: Any, opts: ReadOptions, topic_id: int,
+                 cursors: dict[int, Cursor]) -> dict[int, Cursor]:
+    """``cursors`` with every cursor at the origin (earliest) moved past the events retention removed
+    (the same events are read): later checks for data loss then see only what is removed from then on."""
+    if ORIGIN not in cursors.values():
+        return cursors
+    floors = _db.store(opts.schema).operations.retained_floors(conn, topic_id)
+    return {p: (floors.get(p, ORIGIN) if c == ORIGIN else c) for p, c in cursors.items()}
+
+
+def check_loss(conn: Any, opts: ReadOptions, topic: str, topic_id: int, starts: dict[int, Cursor],
+               ends: dict[int, Cursor], *, racing: bool = False) -> bool:
+    """Whether retention removed events of ``topic`` in ``(starts[p], ends[p]]`` (a start cursor at the
+    origin means earliest: the oldest retained event, no loss). With option ``failOnDataLoss`` (default
+    true, as Spark's Kafka source) raise :class:`DataLoss` naming the topic, partitions and removed
+    positions; otherwise log a warning (reading goes on from the oldest retained event). ``racing``: the
+    check follows a read, so the removal happened while the query read."""
+    checked = {p: c for p, c in starts.items() if c != ORIGIN or racing}
+    found = _db.removed_between(conn, opts.schema, topic_id, checked, ends)
+    if not found:
+        return False
+    what = "; ".join(f"partition {p}: positions {a} to {b} (about {n} event{'s' if n != 1 else ''})"
+                     for p, (a, b, n) in sorted(found.items()))
+    if racing:
+        msg = (f"topic {topic!r}: retention removed events while this query read them ({what}); some of "
+               f"them may be missing from the result")
+    else:
+        msg = (f"topic {topic!r}: the offsets point at events retention removed before they were read "
+               f"({what})")
+    if opts.fail_on_data_loss:
+        raise DataLoss(f"{msg}. Some data was lost: the events aged out of the topic by its retention "
+                       f"settings. If you do not want the query to fail on such cases, set the source option "
+                       f"'failOnDataLoss' to 'false' (it then reads on from the oldest retained event).")
+    log.warning("%s; reading on from the oldest retained event (failOnDataLoss=false)", msg)
+    return True
 
 
 def specs(opts: ReadOptions, topic: str, partitions: Sequence[int], *, ending: bool) -> dict[int, Spec]:
@@ -174,6 +219,7 @@ class BatchReader(DataSourceReader):
                 fences = _db.fences(conn, opts.schema, meta, parts)
                 starts = resolve_cursor(conn, opts, meta, fences, specs(opts, meta.name, parts, ending=False))
                 ends = resolve_cursor(conn, opts, meta, fences, specs(opts, meta.name, parts, ending=True))
+                check_loss(conn, opts, meta.name, meta.id, starts, ends)
                 plans.extend((meta, p, starts[p], ends[p]) for p in parts if starts[p] < ends[p])
             splits: list[InputPartition] = []
             per_partition = max(1, math.ceil(self.min_partitions / max(1, len(plans))))
@@ -355,23 +401,31 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
+        tries = 0
         while True:
             try:
                 batches, last, events, size = chunks.fetch(
                     cur, {**base, "position": cursor, "limit": limit}, split.topic,
                     split.partition, arrow_schema)
             except psycopg.Error as exc:
-                if not too_large(exc) or limit == 1:
-                    raise
-                limit = max(1, limit // 2)  # events too large for one aggregate: fewer at once
-                continue
+                if too_large(exc) and limit > 1:
+                    limit = max(1, limit // 2)  # events too large for one aggregate: fewer at once
+                    continue
+                if raced(conn, opts, split.topic, split.topic_id, {split.partition: split.start},
+                         {split.partition: split.end}, exc) and tries < RACE_RETRIES:
+                    tries += 1
+                    continue
+                raise
             if last is None:
-                return
+                break
             yield from batches
             cursor = last
             if events < limit:
-                return
+                break
             limit = max(1, min(opts.batch_size, int(events * CHUNK_BYTES / max(1, size))))
+        if opts.fail_on_data_loss:
+            check_loss(conn, opts, split.topic, split.topic_id, {split.partition: split.start},
+                       {split.partition: split.end}, racing=True)
 
 
 def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
@@ -397,6 +451,7 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
     chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, bounds)
     with _db.connect(opts.dsn) as conn:
         cur = conn.cursor(binary=True)
+        tries = 0
         for r in split.pages:
             group_cap, per_event = r.pages_per_group, False
             chunk = max(1, r.pages_per_chunk // FIRST_CHUNK_SHARE)
@@ -410,6 +465,10 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
                                                        arrow_schema, per_event)
                 except psycopg.Error as exc:
                     if not too_large(exc) or per_event:
+                        if raced(conn, opts, split.topic, split.topic_id, *_scan_bounds(split, r), exc) \
+                                and tries < RACE_RETRIES:
+                            tries += 1
+                            continue
                         raise
                     # a page group too large for one aggregate: fewer pages at once, then one row per event
                     if chunk > 1 or group_cap > 1:
@@ -420,3 +479,27 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
                 yield from batches
                 chunk = max(1, min(r.pages_per_chunk, int((b - a) * CHUNK_BYTES / max(1, size))))
                 a, per_event = b, per_event and size >= BATCH_BYTES  # pages of huge events go on per event
+            if opts.fail_on_data_loss:
+                check_loss(conn, opts, split.topic, split.topic_id, *_scan_bounds(split, r), racing=True)
+
+
+def _scan_bounds(split: ScanSplit, r: PageRange) -> tuple[dict[int, Cursor], dict[int, Cursor]]:
+    """The start and end cursors of the partitions ``split`` reads, cut to the positions of the segment of
+    page range ``r``."""
+    parts = [p for p in range(len(split.ends)) if split.ends[p] > split.starts[p]]
+    starts = {p: max(split.starts[p], r.lo - 1) for p in parts}
+    ends = {p: min(split.ends[p], r.hi - 1) for p in parts}
+    return starts, ends
+
+
+def raced(conn: Any, opts: ReadOptions, topic: str, topic_id: int, starts: dict[int, Cursor],
+          ends: dict[int, Cursor], exc: psycopg.Error) -> bool:
+    """After a chunk query failed with ``exc``: whether retention removed events it was reading (a segment
+    dropped under the query). Raises :class:`DataLoss` saying so with option ``failOnDataLoss`` (default
+    true), else logs a warning and returns true: the query is tried again without the segment."""
+    if conn.closed or conn.broken:
+        return False
+    try:
+        return check_loss(conn, opts, topic, topic_id, starts, ends, racing=True)
+    except DataLoss as loss:
+        raise loss from exc

@@ -124,3 +124,17 @@ def nth_cursors(conn: psycopg.Connection, schema: str, topic: TopicRecord, start
         "nth": [nth[p] for p in ps],
     }).fetchall()
     return {int(p): (None if c is None else int(c)) for p, c in rows}
+
+
+def removed_between(conn: psycopg.Connection, schema: str, topic_id: int, starts: Mapping[int, Cursor],
+                    ends: Mapping[int, Cursor]) -> dict[int, tuple[int, int, int]]:
+    """Per partition of ``starts``, what retention removed of its events in ``(start, end]``: the first and
+    last removed position there and about how many events (partitions that lost nothing are absent)."""
+    ps = sorted(p for p in starts if ends[p] > starts[p])
+    if not ps:
+        return {}
+    rows = conn.execute(query("removed_between", schema), {
+        "topic_id": topic_id, "partitions": ps, "positions": [starts[p] for p in ps],
+        "end_positions": [ends[p] for p in ps],
+    }).fetchall()
+    return {int(p): (int(a), int(b), int(n)) for p, a, b, n in rows}

@@ -22,6 +22,10 @@ EARLIEST = -2
 #: Offsets JSON value meaning "after the last event below the read fence" (as in Kafka's source).
 LATEST = -1
 
+#: Default of option ``failOnDataLoss`` (as Spark's Kafka source): a read whose offsets point at events
+#: retention removed fails.
+FAIL_ON_DATA_LOSS = True
+
 #: The cursor before every event (a cursor, :data:`pgstreams.storage.Cursor`, is the position of the last
 #: event read: "after this position").
 ORIGIN: Cursor = 0
@@ -157,6 +161,16 @@ def positive_int_option(options: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
+    """An option holding ``true`` or ``false`` (any case); ``default`` when not set."""
+    value = _get(options, name)
+    if value is None:
+        return default
+    if value.lower() not in ("true", "false"):
+        raise InvalidArgument(f"option '{name}' must be 'true' or 'false', got {value!r}")
+    return value.lower() == "true"
+
+
 def timestamp_option(options: Mapping[str, str], name: str) -> datetime | None:
     """An optional time: milliseconds since the Unix epoch (as in Kafka's source) or ISO-8601 with a zone."""
     value = _get(options, name)
@@ -278,6 +292,7 @@ class ReadOptions:
     max_records_per_partition: int | None
     group: str | None
     batch_size: int
+    fail_on_data_loss: bool = FAIL_ON_DATA_LOSS
 
 
 def read_options(options: Mapping[str, str]) -> ReadOptions:
@@ -299,6 +314,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         max_records_per_partition=positive_int_option(options, "maxRecordsPerPartition"),
         group=group,
         batch_size=positive_int_option(options, "arrowBatchSize") or 32768,
+        fail_on_data_loss=bool_option(options, "failOnDataLoss", FAIL_ON_DATA_LOSS),
     )
 
 

@@ -37,7 +37,7 @@ from pyspark.sql.types import StructType
 from ..errors import InvalidArgument
 from ..storage import TopicRecord
 from . import _db
-from ._batch import Split, read_split, resolve_cursor, specs
+from ._batch import Split, check_loss, lift_origins, read_split, resolve_cursor, specs
 from ._options import ORIGIN, Cursor, ReadOptions, legacy_cursor
 
 #: Per topic and partition, a cursor.
@@ -226,7 +226,16 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         def run(conn: psycopg.Connection) -> tuple[Offsets, Offsets, dict[str, int]]:
             fences = self._fences(conn) if _has_legacy(start) or _has_legacy(end) else None
             ids = {m.name: m.id for m in self._topics(conn)}
-            return self._resolve(conn, start, fences), self._resolve(conn, end, fences), ids
+            begin, stop = self._resolve(conn, start, fences), self._resolve(conn, end, fences)
+            for t, parts in stop.items():
+                if t not in ids:
+                    continue
+                starts = lift_origins(conn, self.opts, ids[t],
+                                      {p: begin.get(t, {}).get(p, ORIGIN) for p in parts})
+                # offsets that point at events retention removed: fail (failOnDataLoss) or read on
+                check_loss(conn, self.opts, t, ids[t], starts, dict(parts))
+                begin[t] = starts
+            return begin, stop, ids
         begin, stop, ids = self._run(run)
         out: list[InputPartition] = []
         for t, parts in stop.items():

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
@@ -32,10 +33,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, MessageTooLarge
 from ..storage import Segments, TopicRecord, notification_channel
+from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 from . import _db
-from ._arrow import Partitioner, encode_copy
+from ._arrow import Partitioner, encode_copy, event_sizes
 from ._options import WriteOptions
 from ._sql import topic_query
 
@@ -100,6 +102,18 @@ def _select(batch: pa.RecordBatch, used: list[str]) -> pa.RecordBatch:
     return batch.select(names) if len(names) != batch.num_columns else batch
 
 
+def check_sizes(batch: pa.RecordBatch, meta: TopicRecord, offset: int) -> None:
+    """Raise :class:`MessageTooLarge` for the first row of ``batch`` (the task's ``offset``-th row first)
+    larger than the topic's ``max.message.bytes``: the task's transaction then rolls back, storing nothing."""
+    limit = int(meta.config.get(MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES]))
+    sizes = event_sizes(batch)
+    over = np.flatnonzero(sizes > limit)
+    if len(over):
+        i = int(over[0])
+        raise MessageTooLarge(f"row {offset + i} of the task: an event of {int(sizes[i])} bytes exceeds "
+                              f"max.message.bytes ({limit}) of topic {meta.name!r}; the task stored nothing")
+
+
 def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: str, batch_id: int,
                task_partition: int, batches: Iterator[pa.RecordBatch]) -> TaskCommit:
     """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``.
@@ -141,6 +155,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
                     n = batch.num_rows
                     if n == 0:
                         continue
+                    check_sizes(batch, meta, events)
                     payload = encode_copy(_select(batch, used), partitioner,
                                           ordinal=events if has_ids else None)
                     last = segments.ensure_room_after(ex, n, side)

@@ -115,3 +115,19 @@ SET jit = off; SET max_parallel_workers_per_gather = 0;
 -- The writing transaction registers as a publisher of every partition of the topic first (join_fence).
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)
 FROM STDIN;
+
+-- name: removed_between
+-- Per partition, what retention removed (segments marked as removed, see 0008_operations.sql) of the
+-- events in (start cursor, end cursor]: the first and last removed position in that range and about how
+-- many events (exact for segments wholly inside, estimated from positions for a segment cut by a cursor).
+-- Marks are committed before a segment is detached, so a check after a read sees every segment it missed.
+SELECT c.p, min(greatest(sp.first_position, c.pos + 1)), max(least(sp.last_position, c.epos)),
+       sum(greatest(1, round(sp.events::numeric
+                             * (least(sp.last_position, c.epos) - greatest(sp.first_position, c.pos + 1) + 1)
+                             / (sp.last_position - sp.first_position + 1))))::bigint
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], %(end_positions)s::bigint[]) AS c(p, pos, epos)
+  JOIN {schema}.segment_partitions sp
+    ON sp.topic_id = %(topic_id)s AND sp.partition = c.p AND sp.removed_at IS NOT NULL
+   AND sp.last_position > c.pos AND sp.first_position <= c.epos
+ GROUP BY c.p
+ ORDER BY c.p;

@@ -26,7 +26,7 @@ from .naming import TopicTables
 from .topics import TopicRecord, _record
 
 #: The statements of a poll, as :meth:`pgstreams.storage.EventStore.poll_checked` sends them.
-_POLL = ("load_fences", "poll", "removed_after_cursors")
+_POLL = ("load_fences", "poll_checked")
 
 
 class AsyncExecutor:
@@ -174,18 +174,24 @@ class AsyncStore:
         return {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows}
 
     async def poll_checked(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
-                           ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
-        """The rows of a poll below the partitions' read fences and the removed segments after the
-        cursors, as ``EventStore.poll_checked``: the fences, the read and the check are sent together
-        (one round trip; the read's snapshot is newer than the fences)."""
+                           ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
+        """The rows of a poll below the partitions' read fences, the removed segments after the cursors and
+        the topic's partition count, as ``EventStore.poll_checked``: the fences and the read (with its
+        trailer row) are sent together (one round trip; the read's snapshot is newer than the fences);
+        the removed segments are read only when the trailer says there are some."""
         curs = []
         async with conn.pipeline():
             for q in _POLL:
-                cur = conn.cursor(binary=q == "poll")
+                cur = conn.cursor(binary=q == "poll_checked")
                 await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
                 curs.append(cur)
-        out = [await cur.fetchall() for cur in curs]
-        return out[1], out[2]
+        rows = await curs[1].fetchall()
+        trailer = rows.pop()
+        removed: list[tuple[int, ...]] = []
+        if trailer[2]:
+            cur = await conn.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
+            removed = await cur.fetchall()
+        return rows, removed, int(trailer[1] or 0)
 
     # -- checkpoints -------------------------------------------------------------------------------------
     async def load_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,

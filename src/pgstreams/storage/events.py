@@ -74,7 +74,9 @@ def _insert_statement(schema: str, topic_id: int) -> Statement:
     return statement("insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event", schema, topic_id)
 
 
-_POLL_CHECKED = ("load_fences", "poll", "removed_after_cursors")
+_POLL_CHECKED = ("load_fences", "poll_checked")
+#: The queries whose rows come in binary form (event rows).
+_BINARY = frozenset({"poll", "poll_checked"})
 
 
 class EventStore:
@@ -240,13 +242,19 @@ class EventStore:
         return self._poll(conn, topic_id, params, ("load_fences", "poll"))[1]
 
     def poll_checked(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]
-                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]]]:
-        """:meth:`poll`, and in the same round trip (after the read) the segments retention removed that
-        held events after the cursors: ``(partition, segment, hi, first position, last position,
-        events)`` rows, usually none. Removed segments are marked before they are detached, so a read
-        that missed one of them is always followed by its mark here."""
-        _, rows, removed = self._poll(conn, topic_id, params, _POLL_CHECKED)
-        return rows, removed
+                     ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
+        """:meth:`poll`, the segments retention removed that held events after the cursors (``(partition,
+        segment, hi, first position, last position, events)`` rows, usually none) and the topic's
+        partition count. The read's own snapshot tells whether a removed segment lies after a cursor (its
+        last row, see the query ``poll_checked``); only then are the segments read, in a later statement.
+        Removed segments are marked before they are detached, so a read that missed one of them always
+        learns of it."""
+        _, rows = self._poll(conn, topic_id, params, _POLL_CHECKED)
+        trailer = rows.pop()
+        removed: list[tuple[int, ...]] = []
+        if trailer[2]:
+            removed = self._poll(conn, topic_id, params, ("removed_after_cursors",))[0]
+        return rows, removed, int(trailer[1] or 0)
 
     def _poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any], queries: tuple[str, ...]
               ) -> list[list[tuple[Any, ...]]]:
@@ -254,7 +262,7 @@ class EventStore:
             with conn.pipeline():
                 curs = []
                 for q in queries:
-                    cur = conn.cursor(binary=q == "poll")
+                    cur = conn.cursor(binary=q in _BINARY)
                     cur.execute(self.ex.query(q, topic_id), params, prepare=True)
                     curs.append(cur)
             return [cur.fetchall() for cur in curs]
@@ -265,5 +273,5 @@ class EventStore:
         steps = []
         for q in ("generic_plans", *queries):
             st = statement(q, self.ex.schema, topic_id)
-            steps.append((st, [text[n] for n in st.params], 1 if q == "poll" else 0))
+            steps.append((st, [text[n] for n in st.params], 1 if q in _BINARY else 0))
         return self._direct.pipeline(conn, steps)[1:]

@@ -69,14 +69,17 @@ class OperationsStore:
                 if partitions < before:
                     raise ValueError(f"topic {name!r} has {before} partitions: decreasing is not possible")
                 self.ex.run("set_topic_partitions", (partitions, topic_id), conn=conn)
-                self.ex.run(
-                    "checkpoints_for_new_partitions",
-                    {"first": before, "count": partitions, "topic_id": topic_id},
-                    conn=conn,
-                )
+                grown = {"first": before, "count": partitions, "topic_id": topic_id}
+                self.ex.run("checkpoints_for_new_partitions", grown, conn=conn)
+                self.ex.run("leases_for_new_partitions", grown, conn=conn)
             return topic_id, before, merged
 
     # -- maintenance ---------------------------------------------------------------------------------
+    def prepare_pass(self, conn: psycopg.Connection) -> None:
+        """Set up ``conn`` (a connection of its own) for a maintenance pass: its commits do not wait for
+        their WAL flush (see the query ``maintenance_session``)."""
+        self.ex.run("maintenance_session", conn=conn)
+
     def lock_pass(self, conn: psycopg.Connection) -> None:
         """Wait for and take the schema's maintenance lock on ``conn`` (a session lock)."""
         self.ex.one("maintenance_lock", (self.ex.schema,), conn=conn)

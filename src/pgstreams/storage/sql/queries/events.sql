@@ -129,6 +129,38 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
 ) e
  LIMIT %(total)s;
 
+-- name: poll_checked
+-- poll, followed by one trailer row (partition -1) evaluated with the read's own snapshot: its position
+-- is the topic's partition count (a consumer of every partition picks new ones up), its txid 1 when
+-- retention removed a segment holding events after one of the cursors (see removed_after_cursors, which
+-- the reader then runs), else 0. Segments are marked as removed before they are detached and dropped, so
+-- a read that missed a segment's events sees its mark here; and while no removed segment lies after the
+-- cursors (always, for a topic without retention) a poll needs no other statement. The trailer comes last:
+-- UNION ALL appends its branches in order. The removed segments are probed per partition (an index
+-- descent each, whatever the number of segments removed so far).
+SELECT * FROM (
+SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id
+  FROM unnest(%(partitions)s::int[], %(positions)s::bigint[], {schema}.loaded_fences({topic_id}))
+       AS c(p, pos, fence)
+ CROSS JOIN LATERAL (
+      SELECT * FROM {table} t
+       WHERE (t.partition, t.position) > (c.p, c.pos) AND (t.partition, t.position) < (c.p, c.fence)
+       ORDER BY t.partition, t.position
+       LIMIT %(limit)s
+) e
+ LIMIT %(total)s
+) e
+UNION ALL
+SELECT -1, (SELECT t.partitions FROM {schema}.topics t WHERE t.id = {topic_id})::bigint,
+       (EXISTS (SELECT 1 FROM unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(p, pos)
+                 CROSS JOIN LATERAL (
+                       SELECT 1 FROM {schema}.segment_partitions sp
+                        WHERE sp.topic_id = {topic_id} AND sp.partition = c.p AND sp.removed_at IS NOT NULL
+                          AND sp.last_position > c.pos
+                        LIMIT 1) r))::int::bigint,
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL;
+
 -- copy_events and copy_staging: rows without producer tag (Spark writes); the _tagged ones: with it.
 -- name: copy_events
 COPY {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id, causation_id)

@@ -12,6 +12,15 @@ UPDATE {schema}.topics SET config = %s WHERE id = %s;
 -- name: set_topic_partitions
 UPDATE {schema}.topics SET partitions = %s WHERE id = %s;
 
+-- name: leases_for_new_partitions
+-- Groups with members on a topic whose partitions grew get leases on the new partitions (unowned: the
+-- members' next balancing rounds claim them).
+INSERT INTO {schema}.leases (group_name, topic_id, partition)
+SELECT DISTINCT l.group_name, l.topic_id, g.p
+  FROM {schema}.leases l CROSS JOIN generate_series(%(first)s, %(count)s - 1) AS g(p)
+ WHERE l.topic_id = %(topic_id)s
+ON CONFLICT DO NOTHING;
+
 -- name: checkpoints_for_new_partitions
 -- Groups reading a topic whose partitions grew start the new partitions from their first event.
 INSERT INTO {schema}.checkpoints (group_name, topic_id, partition, position)
@@ -19,6 +28,12 @@ SELECT DISTINCT k.group_name, k.topic_id, g.p, 0::bigint
   FROM {schema}.checkpoints k CROSS JOIN generate_series(%(first)s, %(count)s - 1) AS g(p)
  WHERE k.topic_id = %(topic_id)s
 ON CONFLICT DO NOTHING;
+
+-- name: maintenance_session
+-- A maintenance pass commits many small transactions (per topic: segments ahead, sealing, retention marks,
+-- each step of a detach): none waits for its WAL flush. WAL stays in order, so a mark is durable before
+-- the detach and drop that follow it, and a transaction that drops a table flushes WAL anyway.
+SET synchronous_commit = off;
 
 -- name: maintenance_lock
 -- One maintenance pass of a schema at a time (SQL maintain() takes the same key per transaction).
@@ -94,8 +109,8 @@ SELECT topic, cleanup_policy, retention_ms, retention_events, retention_bytes, o
  ORDER BY topic;
 
 -- name: removed_after_cursors
--- A poll's last statement: per partition, the removed segments holding events after the cursor. Usually
--- none (an index probe per partition); see pgstreams.consumer.reader for how a loss is told apart.
+-- Per partition, the removed segments holding events after the cursor: run after a poll whose read found
+-- some (the trailer of the query poll_checked); see pgstreams.consumer.reader for how a loss is told apart.
 SELECT sp.partition, sp.segment, sp.hi, sp.first_position, sp.last_position, sp.events
   FROM unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(p, pos)
   JOIN {schema}.segment_partitions sp

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import psycopg
@@ -17,7 +18,10 @@ T = TypeVar("T")
 
 
 def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    return asyncio.run(fn(*args))  # type: ignore[arg-type]
+    # in a thread of its own: a test run before this one in the same process may have left an event loop
+    # marked running in the main thread (a browser driver's, for one), where asyncio.run() refuses to start
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, fn(*args)).result()  # type: ignore[arg-type]
 
 
 def test_publish_poll_commit_round_trip_with_outcomes(dsn: str) -> None:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.rows import RowFactory, dict_row, tuple_row
 from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
@@ -207,11 +207,14 @@ class AsyncStore:
         await self.ex.run("init_checkpoints", (group, topic_id, ps, [starts[p] for p in ps]), conn=conn)
 
     async def store_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
-                                targets: Mapping[int, Cursor], expected: Mapping[int, Cursor]
-                                ) -> dict[int, CommitOutcome]:
-        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened."""
+                                targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
+                                durable: bool = True) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
+        ``durable=False`` on an idle autocommit connection: the commit does not wait for its flush."""
         ps = sorted(targets)
-        rows = await self.ex.all("store_checkpoints", (group, topic_id, ps, [targets[p] for p in ps],
+        lazy = "" if durable or not (
+            conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
+        rows = await self.ex.all("store_checkpoints" + lazy, (group, topic_id, ps, [targets[p] for p in ps],
                                                       [expected[p] for p in ps]), conn=conn)
         return {int(p): CommitOutcome(code) for p, code in rows}
 

@@ -79,7 +79,7 @@ class ShareStore:
 
     def may_use(self, group: str, topic_id: int) -> bool:
         """Whether the current role may use the group on the topic (an admin, or granted ``consume``); the
-        rows of the others are invisible to it (row-level security, ``0012_share_roles.sql``)."""
+        rows of the others are invisible to it (row-level security, migration 0012)."""
         row = self.ex.one("share_may_use", (group, topic_id))
         return bool(row and row[0])
 

@@ -90,6 +90,11 @@ def test_producer_consumer_and_admin_roles(client: pgstreams.Client, roles: dict
         admin.reset_group("billing", "orders", to_earliest=True)
         admin.delete_topic("new")
 
+    with psycopg.connect(roles["producer"], autocommit=True) as conn:  # an idempotent SQL publish
+        pid = conn.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
+        call = "SELECT duplicate FROM pgstreams.publish('orders', 'sql'::text, producer => %s, sequence => 1)"
+        assert [conn.execute(call, (pid,)).fetchone() for _ in range(2)] == [(False,), (True,)]
+
     assert client.revoke(roles["producer_role"], produce=["orders"]) == 1
     with pgstreams.connect(roles["producer"], migrate=False) as producer:
         with pytest.raises(pgstreams.PermissionDenied, match="orders"):

@@ -83,13 +83,20 @@ def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
     return max_events, _seconds("timeout", timeout, low=0.0)
 
 
+def check_lock_timeout(value: object) -> float:
+    """Validate a share group's lock timeout: a number of seconds from 0.01 to a day (86400); raises
+    :class:`pgstreams.InvalidArgument` naming ``lock_timeout`` otherwise."""
+    lock = _seconds("lock_timeout", value, low=0.0, high=_MAX_DELAY, low_ok=False)
+    if lock < 0.01:
+        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {value!r}")
+    return lock
+
+
 def check_share_options(topic: str, options: ShareOptions) -> tuple[Start, float, int, str | None, Ordering]:
     """Validate share-consumer options for ``topic``; return ``(start, lock_timeout, max_deliveries,
     dead-letter topic or None, ordering)``."""
     start = check_start(options.start)
-    lock = _seconds("lock_timeout", options.lock_timeout, low=0.0, high=_MAX_DELAY, low_ok=False)
-    if lock < 0.01:
-        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {options.lock_timeout!r}")
+    lock = check_lock_timeout(options.lock_timeout)
     md = options.max_deliveries
     if isinstance(md, bool) or not isinstance(md, int) or not 1 <= md <= 1_000_000:
         raise InvalidArgument(f"max_deliveries must be an integer from 1 to 1000000, got {md!r}")

@@ -112,3 +112,17 @@ SELECT g.group_name, t.name AS topic, sp.topic_id, sp.partition, g.queue,
         FROM {schema}.share_events s
        WHERE s.group_name = sp.group_name AND s.topic_id = sp.topic_id AND s.partition = sp.partition
   ) st ON true;
+
+-- A transaction's acks (ShareConsumer.transaction()) ride on its COMMIT: the acking statement and the COMMIT
+-- go in one round trip, and the statement ends with share_expect(acked, wanted), which raises (SQLSTATE
+-- PSA01) unless every event was acked, so the COMMIT then rolls back the handler's writes with the acks.
+CREATE FUNCTION {schema}.share_expect(p_done bigint, p_want bigint) RETURNS bigint
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF p_done IS DISTINCT FROM p_want THEN
+        RAISE EXCEPTION 'share group acks: % of % events acked (locks expired or taken over)',
+            coalesce(p_done, 0), p_want USING ERRCODE = 'PSA01';
+    END IF;
+    RETURN p_done;
+END;
+$$;

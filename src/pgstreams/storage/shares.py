@@ -135,11 +135,13 @@ class ShareStore:
         return {(int(p), int(pos)): str(o) for p, pos, o in rows}
 
     def forget(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
-               events: Sequence[tuple[int, int]]) -> None:
-        """Remove ``owner``'s rows of these ``(partition, position)``: events retention removed."""
-        self.ex.run("share_forget", {"group": group, "topic_id": topic_id, "owner": owner,
-                                     "partitions": [e[0] for e in events],
-                                     "positions": [e[1] for e in events]}, conn=conn)
+               events: Sequence[tuple[int, int]]) -> int:
+        """Remove ``owner``'s rows of these ``(partition, position)``: events retention removed, counted as
+        lost to the group; return how many rows it removed."""
+        row = self.ex.one("share_forget", {"group": group, "topic_id": topic_id, "owner": owner,
+                                           "partitions": [e[0] for e in events],
+                                           "positions": [e[1] for e in events]}, conn=conn)
+        return int(row[0]) if row is not None else 0
 
     def ack_batches(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
                     batches: Mapping[tuple[int, int], Sequence[int]]) -> set[tuple[int, int]]:
@@ -166,7 +168,7 @@ class ShareStore:
             lock = r["oldest_lock"]
             r["oldest_lock"] = None if lock is None else lock.astimezone(timezone.utc)
             for k in ("acquired", "available", "waiting", "delivered_too_often", "removed_too_often",
-                      "rejected", "dead_lettered"):
+                      "rejected", "dead_lettered", "lost_events"):
                 r[k] = int(r[k] or 0)
             out.append(ShareGroupStatus(**r))
         return out

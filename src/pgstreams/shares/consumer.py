@@ -180,8 +180,10 @@ class ShareConsumer:
         self._dlt_partitions: int | None = None
         if dlt is not None:
             self._ensure_dead_letter_topic(dlt)
+        from ..client import denied
+
         try:
-            with client.connection() as conn:
+            with denied(f"use share group {group!r} of topic {self.topic!r}"), client.connection() as conn:
                 with conn.transaction():
                     self._store.upsert_group(conn, group, self.topic_id, queue=queue, lock_timeout=lock,
                                              max_deliveries=md, dead_letter=dlt, ordering=ordering)

@@ -77,6 +77,12 @@ class ShareStore:
             return None
         return ShareSettings(bool(row[0]), int(row[1]) / 1000, int(row[2]), row[3], row[4])
 
+    def may_use(self, group: str, topic_id: int) -> bool:
+        """Whether the current role may use the group on the topic (an admin, or granted ``consume``); the
+        rows of the others are invisible to it (row-level security, migration 0012)."""
+        row = self.ex.one("share_may_use", (group, topic_id))
+        return bool(row and row[0])
+
     def partitions(self, conn: psycopg.Connection | None, group: str, topic_id: int) -> set[int]:
         """The partitions the group has a frontier on."""
         return {int(r[0]) for r in self.ex.all("share_partitions_of", (group, topic_id), conn=conn)}

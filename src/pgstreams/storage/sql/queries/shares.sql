@@ -16,6 +16,9 @@ ON CONFLICT (group_name, topic_id) DO UPDATE
 SELECT g.queue, g.lock_timeout_ms, g.max_deliveries, g.dead_letter, g.ordering
   FROM {schema}.share_groups g WHERE g.group_name = %s AND g.topic_id = %s;
 
+-- name: share_may_use
+SELECT {schema}.may_share(%s, %s);
+
 -- name: share_partitions_of
 SELECT partition FROM {schema}.share_partitions WHERE group_name = %s AND topic_id = %s;
 

@@ -11,7 +11,14 @@ from typing import Any
 import psycopg
 from psycopg.rows import RowFactory, dict_row, tuple_row
 
-from ..models import GroupLag, MemberStatus, PartitionStats, StatusSnapshot, TopicStatus
+from ..models import (
+    GroupLag,
+    MemberStatus,
+    PartitionStats,
+    ShareGroupStatus,
+    StatusSnapshot,
+    TopicStatus,
+)
 from .executor import Executor
 
 #: The suffix of default dead-letter topics (as :data:`pgstreams.groups.config.DEAD_LETTER_SUFFIX`).
@@ -20,6 +27,15 @@ _DLT_SUFFIX = ".dlt"
 
 def _utc(dt: datetime | None) -> datetime | None:
     return None if dt is None else dt.astimezone(timezone.utc)
+
+
+def _share_status(r: dict[str, Any]) -> ShareGroupStatus:
+    """A row of ``status_shares`` as a model (as :meth:`pgstreams.storage.ShareStore.status` maps it)."""
+    r["oldest_lock"] = _utc(r["oldest_lock"])
+    for k in ("acquired", "available", "waiting", "delivered_too_often", "removed_too_often", "rejected",
+              "dead_lettered", "lost_events"):
+        r[k] = int(r[k] or 0)
+    return ShareGroupStatus(**r)
 
 
 class StatusStore:
@@ -48,7 +64,8 @@ class StatusStore:
 
     def snapshot(self) -> StatusSnapshot:
         """Everything at once, on one connection (see :class:`StatusSnapshot`), in a constant number of
-        statements and two round trips whatever the number of topics: the schema-wide reads and each
+        statements and two round trips whatever the number of topics: the schema-wide reads (share groups
+        included) and each
         topic's marks (``status_marks()``, migration 0014), then, for the topics that may have changed
         since the last snapshot, their partitions, sizes and checkpoints' lag (``status_partitions()``,
         ``status_bytes``, ``status_checkpoints()``). The figures of a topic whose sequence has not moved
@@ -60,8 +77,8 @@ class StatusStore:
                     ("status_now", tuple_row), ("status_dead_letter_topics", tuple_row),
                     ("status_topics", dict_row), ("status_sealed", tuple_row), ("status_leases", dict_row),
                     ("status_members", dict_row), ("status_checkpoint_positions", dict_row),
-                    ("status_marks", tuple_row))]
-            now_row, dlt_rows, topic_rows, sealed, lease_rows, member_rows, cp_rows, mark_rows = (
+                    ("status_marks", tuple_row), ("status_shares", dict_row))]
+            now_row, dlt_rows, topic_rows, sealed, lease_rows, member_rows, cp_rows, mark_rows, share_rows = (
                 c.fetchall() for c in cursors)
             now = now_row[0][0]
             marks = {int(r[0]): (int(r[1]), bool(r[2])) for r in mark_rows}
@@ -151,7 +168,8 @@ class StatusStore:
             r["group"], r["topic"], r["member_id"], r["host"], r["pid"], float(r["heartbeat_age"] or 0.0),
             bool(r["stale"]), int(r["partitions"])) for r in member_rows)
         return StatusSnapshot(now.astimezone(timezone.utc), tuple(topics), tuple(parts),
-                              tuple(groups), members, time.perf_counter() - started)
+                              tuple(groups), members, time.perf_counter() - started,
+                              tuple(_share_status(r) for r in share_rows))
 
     @staticmethod
     def _unknown_lag(checkpoints: dict[int, list[dict[str, Any]]],

@@ -73,9 +73,22 @@ SELECT m.group_name AS "group", t.name AS topic, m.member_id, m.host, m.pid,
   FROM {schema}.members m JOIN {schema}.topics t ON t.id = m.topic_id
  ORDER BY m.group_name, t.name, m.member_id;
 
+-- name: status_shares
+-- Every share group per topic and partition (the share_group_status view: its rows of events in flight
+-- and the partition's progress after its frontier: O(share partitions + events in flight)).
+SELECT s.group_name AS "group", s.topic, s.partition, s.queue, s.start, s.frontier, s.head, s.acquired,
+       s.available, s.waiting, s.delivered_too_often, s.oldest_lock, s.removed_too_often, s.rejected,
+       s.dead_lettered, s.dead_letter, s.max_deliveries, s.lock_timeout::float8 AS lock_timeout, s.ordering,
+       s.lost AS lost_events
+  FROM {schema}.share_group_status s
+ ORDER BY s.group_name, s.topic, s.partition;
+
 -- name: status_dead_letter_topics
--- The dead-letter topics groups are configured with (besides the default names, "<topic>.dlt").
-SELECT DISTINCT dead_letter_topic FROM {schema}.group_config WHERE dead_letter_topic IS NOT NULL;
+-- The dead-letter topics groups and share groups are configured with (besides the default names,
+-- "<topic>.dlt").
+SELECT dead_letter_topic FROM {schema}.group_config WHERE dead_letter_topic IS NOT NULL
+ UNION
+SELECT dead_letter FROM {schema}.share_groups WHERE dead_letter IS NOT NULL;
 
 -- name: browse_events
 -- A partition's events from a position on, in read order (the web console's event browser): both bounds

@@ -483,7 +483,8 @@ class StatusSnapshot:
     """The database-wide status at ``taken_at`` (the database's clock, aware, UTC), read by
     :meth:`Client.status` in O(topics + partitions + groups + members) work (index probes and segment
     statistics, never a scan of the log): ``topics``, ``partitions``, ``groups`` (one :class:`GroupLag`
-    per group, topic and partition), ``members``; ``duration``: seconds the reading took."""
+    per group, topic and partition), ``members``; ``duration``: seconds the reading took; ``shares``: one
+    :class:`ShareGroupStatus` per share group, topic and partition (empty without share groups)."""
 
     taken_at: datetime
     topics: tuple[TopicStatus, ...]
@@ -491,3 +492,4 @@ class StatusSnapshot:
     groups: tuple[GroupLag, ...]
     members: tuple[MemberStatus, ...]
     duration: float
+    shares: tuple[ShareGroupStatus, ...] = ()

@@ -6,7 +6,9 @@
 * **async vs sync**, in the same run, on the same server, one process each: single publishes (one event
   per call, sequential), ``publish_many`` batches of 1,000 (COPY) and draining a backlog with
   ``poll(1000)`` + ``commit()``; ``--events`` events per measurement (a tenth for single publishes),
-  ``--rounds`` rounds, best round per client. The bar: async >= 0.8 x sync.
+  ``--rounds`` rounds, best round per client. The bar: async >= 0.8 x sync. As throughput depends on
+  what else runs on the machine, the client CPU per call (``time.process_time()``) of single publishes
+  and of polls of 10 events with a commit is measured too, both clients in the same process.
 * **a metrics scrape** at ``--topics`` topics (1 partition each, 10 events each) and ``--groups`` groups
   (each with a checkpoint on one topic): one status read (``Client.status``) and the Prometheus text of a
   :class:`pgstreams.metrics.StatusCollector` (``min_interval=0``), median of ``--rounds`` x 3 scrapes;
@@ -113,6 +115,41 @@ async def _async_rates(dsn: str, events: int, rounds: int) -> dict[str, float]:
     return out
 
 
+def _cpu_per_call(dsn: str, calls: int) -> dict[str, tuple[float, float]]:
+    """Client CPU time (``time.process_time``) per call of the sync and the async client, in this one
+    process: ``calls`` single publishes, then polls of 10 events each followed by a commit."""
+    out: dict[str, tuple[float, float]] = {}
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("cpu_sync", 4)
+        t = time.process_time()
+        for i in range(calls):
+            client.publish("cpu_sync", value(i), key=str(i % 100))
+        pub = (time.process_time() - t) / calls
+        consumer = client.consumer("cpu_sync", "cpu")
+        n, t = 0, time.process_time()
+        while consumer.poll(10, timeout=0):
+            consumer.commit()
+            n += 1
+        out["sync"] = (pub, (time.process_time() - t) / max(n, 1))
+
+    async def run() -> tuple[float, float]:
+        async with await aio.connect(dsn) as client:
+            await client.create_topic("cpu_async", 4)
+            t = time.process_time()
+            for i in range(calls):
+                await client.publish("cpu_async", value(i), key=str(i % 100))
+            pub = (time.process_time() - t) / calls
+            consumer = await client.consumer("cpu_async", "cpu")
+            n, t = 0, time.process_time()
+            while await consumer.poll(10, timeout=0):
+                await consumer.commit()
+                n += 1
+            return pub, (time.process_time() - t) / max(n, 1)
+
+    out["async"] = asyncio.run(run())
+    return out
+
+
 def _scrape_cost(dsn: str, topics: int, groups: int, rounds: int) -> dict[str, Any]:
     with pgstreams.connect(dsn) as client:
         t = time.perf_counter()
@@ -168,6 +205,19 @@ def main(argv: list[str] | None = None) -> int:
         for name, s in sync.items():
             a = asyn[name]
             cells = (name, f"{s:,.0f}", f"{a:,.0f}", f"{a / s:.2f}", "met" if a / s >= 0.8 else "MISSED")
+            table.add_row(*cells)
+            lines.append("| " + " | ".join(cells) + " |")
+        console.print(table)
+        load = _load()
+        cpu = _cpu_per_call(db, max(500, args.events // 10))
+        table = Table(title=f"client CPU per call (us; load {load})")
+        for col in ("call", "sync", "async", "async / sync"):
+            table.add_column(col)
+        lines += ["", "**client CPU per call (us)**", "", "| call | sync | async | async / sync |",
+                  "| --- | ---: | ---: | ---: |"]
+        for i, name in enumerate(("single publish", "poll(10) + commit")):
+            sc, ac = cpu["sync"][i], cpu["async"][i]
+            cells = (name, f"{sc * 1e6:.0f}", f"{ac * 1e6:.0f}", f"{ac / sc:.2f}")
             table.add_row(*cells)
             lines.append("| " + " | ".join(cells) + " |")
         console.print(table)

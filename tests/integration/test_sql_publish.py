@@ -233,11 +233,12 @@ def test_producer_and_sequence_make_sql_publish_idempotent(client: pgstreams.Cli
 
 def test_sql_publish_retried_after_a_connection_killed_around_commit_is_stored_once(
         client: pgstreams.Client, dsn: str) -> None:
-    """The connection is killed before COMMIT, while COMMIT is on its way, and while an autocommit
-    publish runs: the caller cannot know whether the event was stored; retrying the same call with the
-    same producer and sequence on a new connection stores it exactly once."""
+    """The connection is killed before COMMIT, while COMMIT is on its way, while an autocommit publish
+    runs, and after COMMIT before the caller read its answer: the caller cannot know whether the event was
+    stored; retrying the same call with the same producer and sequence on a new connection stores it
+    exactly once."""
     client.create_topic("t", 2)
-    n = 45
+    n = 48
     stored_by_retry = 0
     with psycopg.connect(dsn, autocommit=True) as admin:
         pid = admin.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
@@ -245,10 +246,13 @@ def test_sql_publish_retried_after_a_connection_killed_around_commit_is_stored_o
             call = f"SELECT * FROM pgstreams.publish('t', {seq}::text, producer => {pid}, sequence => {seq})"
             conn = psycopg.connect(dsn, autocommit=True)
             backend = conn.info.backend_pid
-            mode = seq % 3
+            mode = seq % 4
+            first = None
             if mode == 0:  # killed inside the transaction, before COMMIT: nothing stored
                 conn.execute("BEGIN")
                 conn.execute(call)
+            elif mode == 3:  # committed, then killed before the caller took the answer in: stored
+                first = conn.execute(call).fetchone()
             elif mode == 1:  # killed with COMMIT on its way: either outcome
                 conn.execute("BEGIN")
                 conn.execute(call)
@@ -263,9 +267,11 @@ def test_sql_publish_retried_after_a_connection_killed_around_commit_is_stored_o
             stored_by_retry += not row[2]
             if mode == 0:
                 assert row[2] is False
+            elif mode == 3:
+                assert first is not None and row == (first[0], first[1], True)
     values = sorted(int(e.value) for p in range(2) for e in client.read_events("t", p, limit=1000))
     assert values == list(range(n))  # each once: none lost, none duplicated
-    assert stored_by_retry >= n // 3
+    assert n // 4 <= stored_by_retry <= 3 * n // 4
 
 
 def test_concurrent_sql_publishes_of_one_event_id_store_it_once(client: pgstreams.Client, dsn: str) -> None:

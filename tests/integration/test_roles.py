@@ -14,6 +14,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from _core_helpers import running, until
 
 
 @pytest.fixture
@@ -203,3 +204,30 @@ def test_share_group_roles(dsn: str, client: pgstreams.Client, roles: dict[str, 
     assert sum(s.acquired for s in client.describe_share_group("other", "jobs")) == 1
     assert sum(s.acquired + s.available for s in client.describe_share_group("workers", "jobs")) == 0
     assert [e.value for p in (0, 1) for e in client.read_events("jobs.dlt", p)] == [got[2].value]
+
+
+def test_a_share_worker_runs_as_a_consumer_role(client: pgstreams.Client, roles: dict[str, str]) -> None:
+    """A worker subscribed to a share group, connected as a role with the consume grant (and produce on the
+    dead-letter topic), handles every event and dead-letters the one that keeps failing."""
+    client.create_topic("jobs", 2)
+    client.create_topic("jobs.dlt", 2)
+    client.publish_many("jobs", [{"value": i, "key": str(i)} for i in range(30)])
+    role = roles["consumer_role"]
+    client.grant(role, consume="workers", topics=["jobs"])
+    client.grant(role, produce=["jobs.dlt"])
+    done: set[int] = set()
+
+    def handle(ev: pgstreams.Event) -> None:
+        if ev.value == 7:
+            raise ValueError("seven")
+        done.add(ev.value)
+
+    with pgstreams.connect(roles["consumer"], migrate=False) as c:
+        worker = pgstreams.Worker(c, install_signal_handlers=False)
+        worker.subscribe("jobs", "workers", handle, share=True, concurrency=2,
+                         retry=pgstreams.RetryPolicy(max_attempts=2, backoff=0.05))
+        with running(worker):
+            until(lambda: len(done) == 29, 60, "the other events handled")
+            until(lambda: sum(s.dead_lettered for s in client.describe_share_group("workers")) == 1, 60,
+                  "the failing event dead-lettered")
+    assert [e.value for p in (0, 1) for e in client.read_events("jobs.dlt", p)] == [7]

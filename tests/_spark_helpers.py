@@ -29,9 +29,10 @@ SPARK_CONF: dict[str, str] = {
 }
 
 
-def session(app: str, **extra: str) -> Any:
-    """A local SparkSession (``local[2]``) with :data:`SPARK_CONF` plus ``extra`` settings, its log level
-    ERROR, ``format("pgstreams")`` registered and the driver on loopback (``$SPARK_LOCAL_IP``, unless set)."""
+def session(app: str, master: str = "local[2]", **extra: str) -> Any:
+    """A local SparkSession (``master``, default ``local[2]``) with :data:`SPARK_CONF` plus ``extra``
+    settings, its log level ERROR, ``format("pgstreams")`` registered and the driver on loopback
+    (``$SPARK_LOCAL_IP``, unless set)."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -39,7 +40,7 @@ def session(app: str, **extra: str) -> Any:
 
     import pgstreams.spark
 
-    builder = SparkSession.builder.master("local[2]").appName(app)
+    builder = SparkSession.builder.master(master).appName(app)
     for key, value in {**SPARK_CONF, **extra}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -204,9 +204,8 @@ class AsyncClient:
                 await self.store.notify(self._channel, str(state.id), conn)
         else:
             async with self._pool.connection() as c:
-                stored = await self._insert(c, topic, state, row)
+                stored = await self._insert(c, topic, state, row, notify)
                 await self._keep_ahead(c, state, stored.position)
-            self.sync.notifier.poke(state.id)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
 
     @property
@@ -215,17 +214,22 @@ class AsyncClient:
 
         return channel(self.schema)
 
-    async def _insert(self, c: psycopg.AsyncConnection, topic: str, state: TopicState, row: Any) -> Any:
+    async def _insert(self, c: psycopg.AsyncConnection, topic: str, state: TopicState, row: Any,
+                      notify: bool) -> Any:
+        """Insert on pooled ``c``; with ``notify``, the consumers' wake-up when one is due: riding in the
+        same round trip after the commit, or scheduled on the notifier (as the sync producer's, see
+        :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
+        wake = (self._channel, str(state.id)) if notify and self.sync.notifier.claim(state.id) else None
         try:
-            return await self.store.insert(c, state.id, row)
+            return await self.store.insert_pooled(c, state.id, row, wake)
         except psycopg.errors.UndefinedTable:
             fresh = await self.topic_state(topic, refresh=True)
-            return await self.store.insert(c, fresh.id, row)
+            return await self.store.insert_pooled(c, fresh.id, row, wake and (self._channel, str(fresh.id)))
         except psycopg.errors.CheckViolation:  # beyond the last segment: add segments, retry once
             last = await self.store.last_position(state.id, c)
             until = last + state.record.segment_size
             state.segments.covered = await self.store.ensure_segments(state.id, until, c)
-            return await self.store.insert(c, state.id, row)
+            return await self.store.insert_pooled(c, state.id, row, wake)
 
     async def _keep_ahead(self, c: psycopg.AsyncConnection, state: TopicState, position: int) -> None:
         """As ``Segments.ensure_room`` and ``check_stats``: an empty segment beyond ``position``, and

@@ -271,7 +271,8 @@ class Client:
     def grant(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,
               topics: Iterable[str] = (), admin: bool = False) -> None:
         """Grant PostgreSQL role ``role`` (which must exist) the right to publish to the ``produce`` topics,
-        to read ``topics`` and store checkpoints, leases and losses as group ``consume``, and/or (``admin``)
+        to read ``topics`` and store checkpoints, leases and losses as group ``consume`` (and use share group
+        ``consume`` of ``topics``: acquire, ack, release, reject, renew), and/or (``admin``)
         to do everything (create, alter and delete topics, reset and delete groups, maintenance). Defaults:
         nothing of each. Enforced by PostgreSQL (grants, row-level security; see docs/security.md), not by
         the client. Needs the admin right itself. All or nothing."""
@@ -688,12 +689,15 @@ class Client:
 
     def queue(self, name: str) -> ShareConsumer:
         """The :class:`pgstreams.ShareConsumer` of queue ``name`` (with the settings it was created with).
-        Raises :class:`TopicNotFound`, or :class:`GroupNotFound` when ``name`` is a topic but no queue."""
+        Raises :class:`TopicNotFound`, :class:`GroupNotFound` when ``name`` is a topic but no queue, and
+        :class:`PermissionDenied` for a role without a consume grant of group ``name`` on it."""
         from .errors import GroupNotFound
 
         check_topic(name)
         state = self.topic_state(name, refresh=True)
         settings = self.store.shares.settings(name, state.id)
+        if settings is None and not self.store.shares.may_use(name, state.id):
+            raise PermissionDenied(f"permission denied to use queue {name!r} (see pgstreams grant --consume)")
         if settings is None or not settings.queue:
             raise GroupNotFound(f"{name!r} is a topic, not a queue (create it with create_queue)")
         ordering: ShareOrdering = "key" if settings.ordering == "key" else None

@@ -18,8 +18,10 @@ database (``pgstreams maintain --schedule``); elsewhere :class:`MaintenanceServi
 workers: every worker starts one, and exactly one of them per database (the holder of an advisory lock)
 runs passes, every :data:`DEFAULT_MAINTENANCE_INTERVAL` seconds.
 
-Share groups (a later addition) add their own step here: return expired visibility timeouts and count
-delivery attempts in :meth:`Maintenance.run` after the members are expired.
+Retention does not wait for share groups either: marking segments for removal counts, per share group
+and partition, the events past its frontier and its released or waiting events in them as lost (moving
+the frontier past them), and logs a warning (``share_retention_loss()``, migration 0013). Share groups
+need no other maintenance: their locks are times, found expired by the consumers' own polls.
 """
 
 from __future__ import annotations
@@ -124,7 +126,7 @@ class Maintenance:
         plan = ops.retention_plan(conn, topic_id)
         if plan:
             # marked (and committed) before anything is detached: readers learn of the loss from the marks
-            ops.mark_removing(
+            share_lost = ops.mark_removing(
                 conn,
                 topic_id,
                 [s for s, _, _ in plan],
@@ -132,6 +134,13 @@ class Maintenance:
                 sum(b for _, _, b in plan),
             )
             totals["events_removed"] += sum(e for _, e, _ in plan)
+            if share_lost:
+                log.warning(
+                    "retention removed %d event(s) of topic id %s that share groups had not acquired or "
+                    "settled (lost: share_group_status.lost)",
+                    share_lost,
+                    topic_id,
+                )
         else:
             ops.retention_ran(conn, topic_id)
         for segment in ops.removing_segments(conn, topic_id):

@@ -319,6 +319,9 @@ class ShareGroupStatus:
     ``max_deliveries``), ``rejected``, ``dead_lettered`` (copies published to the dead-letter topic).
     ``dead_letter``, ``max_deliveries``, ``lock_timeout`` (seconds) and ``ordering`` are the group's
     settings as its latest consumer set them; ``queue`` is true for queues (:meth:`Client.create_queue`).
+    ``lost_events`` (default 0) counts the events retention removed before the group settled them: past
+    its frontier when their segment was marked for removal, or released, waiting or with an expired lock
+    (an event acquired when its segment goes can still be acked by its consumer).
     """
 
     group: str
@@ -340,6 +343,7 @@ class ShareGroupStatus:
     max_deliveries: int
     lock_timeout: float
     ordering: str | None
+    lost_events: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
@@ -479,7 +483,8 @@ class StatusSnapshot:
     """The database-wide status at ``taken_at`` (the database's clock, aware, UTC), read by
     :meth:`Client.status` in O(topics + partitions + groups + members) work (index probes and segment
     statistics, never a scan of the log): ``topics``, ``partitions``, ``groups`` (one :class:`GroupLag`
-    per group, topic and partition), ``members``; ``duration``: seconds the reading took."""
+    per group, topic and partition), ``members``; ``duration``: seconds the reading took; ``shares``: one
+    :class:`ShareGroupStatus` per share group, topic and partition (empty without share groups)."""
 
     taken_at: datetime
     topics: tuple[TopicStatus, ...]
@@ -487,3 +492,4 @@ class StatusSnapshot:
     groups: tuple[GroupLag, ...]
     members: tuple[MemberStatus, ...]
     duration: float
+    shares: tuple[ShareGroupStatus, ...] = ()

@@ -34,6 +34,50 @@ def test_metrics_serve_exports_the_database_status_over_http(dsn: str) -> None:
         assert srv.proc.wait(20) == 0, srv.output
 
 
+def test_metrics_serve_exports_share_group_in_flight_and_delivery_counts(dsn: str) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("jobs", 2)
+        client.publish_many("jobs", [{"value": i, "partition": i % 2} for i in range(8)])
+    with server(["metrics", "serve", "--port", "0", "--min-interval", "0", "--dsn", dsn],
+                "serving metrics at") as srv, pgstreams.connect(dsn) as client:
+        text = get(srv.url + "/metrics")
+        assert value(text, "pgstreams_up") == 1 and "pgstreams_share_group" not in text  # none yet
+        consumer = client.share_consumer("jobs", "crunch", lock_timeout=600)
+        got: list[pgstreams.Event] = []
+        wait_until(lambda: got.extend(consumer.poll(max_events=8 - len(got), timeout=1)) or len(got) == 8,
+                   60, "eight events acquired")
+        consumer.ack(got[:2])
+        consumer.release(got[2], delay=600)  # waits: delivered once, not due again for ten minutes
+        consumer.reject(got[3], reason="bad")  # rejected, and a copy in the dead-letter topic
+        text = get(srv.url + "/metrics")
+        described = {s.partition: s for s in client.describe_share_group("crunch", "jobs")}
+        assert sum(s.acquired for s in described.values()) == 4
+        for p, s in described.items():
+            labels = {"group": "crunch", "topic": "jobs", "partition": str(p)}
+            assert value(text, "pgstreams_share_group_in_flight_events", **labels) == s.acquired
+            assert value(text, "pgstreams_share_group_waiting_events", **labels) == s.waiting
+            assert value(text, "pgstreams_share_group_available_events", **labels) == s.available == 0
+            assert value(text, "pgstreams_share_group_frontier_position", **labels) == s.frontier
+            assert value(text, "pgstreams_share_group_rejected_events_total", **labels) == s.rejected
+            dead = value(text, "pgstreams_share_group_dead_lettered_events_total", **labels)
+            assert dead == s.dead_lettered
+            assert value(text, "pgstreams_share_group_deliveries_exhausted_events_total", **labels) == 0
+            age = value(text, "pgstreams_share_group_oldest_lock_age_seconds", **labels)
+            assert age is not None and (age > 0) == (s.acquired > 0)
+
+        def total(name: str) -> float:
+            return sum(value(text, name, group="crunch", topic="jobs", partition=str(p)) or 0 for p in (0, 1))
+
+        assert total("pgstreams_share_group_in_flight_events") == 4
+        assert total("pgstreams_share_group_waiting_events") == 1
+        assert total("pgstreams_share_group_rejected_events_total") == 1
+        assert total("pgstreams_share_group_dead_lettered_events_total") == 1
+        consumer.ack(got[4:])
+        text = get(srv.url + "/metrics")
+        assert total("pgstreams_share_group_in_flight_events") == 0
+        assert total("pgstreams_share_group_oldest_lock_age_seconds") == 0
+
+
 def test_metrics_serve_reads_the_database_once_per_interval_however_many_scrapers(dsn: str) -> None:
     with pgstreams.connect(dsn) as client:
         client.create_topic("t", 1)

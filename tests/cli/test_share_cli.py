@@ -32,7 +32,7 @@ def test_worker_runs_a_share_group_and_groups_describe_shows_it(dsn: str, tmp_pa
         log = open(tmp_path / "worker.log", "wb")
         procs = [subprocess.Popen(
             [*CLI, "worker", "workers_app:record_tx", "--topic", "t", "--share-group", "sg",
-             "--concurrency", "3", "--mode", "transactional", "--dsn", dsn],
+             "--concurrency", "3", "--mode", "transactional", "--lock-timeout", "7.5", "--dsn", dsn],
             cwd=TESTS, stdout=subprocess.DEVNULL, stderr=log, env=dict(os.environ, WORKERS_APP_NAME=f"w{i}"))
             for i in range(2)]
         try:
@@ -54,6 +54,7 @@ def test_worker_runs_a_share_group_and_groups_describe_shows_it(dsn: str, tmp_pa
             [row] = rows
             assert row["type"] == "share" and row["group"] == "sg" and row["frontier"] == 40
             assert row["dead_lettered"] == 0 and row["oldest_lock"] is None
+            assert row["lock_timeout"] == 7.5 and row["lost_events"] == 0
             table = subprocess.run([*CLI, "groups", "describe", "sg", "--dsn", dsn], capture_output=True,
                                    text=True, timeout=60, cwd=TESTS, env=dict(os.environ, COLUMNS="200"))
             assert table.returncode == 0 and "frontier" in table.stdout and "oldest lock" in table.stdout
@@ -74,8 +75,14 @@ def test_bad_worker_options_exit_non_zero_without_a_traceback(dsn: str) -> None:
         (["--topic", "t", "--share-group", "s", "--concurrency", "0"], "concurrency"),
         (["--topic", "t", "--share-group", "bad name!"], "group"),
         (["--topic", "missing", "--share-group", "s"], "missing"),
+        (["--topic", "t", "--group", "g", "--lock-timeout", "5"], "--lock-timeout needs --share-group"),
+        (["--topic", "t", "--share-group", "s", "--lock-timeout", "0"], "lock_timeout"),
+        (["--topic", "t", "--share-group", "s", "--lock-timeout", "-2"], "lock_timeout"),
+        (["--topic", "t", "--share-group", "s", "--lock-timeout", "soon"], "--lock-timeout"),
     ]:
         p = cli(dsn, "worker", "workers_app:record", *args)
         assert p.returncode != 0, args
         assert "Traceback" not in p.stderr, p.stderr
         assert words in p.stderr, (args, p.stderr)
+    with pgstreams.connect(dsn) as client:
+        assert client.store.shares.groups() == []  # nothing changed

@@ -200,3 +200,43 @@ def test_psycopg_is_async_underneath(dsn: str) -> None:
                 assert isinstance(c, psycopg.AsyncConnection)
 
     run(main)
+
+
+def test_fast_paths_keep_every_field_and_survive_statements_the_server_dropped(dsn: str) -> None:
+    """Single publishes, polls and commits go straight through libpq on pooled connections: every field
+    comes back as published, text and bytes alike, and statements the server no longer holds (DEALLOCATE
+    ALL) are prepared again."""
+    async def main() -> tuple[list[pgstreams.PublishResult], list[pgstreams.Event]]:
+        async with await aio.connect(dsn, pool_size=1) as client:  # one connection: the same session
+            await client.create_topic("fields", 2)
+            sent = [
+                await client.publish("fields", {"n": 1, "s": "é"}, key="ké", headers={"h": "v"},
+                                     event_type="T", correlation_id="c1", causation_id="c0"),
+                await client.publish("fields", b"\x00\xff raw", partition=1, notify=False),
+                await client.publish("fields", "text", key=None, partition=0),
+            ]
+            consumer = await client.consumer("fields", "g")
+            got = await consumer.poll(max_events=10, timeout=5)
+            assert await consumer.commit() is CommitOutcome.STORED
+            async with client.connection() as conn:
+                await conn.execute("DEALLOCATE ALL")
+            sent.append(await client.publish("fields", {"after": True}, partition=1))
+            got += await consumer.poll(max_events=10, timeout=5)
+            assert await consumer.commit() is CommitOutcome.STORED
+            assert await consumer.commit(got[:1]) is CommitOutcome.IGNORED
+            return sent, got
+
+    sent, got = run(main)
+    assert sorted((e.partition, e.position) for e in got) == sorted((r.partition, r.position) for r in sent)
+    with pgstreams.connect(dsn) as client:
+        consumer = client.consumer("fields", "sync")
+        expected = {(e.partition, e.position): e for e in consumer.poll(max_events=10, timeout=5)}
+    assert len(expected) == 4
+    for e in got:
+        s = expected[(e.partition, e.position)]
+        assert (e.key, e.value, e.headers, e.event_type, e.correlation_id, e.causation_id, e.created_at) == (
+            s.key, s.value, s.headers, s.event_type, s.correlation_id, s.causation_id, s.created_at)
+    first = next(e for e in got if e.event_type == "T")
+    assert first.value == {"n": 1, "s": "é"} and first.key == "ké" and first.headers == {"h": "v"}
+    raw = next(e for e in got if e.partition == 1 and e.position == sent[1].position)
+    assert raw.value == b"\x00\xff raw"

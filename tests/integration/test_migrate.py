@@ -24,7 +24,7 @@ def _recorded(dsn: str, schema: str = "pgstreams") -> list[int]:
                 psycopg.sql.Identifier(schema))).fetchall()]
 
 
-# numbers taken by migrations of features still being built (0008 landed first)
+# numbers taken by migrations of features still being built (0008 and 0013 landed first)
 _RESERVED = {6, 7, 9}
 
 

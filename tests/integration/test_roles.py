@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,6 +14,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from _core_helpers import running, until
 
 
 @pytest.fixture
@@ -89,6 +91,11 @@ def test_producer_consumer_and_admin_roles(client: pgstreams.Client, roles: dict
         admin.reset_group("billing", "orders", to_earliest=True)
         admin.delete_topic("new")
 
+    with psycopg.connect(roles["producer"], autocommit=True) as conn:  # an idempotent SQL publish
+        pid = conn.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
+        call = "SELECT duplicate FROM pgstreams.publish('orders', 'sql'::text, producer => %s, sequence => 1)"
+        assert [conn.execute(call, (pid,)).fetchone() for _ in range(2)] == [(False,), (True,)]
+
     assert client.revoke(roles["producer_role"], produce=["orders"]) == 1
     with pgstreams.connect(roles["producer"], migrate=False) as producer:
         with pytest.raises(pgstreams.PermissionDenied, match="orders"):
@@ -136,3 +143,91 @@ def test_cli_grant_and_revoke(dsn: str, client: pgstreams.Client, roles: dict[st
                               "--dsn", secret_dsn], capture_output=True, text=True, timeout=120)
     assert failing.returncode == 1 and "Traceback" not in failing.stderr
     assert f"pw-{role}" not in failing.stderr + failing.stdout
+
+
+def test_share_group_roles(dsn: str, client: pgstreams.Client, roles: dict[str, str]) -> None:
+    """A consumer role acquires, acks, releases, rejects and renews on its share groups of its topics only;
+    other share groups, topics and queues fail with PermissionDenied naming them."""
+    client.create_topic("jobs", 2)
+    client.create_topic("jobs.dlt", 2)
+    client.create_topic("secret", 1)
+    client.create_queue("tasks")
+    client.create_queue("hidden")
+    client.publish_many("jobs", [{"value": i, "key": str(i)} for i in range(6)])
+    client.publish_many("tasks", [{"value": i} for i in range(3)])
+    client.publish_many("hidden", [{"value": 1}])
+    client.share_consumer("jobs", "other").poll(max_events=1, timeout=5.0)  # a group the role may not use
+    role = roles["consumer_role"]
+    client.grant(role, consume="workers", topics=["jobs"])
+    done = subprocess.run([sys.executable, "-m", "pgstreams.cli", "grant", role, "--consume", "tasks",
+                           "--topic", "tasks", "--dsn", dsn], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    client.grant(role, produce=["jobs.dlt"])  # where its rejected events go
+
+    with pgstreams.connect(roles["consumer"], migrate=False) as c:
+        w = c.share_consumer("jobs", "workers", lock_timeout=30.0)
+        got: list[pgstreams.Event] = []
+        deadline = time.monotonic() + 60
+        while len(got) < 6 and time.monotonic() < deadline:
+            got.extend(w.poll(max_events=10, timeout=2.0))
+        assert sorted(e.value for e in got) == list(range(6))
+        assert w.renew(got[:1]).ok
+        assert w.release(got[1:2]).ok
+        assert w.reject(got[2:3], reason="bad").ok
+        assert w.ack(got[3:]).ok
+        again: list[pgstreams.Event] = []
+        while not again and time.monotonic() < deadline:
+            again = w.poll(max_events=10, timeout=2.0)
+        assert [e.value for e in again] == [got[1].value] and w.ack(again).ok
+        assert w.ack(got[:1]).ok
+        q = c.queue("tasks")
+        done: list[pgstreams.Event] = []
+        while len(done) < 3 and time.monotonic() < deadline:
+            batch = q.poll(max_events=10, timeout=2.0)
+            assert q.ack(batch).ok
+            done.extend(batch)
+        assert sorted(e.value for e in done) == [0, 1, 2]
+
+        with pytest.raises(pgstreams.PermissionDenied, match="'other'"):
+            c.share_consumer("jobs", "other", dead_letter=False)  # another share group of its topic
+        with pytest.raises(pgstreams.PermissionDenied, match="'secret'"):
+            c.share_consumer("secret", "workers", dead_letter=False)  # another topic
+        with pytest.raises(pgstreams.PermissionDenied, match="'hidden'"):
+            c.queue("hidden")  # a queue without a grant
+        with pytest.raises(pgstreams.PermissionDenied, match="'jobs'"):
+            c.publish("jobs", "no")
+    assert client.revoke(role, consume="workers") == 1
+    with pgstreams.connect(roles["consumer"], migrate=False) as c:
+        with pytest.raises(pgstreams.PermissionDenied, match="'workers'"):
+            c.share_consumer("jobs", "workers")
+    # nothing of the other group was touched, nothing of the granted groups is left in flight
+    assert sum(s.acquired for s in client.describe_share_group("other", "jobs")) == 1
+    assert sum(s.acquired + s.available for s in client.describe_share_group("workers", "jobs")) == 0
+    assert [e.value for p in (0, 1) for e in client.read_events("jobs.dlt", p)] == [got[2].value]
+
+
+def test_a_share_worker_runs_as_a_consumer_role(client: pgstreams.Client, roles: dict[str, str]) -> None:
+    """A worker subscribed to a share group, connected as a role with the consume grant (and produce on the
+    dead-letter topic), handles every event and dead-letters the one that keeps failing."""
+    client.create_topic("jobs", 2)
+    client.create_topic("jobs.dlt", 2)
+    client.publish_many("jobs", [{"value": i, "key": str(i)} for i in range(30)])
+    role = roles["consumer_role"]
+    client.grant(role, consume="workers", topics=["jobs"])
+    client.grant(role, produce=["jobs.dlt"])
+    done: set[int] = set()
+
+    def handle(ev: pgstreams.Event) -> None:
+        if ev.value == 7:
+            raise ValueError("seven")
+        done.add(ev.value)
+
+    with pgstreams.connect(roles["consumer"], migrate=False) as c:
+        worker = pgstreams.Worker(c, install_signal_handlers=False)
+        worker.subscribe("jobs", "workers", handle, share=True, concurrency=2,
+                         retry=pgstreams.RetryPolicy(max_attempts=2, backoff=0.05))
+        with running(worker):
+            until(lambda: len(done) == 29, 60, "the other events handled")
+            until(lambda: sum(s.dead_lettered for s in client.describe_share_group("workers")) == 1, 60,
+                  "the failing event dead-lettered")
+    assert [e.value for p in (0, 1) for e in client.read_events("jobs.dlt", p)] == [7]

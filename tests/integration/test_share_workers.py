@@ -97,6 +97,45 @@ def test_share_subscription_options_are_checked(client: pgstreams.Client) -> Non
         worker.subscribe("t", "g", print, share="yes")  # type: ignore[arg-type]
 
 
+def test_a_share_subscriptions_lock_timeout_returns_events_its_handler_holds_too_long(
+        client: pgstreams.Client) -> None:
+    client.create_topic("t", 1)
+    client.publish_many("t", [{"value": i} for i in range(5)])
+    seen: list[tuple[int, int]] = []
+    again = threading.Event()
+
+    def handle(ev: pgstreams.Event) -> None:
+        seen.append((ev.value, ev.delivery_count))
+        if ev.value == 0 and ev.delivery_count == 1:
+            again.wait(30)  # held past the lock timeout: delivered again meanwhile
+        elif ev.value == 0:
+            again.set()
+
+    worker = pgstreams.Worker(client, install_signal_handlers=False)
+    worker.subscribe("t", "g", handle, share=True, concurrency=2, lock_timeout=0.5, max_events=1)
+    with running(worker):
+        until(lambda: again.is_set(), 20, "event 0 delivered again after the 0.5 s lock timeout")
+        until(lambda: client.describe_share_group("g")[0].acquired == 0, 20, "every event settled")
+    [st] = client.describe_share_group("g")
+    assert st.lock_timeout == 0.5 and st.available == 0
+    assert (0, 2) in seen and sorted(v for v, d in seen if d == 1) == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("value", "words"), [
+    (0, "lock_timeout must be more than 0"), (-1, "lock_timeout"), (0.001, "at least 0.01"),
+    (86_401, "at most 86400"), ("5", "lock_timeout must be a number"), (float("nan"), "lock_timeout"),
+])
+def test_a_bad_lock_timeout_of_a_share_subscription_is_refused_and_changes_nothing(
+        client: pgstreams.Client, value: object, words: str) -> None:
+    client.create_topic("t")
+    worker = pgstreams.Worker(client, install_signal_handlers=False)
+    with pytest.raises(pgstreams.InvalidArgument, match=words):
+        worker.subscribe("t", "g", print, share=True, lock_timeout=value)  # type: ignore[arg-type]
+    with pytest.raises(pgstreams.InvalidArgument, match="lock_timeout needs share=True"):
+        worker.subscribe("t", "g", print, lock_timeout=5.0)
+    assert client.store.shares.groups() == []
+
+
 def test_the_share_source_implements_the_source_protocol(client: pgstreams.Client) -> None:
     client.create_topic("t", 2)
     client.publish_many("t", [{"value": i} for i in range(4)])

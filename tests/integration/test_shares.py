@@ -3,6 +3,7 @@ dead letters, ordering by key, publish delays, backfill starts, exactly-once tra
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import datetime, timezone
@@ -469,3 +470,72 @@ def test_the_frontier_stops_at_the_window_of_waiting_events(client: pgstreams.Cl
     assert 5 <= rows <= 5 + 3  # the window, and at most one poll beyond it
     [st] = client.describe_share_group("g")
     assert st.waiting == rows and st.frontier == rows
+
+
+# -- retention -----------------------------------------------------------------------------------------
+SEG = 1000  # the smallest segment
+
+
+def test_retention_wins_and_a_share_groups_loss_is_counted_and_visible(
+    client: pgstreams.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    n = 3 * SEG + 100
+    client.create_topic("t", 1, config={"segment.events": SEG, "retention.events": SEG})
+    c1 = client.share_consumer("t", "g")
+    c2 = client.share_consumer("t", "g", lock_timeout=0.3)
+    client.publish_many("t", [{"value": i} for i in range(n)])
+    assert c1.ack(take(c1, 10)).ok
+    waiting = take(c1, 5)
+    assert c1.release(waiting, delay=3600).ok  # released for later: a row no consumer holds
+    expiring = take(c2, 5)  # c2's locks expire
+    in_flight = take(c1, 5)
+    until(lambda: sum(s.acquired for s in client.describe_share_group("g")) == 5, what="c2's locks to expire")
+    with caplog.at_level(logging.WARNING, logger="pgstreams.maintenance"):
+        report = client.maintain()
+    assert report.segments_removed >= 1
+    tid = client.topic_record("t").id
+    with client.connection() as conn:
+        oldest = conn.execute(f"SELECT min(position) FROM pgstreams.topic_{tid}").fetchone()[0]
+    assert max(e.position for e in waiting + expiring + in_flight) < oldest
+    # events past the frontier and the released ones are lost when their segments are marked
+    [st] = client.describe_share_group("g")
+    assert st.lost_events == (oldest - 1) - 10 - 5 - 5 and st.frontier == oldest - 1
+    assert any("share groups had not acquired" in r.getMessage() for r in caplog.records)
+    # an event acquired when its segment went is still acked by its consumer
+    assert c1.ack(in_flight).ok
+    # the expired ones are found removed by the next consumer to take them, which counts them
+    c3 = client.share_consumer("t", "g")
+    with caplog.at_level(logging.WARNING, logger="pgstreams.shares"):
+        rest = take(c3, n - oldest + 1)
+    assert sorted(e.position for e in rest) == list(range(oldest, n + 1))
+    assert c3.ack(rest).ok and c3.poll(10, 0.2) == []
+    until(lambda: c3.lost_events == 5, what="the expired events to be found removed")
+    assert any("removed by retention" in r.getMessage() for r in caplog.records)
+    [st] = client.describe_share_group("g")
+    assert st.lost_events == oldest - 1 - 10 - 5  # every event before the oldest retained, less those acked
+    assert 10 + 5 + len(rest) + st.lost_events == n and state_rows(client, "g", "t") == 0
+
+
+def test_a_share_group_ahead_of_retention_loses_nothing_in_either_maintenance_path(
+    client: pgstreams.Client, dsn: str
+) -> None:
+    for topic in ("py", "sql"):
+        client.create_topic(topic, 2, config={"segment.events": SEG, "retention.events": SEG})
+        share = client.share_consumer(topic, "fast")
+        behind = client.share_consumer(topic, "slow")
+        client.publish_many(topic, [{"value": i, "key": str(i)} for i in range(2 * SEG + 10)])
+        got = take(share, 2 * SEG + 10)
+        assert share.ack(got).ok
+        assert behind.poll(1, 0)  # the slow group holds one event and has taken no other
+    client.maintain()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("SELECT pgstreams.maintain()")
+    for topic in ("py", "sql"):
+        assert client.retention_status(topic)[0].segments_removed >= 1
+        assert sum(s.lost_events for s in client.describe_share_group("fast", topic)) == 0
+        slow = client.describe_share_group("slow", topic)
+        with client.connection() as conn:
+            kept = conn.execute(
+                f"SELECT count(*) FROM pgstreams.topic_{client.topic_record(topic).id}").fetchone()[0]
+        # the slow group lost every removed event but the one it holds
+        assert sum(s.lost_events for s in slow) == 2 * SEG + 10 - kept - 1

@@ -201,6 +201,79 @@ def test_event_id_makes_sql_publish_idempotent_with_python_publishes_too(client:
     assert sorted(e.value for e in got) == ["from python", "from sql", "one"]
 
 
+def test_producer_and_sequence_make_sql_publish_idempotent(client: pgstreams.Client, dsn: str) -> None:
+    client.create_topic("t", 3)
+    client.create_topic("u", 1)
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        pid = conn.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
+        first = publish(conn, "'t', 'one', key => 'a', producer => %s, sequence => 1", (pid,))
+        again = publish(conn, "'t', 'one', key => 'a', producer => %s, sequence => 1", (pid,))
+        assert not first[2] and again == (first[0], first[1], True)
+        second = publish(conn, "'u', 'two'::text, producer => %s, sequence => 5", (pid,))  # gaps are fine
+        assert not second[2]
+        # an earlier sequence than the last: stored already, its place no longer known
+        row = conn.execute("SELECT * FROM pgstreams.publish('t', 'one', producer => %s, sequence => 1)",
+                           (pid,)).fetchone()
+        assert row == (None, None, True)
+        # another producer has sequences of its own; a rolled-back publish leaves no state behind
+        other = conn.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
+        with pytest.raises(psycopg.errors.RaiseException), conn.transaction():
+            publish(conn, "'t', 'three', producer => %s, sequence => 1", (other,))
+            conn.execute("DO $$ BEGIN RAISE EXCEPTION 'caller rolls back'; END $$")
+        assert not publish(conn, "'t', 'three', producer => %s, sequence => 1", (other,))[2]
+        for args, message in (("producer => %s", "go together"), ("sequence => %s", "go together"),
+                              ("producer => -%s, sequence => 1", "at least 1")):
+            with pytest.raises(psycopg.errors.InvalidParameterValue, match=message):
+                publish(conn, f"'t', 'bad', {args}", (pid,))
+        assert conn.execute("SELECT pgstreams.end_producer(%s)", (other,)).fetchone() == (True,)
+        assert conn.execute("SELECT count(*) FROM pgstreams.producers").fetchone() == (1,)
+    assert sorted(e.value for p in range(3) for e in client.read_events("t", p)) == ["one", "three"]
+    assert [e.value for e in client.read_events("u", 0)] == ["two"]
+
+
+def test_sql_publish_retried_after_a_connection_killed_around_commit_is_stored_once(
+        client: pgstreams.Client, dsn: str) -> None:
+    """The connection is killed before COMMIT, while COMMIT is on its way, while an autocommit publish
+    runs, and after COMMIT before the caller read its answer: the caller cannot know whether the event was
+    stored; retrying the same call with the same producer and sequence on a new connection stores it
+    exactly once."""
+    client.create_topic("t", 2)
+    n = 48
+    stored_by_retry = 0
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        pid = admin.execute("SELECT pgstreams.new_producer_id()").fetchone()[0]  # type: ignore[index]
+        for seq in range(n):
+            call = f"SELECT * FROM pgstreams.publish('t', {seq}::text, producer => {pid}, sequence => {seq})"
+            conn = psycopg.connect(dsn, autocommit=True)
+            backend = conn.info.backend_pid
+            mode = seq % 4
+            first = None
+            if mode == 0:  # killed inside the transaction, before COMMIT: nothing stored
+                conn.execute("BEGIN")
+                conn.execute(call)
+            elif mode == 3:  # committed, then killed before the caller took the answer in: stored
+                first = conn.execute(call).fetchone()
+            elif mode == 1:  # killed with COMMIT on its way: either outcome
+                conn.execute("BEGIN")
+                conn.execute(call)
+                conn.pgconn.send_query(b"COMMIT")
+            else:  # an autocommit publish killed while it runs or commits: either outcome
+                conn.pgconn.send_query(call.encode())
+            assert admin.execute("SELECT pg_terminate_backend(%s)", (backend,)).fetchone() == (True,)
+            conn.close()
+            with psycopg.connect(dsn, autocommit=True) as retry:
+                row = retry.execute(call).fetchone()
+            assert row is not None
+            stored_by_retry += not row[2]
+            if mode == 0:
+                assert row[2] is False
+            elif mode == 3:
+                assert first is not None and row == (first[0], first[1], True)
+    values = sorted(int(e.value) for p in range(2) for e in client.read_events("t", p, limit=1000))
+    assert values == list(range(n))  # each once: none lost, none duplicated
+    assert n // 4 <= stored_by_retry <= 3 * n // 4
+
+
 def test_concurrent_sql_publishes_of_one_event_id_store_it_once(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("t", 2)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
@@ -167,3 +168,45 @@ def test_status_counts_match_the_group_status_across_sealed_and_removed_segments
         assert all(p.published == 1250 for p in parts.values())  # stored + removed: the counter never drops
         figures = {p.partition: p.events for p in client.describe_topic("big").partition_info}
         assert {p: s.events for p, s in parts.items()} == figures
+
+
+def test_status_figures_kept_between_reads_follow_every_change(dsn: str) -> None:
+    """A topic's figures are kept from one status read to the next only while nothing can have changed:
+    an event published in a transaction still open at one read, new publishes, moved checkpoints and
+    sealed segments all show in the next read."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("kept", 2, segment_size=1000)
+        client.publish_many("kept", [{"value": i, "partition": i % 2} for i in range(10)])
+        consumer = client.consumer("kept", "g")
+        assert consumer.poll(max_events=3, timeout=5)
+        consumer.commit()
+
+        def figures() -> tuple[dict[int, tuple[int | None, int]], int, int]:
+            snap = client.status()
+            parts = {p.partition: (p.head, p.events) for p in snap.partitions if p.topic == "kept"}
+            lag = sum(g.lag for g in snap.groups if g.group == "g")
+            return parts, lag, next(t.bytes for t in snap.topics if t.topic == "kept")
+
+        first = figures()
+        assert sum(n for _, n in first[0].values()) == 10 and first[1] == 7
+        assert figures() == first  # nothing changed: the same figures (kept)
+        with psycopg.connect(dsn) as conn:  # a publish in a transaction open across a read
+            client.publish("kept", {"late": 1}, partition=1, conn=conn)
+            assert figures()[0] == first[0]  # not committed yet: not counted
+            conn.commit()
+        parts, lag, _ = figures()
+        assert parts[1][1] == first[0][1][1] + 1 and parts[1][0] == max(
+            p.head for p in client.describe_topic("kept").partition_info if p.partition == 1)
+        assert lag == 8
+        client.publish("kept", {"more": 1}, partition=0)
+        parts, lag, _ = figures()
+        assert sum(n for _, n in parts.values()) == 12 and lag == 9
+        assert consumer.poll(max_events=5, timeout=5)
+        consumer.commit()
+        assert figures()[1] == sum(s.lag for s in client.describe_group("g"))
+        client.publish_many("kept", [{"value": i, "partition": i % 2} for i in range(2000)])
+        client.maintain()  # seals the full segments: their counts come from statistics from now on
+        parts, lag, size = figures()
+        described = {p.partition: (p.head, p.events) for p in client.describe_topic("kept").partition_info}
+        assert parts == described and sum(n for _, n in parts.values()) == 2012
+        assert lag == sum(s.lag for s in client.describe_group("g")) and size > first[2]

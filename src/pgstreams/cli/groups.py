@@ -77,7 +77,8 @@ def groups_describe(
         console.print(share_table(shares))
         console.print(f"acquired: {sum(s.acquired for s in shares)}, "
                       f"available: {sum(s.available for s in shares)}, "
-                      f"dead-lettered: {sum(s.dead_lettered for s in shares)}")
+                      f"dead-lettered: {sum(s.dead_lettered for s in shares)}, "
+                      f"lost: {sum(s.lost_events for s in shares)}")
 
 
 @groups_app.command("reset")

@@ -152,21 +152,22 @@ def share_partition_json(status: pgstreams.ShareGroupStatus) -> dict[str, Any]:
 
 def share_table(statuses: Sequence[pgstreams.ShareGroupStatus], title: str | None = None) -> Table:
     """A rich table of share-group statuses: per topic and partition the group's start, frontier, head,
-    acquired, available, waiting and delivered-too-often counts, the oldest lock, and the dead-letter
-    counters."""
+    acquired, available, waiting and delivered-too-often counts, the oldest lock, the dead-letter
+    counters, and the events lost to retention."""
     from rich.table import Table
 
     table = Table(title=title)
     for name, right in (("share group", False), ("topic", False), ("partition", True), ("start", True),
                         ("frontier", True), ("head", True), ("acquired", True), ("available", True),
                         ("waiting", True), ("too often", True), ("oldest lock", False), ("rejected", True),
-                        ("DLT", True)):
+                        ("DLT", True), ("lost", True)):
         table.add_column(name, justify="right" if right else "left", overflow="fold")
     for s in statuses:
         table.add_row(s.group, s.topic, str(s.partition), cell(s.start), str(s.frontier), cell(s.head),
                       str(s.acquired), str(s.available), str(s.waiting),
                       f"[bold yellow]{s.delivered_too_often}[/]" if s.delivered_too_often else "0",
-                      short_time(s.oldest_lock), str(s.rejected), str(s.dead_lettered))
+                      short_time(s.oldest_lock), str(s.rejected), str(s.dead_lettered),
+                      f"[bold red]{s.lost_events}[/]" if s.lost_events else "0")
     return table
 
 

@@ -13,7 +13,9 @@ ProduceOption = Annotated[list[str] | None, typer.Option(
     "--produce", metavar="TOPIC", help="A topic the role may publish to (repeat, or separate by commas).",
     show_default=False)]
 ConsumeOption = Annotated[str | None, typer.Option(
-    "--consume", metavar="GROUP", help="The group whose checkpoints the role may store (with --topic).",
+    "--consume", metavar="GROUP",
+    help="The group whose checkpoints the role may store, and the share group (or queue) it may use "
+    "(with --topic).",
     show_default=False)]
 TopicOption = Annotated[list[str] | None, typer.Option(
     "--topic", metavar="TOPIC", help="A topic the --consume group reads (repeat, or separate by commas).",

@@ -13,6 +13,7 @@ import typer
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
 from pgstreams.names import check_group, check_topic
+from pgstreams.shares import DEFAULT_LOCK_TIMEOUT
 from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_handler
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
@@ -37,6 +38,9 @@ def worker_command(
     concurrency: Annotated[int, typer.Option(
         "--concurrency", help="Handlers running at once in this process (share groups only).")
     ] = _OPTIONS.concurrency,
+    lock_timeout: Annotated[float | None, typer.Option(
+        "--lock-timeout", help="Seconds each event stays locked to this worker (share groups only). Default: "
+        f"{DEFAULT_LOCK_TIMEOUT:g}.", show_default=False)] = _OPTIONS.lock_timeout,
     batch: Annotated[bool, typer.Option("--batch", help="Call the handler with a list of events.")] = False,
     min_events: Annotated[int, typer.Option("--min-events", help="Deliver a batch once this many events "
                                             "are at hand.")] = _OPTIONS.min_events,
@@ -83,8 +87,8 @@ def worker_command(
     retries failing events and sends them to the dead-letter topic, and on a signal finishes its batch,
     commits, gives its partitions back and exits 0. With --share-group it consumes in a share group
     instead: it competes for single events of every partition with the group's other consumers, running
-    --concurrency handlers at once; a failing event is released with the backoff and, after
-    --max-attempts deliveries, goes to the dead-letter topic."""
+    --concurrency handlers at once, each event locked to it for --lock-timeout seconds; a failing event is
+    released with the backoff and, after --max-attempts deliveries, goes to the dead-letter topic."""
     check_topic(topic)
     if (group is None) == (share_group is None):
         raise usage_error("give exactly one of --group (a stream group) and --share-group (a share group)")
@@ -93,6 +97,8 @@ def worker_command(
     check_group(name)
     if share_group is None and concurrency != _OPTIONS.concurrency:
         raise usage_error("--concurrency needs --share-group")
+    if share_group is None and lock_timeout is not None:
+        raise usage_error("--lock-timeout needs --share-group")
     begin = parse_start(start)
     level = getattr(logging, log_level.upper(), None)
     if log_level.lower() not in ("debug", "info", "warning", "error") or not isinstance(level, int):
@@ -113,7 +119,7 @@ def worker_command(
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made
             retry=retry, dead_letter=False if no_dead_letter else dead_letter, start=begin,
             heartbeat_interval=heartbeat_interval, session_timeout=session_timeout,
-            share=share_group is not None, concurrency=concurrency))
+            share=share_group is not None, concurrency=concurrency, lock_timeout=lock_timeout))
         server = None
         if metrics_port is not None:
             metrics = load_extra("pgstreams.metrics", "metrics")

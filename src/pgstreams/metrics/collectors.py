@@ -164,6 +164,52 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         mparts.add_metric(labels, m.partitions)
         mstale.add_metric(labels, 1.0 if m.stale else 0.0)
     yield from (hb, mparts, mstale)
+    if snap.shares:
+        yield from _share_metrics(snap)
+
+
+#: Share-group gauges: (ShareGroupStatus field, metric name, help)
+_SHARE_GAUGES = (
+    ("acquired", "pgstreams_share_group_in_flight_events",
+     "Events of a share group locked by a consumer now"),
+    ("available", "pgstreams_share_group_available_events",
+     "Events a share group's consumers can acquire now (due again, or after its frontier)"),
+    ("waiting", "pgstreams_share_group_waiting_events",
+     "Events released or published with a delay, or waiting behind an earlier event of their key"),
+    ("delivered_too_often", "pgstreams_share_group_delivered_too_often_events",
+     "Events delivered max_deliveries times and not locked: about to be dead-lettered"),
+    ("frontier", "pgstreams_share_group_frontier_position",
+     "The last position a share group took into its state"),
+)
+#: Share-group counters (since the group was created): (field, metric name without _total, help)
+_SHARE_COUNTERS = (
+    ("removed_too_often", "pgstreams_share_group_deliveries_exhausted_events",
+     "Events a share group removed after max_deliveries deliveries"),
+    ("rejected", "pgstreams_share_group_rejected_events", "Events a share group's consumers rejected"),
+    ("dead_lettered", "pgstreams_share_group_dead_lettered_events",
+     "Copies a share group published to its dead-letter topic"),
+    ("lost_events", "pgstreams_share_group_lost_events",
+     "Events retention removed before a share group settled them"),
+)
+
+
+def _share_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
+    gauges = [(field, _gauge(name, doc, _GROUP)) for field, name, doc in _SHARE_GAUGES]
+    counters = [(field, CounterMetricFamily(name, doc, labels=list(_GROUP)))
+                for field, name, doc in _SHARE_COUNTERS]
+    lock_age = _gauge("pgstreams_share_group_oldest_lock_age_seconds",
+                      "Age of the oldest lock a share group's consumers hold (0: none)", _GROUP)
+    for s in snap.shares:
+        labels = [s.group, s.topic, str(s.partition)]
+        for field, gauge in gauges:
+            gauge.add_metric(labels, getattr(s, field))
+        for field, counter in counters:
+            counter.add_metric(labels, getattr(s, field))
+        age = 0.0 if s.oldest_lock is None else (snap.taken_at - s.oldest_lock).total_seconds()
+        lock_age.add_metric(labels, max(0.0, age))
+    yield from (metric for _, metric in gauges)
+    yield from (metric for _, metric in counters)
+    yield lock_age
 
 
 _WORKER_COUNTERS = (

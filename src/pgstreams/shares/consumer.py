@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import socket
@@ -25,6 +26,8 @@ from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW
 
 if TYPE_CHECKING:
     from ..client import Client
+
+log = logging.getLogger("pgstreams.shares")
 
 #: Seconds an acquired event stays locked to its consumer unless acked, released or renewed.
 DEFAULT_LOCK_TIMEOUT = 30.0
@@ -80,13 +83,20 @@ def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
     return max_events, _seconds("timeout", timeout, low=0.0)
 
 
+def check_lock_timeout(value: object) -> float:
+    """Validate a share group's lock timeout: a number of seconds from 0.01 to a day (86400); raises
+    :class:`pgstreams.InvalidArgument` naming ``lock_timeout`` otherwise."""
+    lock = _seconds("lock_timeout", value, low=0.0, high=_MAX_DELAY, low_ok=False)
+    if lock < 0.01:
+        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {value!r}")
+    return lock
+
+
 def check_share_options(topic: str, options: ShareOptions) -> tuple[Start, float, int, str | None, Ordering]:
     """Validate share-consumer options for ``topic``; return ``(start, lock_timeout, max_deliveries,
     dead-letter topic or None, ordering)``."""
     start = check_start(options.start)
-    lock = _seconds("lock_timeout", options.lock_timeout, low=0.0, high=_MAX_DELAY, low_ok=False)
-    if lock < 0.01:
-        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {options.lock_timeout!r}")
+    lock = check_lock_timeout(options.lock_timeout)
     md = options.max_deliveries
     if isinstance(md, bool) or not isinstance(md, int) or not 1 <= md <= 1_000_000:
         raise InvalidArgument(f"max_deliveries must be an integer from 1 to 1000000, got {md!r}")
@@ -151,6 +161,11 @@ class ShareConsumer:
         self.ordering: Ordering = ordering
         self.consumer_id = consumer_id or new_consumer_id()
         self.window = DEFAULT_SHARE_WINDOW
+        #: Events of the group this consumer found removed by retention before they were settled
+        #: (released, waiting, or whose lock expired), counted as lost; the group's total, with the events
+        #: past its frontier that retention removed, is ``lost_events`` of
+        #: :meth:`pgstreams.Client.describe_share_group`.
+        self.lost_events = 0
         self._store = client.store.shares
         # the events acquired and not settled, as poll returned them: only those very objects can be settled
         # (an event of another group of the same topic has the same position and maybe delivery count)
@@ -165,8 +180,10 @@ class ShareConsumer:
         self._dlt_partitions: int | None = None
         if dlt is not None:
             self._ensure_dead_letter_topic(dlt)
+        from ..client import denied
+
         try:
-            with client.connection() as conn:
+            with denied(f"use share group {group!r} of topic {self.topic!r}"), client.connection() as conn:
                 with conn.transaction():
                     self._store.upsert_group(conn, group, self.topic_id, queue=queue, lock_timeout=lock,
                                              max_deliveries=md, dead_letter=dlt, ordering=ordering)
@@ -276,10 +293,16 @@ class ShareConsumer:
         batches: dict[tuple[int, int], int] = {}
         members: dict[tuple[int, int], list[int]] = {}
         removed = [(row[0], row[1]) for row in rows if row[4] is None]
-        if removed:  # retention removed these events before the group settled them
+        if removed:  # retention removed these events before the group settled them: lost
             rows = [row for row in rows if row[4] is not None]
             with self._client.connection() as conn:
-                self._store.forget(conn, self.group, self.topic_id, self.consumer_id, removed)
+                n = self._store.forget(conn, self.group, self.topic_id, self.consumer_id, removed)
+            if n:
+                with self._lock:
+                    self.lost_events += n
+                log.warning("share group %r of topic %r lost %d event(s) removed by retention before "
+                            "they were settled (positions %s)", self.group, self.topic, n,
+                            ", ".join(f"{p}@{pos}" for p, pos in removed[:10]) + (" ..." if n > 10 else ""))
         for row in rows:
             ev = self._event(row)
             if row[13] == "d":

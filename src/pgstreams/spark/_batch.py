@@ -398,7 +398,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     base = {"partition": split.partition, "end": split.end, **fparams}
     chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters)
     limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
-    with _db.connect(opts.dsn) as conn:
+    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
         tries = 0
@@ -449,7 +449,7 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         bounds = SCAN_LOWER_BOUND
         params["starts"] = list(split.starts)
     chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, bounds)
-    with _db.connect(opts.dsn) as conn:
+    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
         cur = conn.cursor(binary=True)
         tries = 0
         for r in split.pages:

@@ -5,12 +5,14 @@ fences, checkpoints)."""
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
 import psycopg
 
 from ..errors import ConfigurationError, MigrationError, TopicNotFound
+from ..reconnect import DEFAULT_RETRY_TIMEOUT, FIRST_BACKOFF, MAX_BACKOFF, retriable
 from ..storage import CORE, Store, TopicRecord
 from ._options import Cursor
 from ._sql import query, topic_query
@@ -23,12 +25,28 @@ def store(schema: str) -> Store:
     return Store(None, schema)
 
 
-def connect(dsn: str) -> psycopg.Connection:
-    """An autocommit connection tuned for bulk reads (no JIT compilation, no parallel workers)."""
-    try:
-        conn = psycopg.connect(dsn, autocommit=True, connect_timeout=15)
-    except psycopg.Error as exc:
-        raise ConfigurationError(f"option 'dsn': cannot connect to PostgreSQL: {str(exc).strip()}") from exc
+#: Seconds the work of a running query (read and write tasks, the stream's offsets and commits on the
+#: driver) keeps trying to connect while the server refuses connections (restarting, starting up), with
+#: the client's backoff; analysing a query (options, schema, planning a batch read) does not wait.
+RUNTIME_CONNECT_WAIT = DEFAULT_RETRY_TIMEOUT
+
+
+def connect(dsn: str, wait: float = 0.0) -> psycopg.Connection:
+    """An autocommit connection tuned for bulk reads (no JIT compilation, no parallel workers). ``wait``
+    (seconds, default 0): how long to keep trying while the server refuses connections (see
+    :func:`pgstreams.reconnect.retriable`), pausing 50 ms doubling up to 1 s between attempts."""
+    deadline = time.monotonic() + wait
+    pause = FIRST_BACKOFF
+    while True:
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, connect_timeout=15)
+            break
+        except psycopg.Error as exc:
+            if not retriable(exc) or time.monotonic() + pause > deadline:
+                raise ConfigurationError(
+                    f"option 'dsn': cannot connect to PostgreSQL: {str(exc).strip()}") from exc
+        time.sleep(pause)
+        pause = min(pause * 2, MAX_BACKOFF)
     conn.execute(query("bulk_read_settings", "pgstreams"))
     return conn
 

@@ -8,6 +8,7 @@ values; a poll sends the read fence and the read together (one round trip), like
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -20,13 +21,31 @@ from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from ..models import CommitOutcome
-from .events import _COPY_TYPES, EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, StoredAt
+from .events import (
+    _COPY_TYPES,
+    _INSERT_FORMATS,
+    _INSERT_OIDS,
+    EVENT_COLUMNS,
+    EVENT_ID,
+    PARTITION,
+    Cursor,
+    EventRow,
+    StoredAt,
+    _insert_statement,
+)
 from .executor import Params, core_query
+from .libpq import AsyncDirect, int_array, statement
 from .naming import TopicTables
 from .topics import TopicRecord, _record
 
 #: The statements of a poll, as :meth:`pgstreams.storage.EventStore.poll_checked` sends them.
 _POLL = ("load_fences", "poll_checked")
+
+
+def _direct_ok(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether statements may go straight through libpq on ``conn``: autocommit and idle (in a caller's
+    transaction a failed statement would abort it, so psycopg's own path runs there)."""
+    return conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
 
 
 class AsyncExecutor:
@@ -85,6 +104,7 @@ class AsyncStore:
     def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
         self.executor = self.ex = AsyncExecutor(pool, schema)
         self.schema = schema
+        self._direct = AsyncDirect()
 
     # -- topics ------------------------------------------------------------------------------------------
     async def topic(self, name: str, conn: psycopg.AsyncConnection | None = None) -> TopicRecord | None:
@@ -127,6 +147,32 @@ class AsyncStore:
         got = await cur.fetchone()
         assert got is not None
         return StoredAt(row[PARTITION], int(got[0]))
+
+    async def insert_pooled(self, conn: psycopg.AsyncConnection, topic_id: int, row: EventRow,
+                            notify: tuple[str, str] | None = None) -> StoredAt:
+        """Insert one event on a pooled autocommit connection (its own transaction), as
+        ``EventStore.insert_pooled``: an event without id straight through libpq, with ``notify``
+        (channel, payload) sent after its commit in the same round trip."""
+        if row[EVENT_ID] is not None or not _direct_ok(conn):
+            stored = await self.insert(conn, topic_id, row)
+            if notify is not None:
+                await self.notify(*notify, conn)
+            return stored
+        enc = self._direct.encoding(conn)
+        p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
+        part = b"%d" % p
+        params: list[bytes | None] = [  # as EventStore._insert_direct
+            part, part, kind.encode(), None if key is None else key.encode(enc), payload,
+            None if hdrs is None else json.dumps(hdrs.obj).encode(enc),
+            None if et is None else et.encode(enc), None,
+            None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
+            None if producer is None else b"%d" % producer,
+        ]
+        st = _insert_statement(self.schema, topic_id)
+        res = await self._direct.run(
+            conn, [(st, params, 0)], types=_INSERT_OIDS, formats=_INSERT_FORMATS,
+            notify=None if notify is None else (notify[0].encode(enc), notify[1].encode(enc)))
+        return StoredAt(p, int(res[0].get_value(0, 0)))  # type: ignore[arg-type]
 
     async def copy(self, conn: psycopg.AsyncConnection, topic_id: int, rows: Sequence[EventRow],
                    has_ids: bool) -> int:
@@ -179,6 +225,8 @@ class AsyncStore:
         the topic's partition count, as ``EventStore.poll_checked``: the fences and the read (with its
         trailer row) are sent together (one round trip; the read's snapshot is newer than the fences);
         the removed segments are read only when the trailer says there are some."""
+        if _direct_ok(conn):
+            return await self._poll_direct(conn, topic_id, params)
         curs = []
         async with conn.pipeline():
             for q in _POLL:
@@ -186,6 +234,25 @@ class AsyncStore:
                 await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
                 curs.append(cur)
         rows = await curs[1].fetchall()
+        trailer = rows.pop()
+        removed: list[tuple[int, ...]] = []
+        if trailer[2]:
+            cur = await conn.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
+            removed = await cur.fetchall()
+        return rows, removed, int(trailer[1] or 0)
+
+    async def _poll_direct(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
+                           ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
+        """:meth:`poll_checked` straight through libpq, as ``EventStore._poll``: the generic-plan setting,
+        the fences and the read in one round trip."""
+        text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
+                "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
+        steps = []
+        for q in ("generic_plans", *_POLL):
+            st = statement(q, self.schema, topic_id)
+            steps.append((st, [text[n] for n in st.params], 1 if q == "poll_checked" else 0))
+        results = await self._direct.run(conn, steps)
+        rows = self._direct.rows(conn, results[2])
         trailer = rows.pop()
         removed: list[tuple[int, ...]] = []
         if trailer[2]:
@@ -214,6 +281,12 @@ class AsyncStore:
         ps = sorted(targets)
         lazy = "" if durable or not (
             conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
+        if _direct_ok(conn):  # straight through libpq, one round trip
+            st = statement("store_checkpoints" + lazy, self.schema)
+            args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps),
+                    int_array([targets[p] for p in ps]), int_array([expected[p] for p in ps])]
+            res = await self._direct.run(conn, [(st, args, 0)])
+            return {int(p): CommitOutcome(code) for p, code in self._direct.rows(conn, res[0])}
         rows = await self.ex.all("store_checkpoints" + lazy, (group, topic_id, ps, [targets[p] for p in ps],
                                                       [expected[p] for p in ps]), conn=conn)
         return {int(p): CommitOutcome(code) for p, code in rows}

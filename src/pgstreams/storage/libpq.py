@@ -9,12 +9,13 @@ placeholders become ``$n``, its parameters are sent as text, and its rows are lo
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import re
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,3 +245,157 @@ class Direct:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
         return results
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool = False) -> None:
+    """Wait until ``fd`` is readable (or writable)."""
+    fut = loop.create_future()
+    if write:
+        loop.add_writer(fd, _wake, fut)
+    else:
+        loop.add_reader(fd, _wake, fut)
+    try:
+        await fut
+    finally:
+        if write:
+            loop.remove_writer(fd)
+        else:
+            loop.remove_reader(fd)
+
+
+#: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).
+Send = Callable[[pq.abc.PGconn], None]
+
+
+class AsyncDirect:
+    """The asyncio twin of :class:`Direct`: :class:`Statement` pipelines on psycopg async connections,
+    each statement prepared once per connection, waiting for the server on the event loop (one wake-up
+    per round trip, without psycopg's query layer and its waiting generators). Use it only on a
+    connection the caller holds alone (a pooled one), idle in autocommit mode."""
+
+    def __init__(self) -> None:
+        self._sessions: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], _Session] = (
+            weakref.WeakKeyDictionary())
+
+    def _session(self, conn: psycopg.AsyncConnection[Any]) -> _Session:
+        s = self._sessions.get(conn)
+        if s is None:
+            s = self._sessions[conn] = _Session(conn)  # type: ignore[arg-type]
+        return s
+
+    def forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """The server no longer holds the statements prepared on ``conn``: prepare them again."""
+        self._session(conn).prepared.clear()
+
+    @staticmethod
+    async def exchange(conn: psycopg.AsyncConnection[Any], batches: Sequence[Sequence[Send]]
+                       ) -> list[list[pq.abc.PGresult]]:
+        """Send ``batches`` in one libpq pipeline, a sync after each (each batch is its own transaction
+        on an autocommit connection; an error skips the rest of its batch only), in one round trip; the
+        results of each batch. If waiting is interrupted (cancelled) the connection is closed: its
+        results are still on their way, so no one may use it again (a pool replaces it)."""
+        pg = conn.pgconn
+        loop = asyncio.get_running_loop()
+        fd = pg.socket
+        out: list[list[pq.abc.PGresult]] = [[] for _ in batches]
+        pg.enter_pipeline_mode()
+        done = False
+        try:
+            for batch in batches:
+                for send in batch:
+                    send(pg)
+                pg.pipeline_sync()
+            while pg.flush():
+                await _ready(loop, fd, write=True)
+            i = 0
+            while i < len(batches):
+                if pg.is_busy():
+                    await _ready(loop, fd)
+                    pg.consume_input()
+                    continue
+                res = pg.get_result()
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    i += 1
+                else:
+                    out[i].append(res)
+            done = True
+        finally:
+            if done and pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+            elif not done:
+                await conn.close()
+        return out
+
+    def _prepares(self, conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement],
+                  types: Sequence[int] | None) -> tuple[list[Send], list[bytes]]:
+        s = self._session(conn)
+        names = [st.name for st in statements if st.name not in s.prepared]
+        sends: list[Send] = [functools.partial(_send_prepare, st.name, st.text, types)
+                             for st in statements if st.name in names]
+        return sends, names
+
+    async def run(self, conn: psycopg.AsyncConnection[Any], steps: Sequence[Step], *,
+                  types: Sequence[int] | None = None, formats: Sequence[int] | None = None,
+                  notify: tuple[bytes, bytes] | None = None) -> list[pq.abc.PGresult]:
+        """Run ``steps`` in one round trip, in order, in one transaction (``types``: parameter type oids
+        for statements prepared now; ``formats``: the parameters' formats, default text); with
+        ``notify`` (channel, payload), then ``pg_notify`` in a transaction of its own (after the steps
+        committed; its result is dropped: a wake-up hint).
+        Statements not prepared on ``conn`` yet are prepared in the same round trip. The results of the
+        steps; the first error is raised after every result was read. Statements the server no longer
+        holds are prepared again and the steps run once more."""
+        s = self._session(conn)
+        for attempt in (0, 1):
+            prepares, names = self._prepares(conn, [st for st, _, _ in steps], types)
+            batches: list[list[Send]] = [prepares] if prepares else []
+            batches.append([functools.partial(_send_prepared, st.name, params, formats, fmt)
+                            for st, params, fmt in steps])
+            if notify is not None:
+                batches.append([functools.partial(_send_notify, notify)])
+            got = await self.exchange(conn, batches)
+            if prepares:
+                bad = next((r for r in got[0] if r.status != pq.ExecStatus.COMMAND_OK and
+                            r.error_field(pq.DiagnosticField.SQLSTATE) != _DUPLICATE_PREPARED), None)
+                if bad is not None:
+                    raise psycopg.errors.error_from_result(bad, encoding=s.encoding)
+                s.prepared.update(names)
+            results = got[1 if prepares else 0]
+            failed = next((r for r in results if r.status not in _OK), None)
+            if failed is None:
+                return results
+            if attempt == 0 and failed.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
+                self.forget(conn)
+                continue
+            raise psycopg.errors.error_from_result(failed, encoding=s.encoding)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def rows(self, conn: psycopg.AsyncConnection[Any], res: pq.abc.PGresult) -> list[tuple[Any, ...]]:
+        """The rows of ``res``, loaded by psycopg's loaders."""
+        tx = self._session(conn).transformer
+        tx.set_pgresult(res)
+        return tx.load_rows(0, res.ntuples, tuple)
+
+    def encoding(self, conn: psycopg.AsyncConnection[Any]) -> str:
+        """The connection's encoding."""
+        return self._session(conn).encoding
+
+
+def _send_prepare(name: bytes, text: bytes, types: Sequence[int] | None, pg: pq.abc.PGconn) -> None:
+    pg.send_prepare(name, text, types)
+
+
+def _send_prepared(name: bytes, params: Sequence[bytes | None], formats: Sequence[int] | None, fmt: int,
+                   pg: pq.abc.PGconn) -> None:
+    pg.send_query_prepared(name, params, formats, fmt)
+
+
+def _send_notify(notify: tuple[bytes, bytes], pg: pq.abc.PGconn) -> None:
+    pg.send_query_params(_NOTIFY, notify)

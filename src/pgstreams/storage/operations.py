@@ -126,9 +126,11 @@ class OperationsStore:
 
     def mark_removing(
         self, conn: psycopg.Connection, topic_id: int, segments: Sequence[int], events: int, size: int
-    ) -> None:
-        """Mark ``segments`` as being removed and count them as removed (committed before detaching)."""
-        self.ex.one("mark_removing", (topic_id, list(segments), events, size), conn=conn)
+    ) -> int:
+        """Mark ``segments`` as being removed and count them as removed (committed before detaching);
+        count what share groups lose with them (``share_retention_loss()``) and return it."""
+        row = self.ex.one("mark_removing", (topic_id, list(segments), events, size), conn=conn)
+        return int(row[0] or 0) if row is not None else 0
 
     def retention_ran(self, conn: psycopg.Connection, topic_id: int) -> None:
         """Record that retention ran on the topic."""

@@ -77,6 +77,12 @@ class ShareStore:
             return None
         return ShareSettings(bool(row[0]), int(row[1]) / 1000, int(row[2]), row[3], row[4])
 
+    def may_use(self, group: str, topic_id: int) -> bool:
+        """Whether the current role may use the group on the topic (an admin, or granted ``consume``); the
+        rows of the others are invisible to it (row-level security, migration 0012)."""
+        row = self.ex.one("share_may_use", (group, topic_id))
+        return bool(row and row[0])
+
     def partitions(self, conn: psycopg.Connection | None, group: str, topic_id: int) -> set[int]:
         """The partitions the group has a frontier on."""
         return {int(r[0]) for r in self.ex.all("share_partitions_of", (group, topic_id), conn=conn)}
@@ -129,11 +135,13 @@ class ShareStore:
         return {(int(p), int(pos)): str(o) for p, pos, o in rows}
 
     def forget(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
-               events: Sequence[tuple[int, int]]) -> None:
-        """Remove ``owner``'s rows of these ``(partition, position)``: events retention removed."""
-        self.ex.run("share_forget", {"group": group, "topic_id": topic_id, "owner": owner,
-                                     "partitions": [e[0] for e in events],
-                                     "positions": [e[1] for e in events]}, conn=conn)
+               events: Sequence[tuple[int, int]]) -> int:
+        """Remove ``owner``'s rows of these ``(partition, position)``: events retention removed, counted as
+        lost to the group; return how many rows it removed."""
+        row = self.ex.one("share_forget", {"group": group, "topic_id": topic_id, "owner": owner,
+                                           "partitions": [e[0] for e in events],
+                                           "positions": [e[1] for e in events]}, conn=conn)
+        return int(row[0]) if row is not None else 0
 
     def ack_batches(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
                     batches: Mapping[tuple[int, int], Sequence[int]]) -> set[tuple[int, int]]:
@@ -160,7 +168,7 @@ class ShareStore:
             lock = r["oldest_lock"]
             r["oldest_lock"] = None if lock is None else lock.astimezone(timezone.utc)
             for k in ("acquired", "available", "waiting", "delivered_too_often", "removed_too_often",
-                      "rejected", "dead_lettered"):
+                      "rejected", "dead_lettered", "lost_events"):
                 r[k] = int(r[k] or 0)
             out.append(ShareGroupStatus(**r))
         return out

@@ -3,15 +3,22 @@ metrics exporters and the web console, in O(topics + partitions + groups + membe
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import RowFactory, dict_row, tuple_row
 
-from ..models import GroupLag, MemberStatus, PartitionStats, StatusSnapshot, TopicStatus
+from ..models import (
+    GroupLag,
+    MemberStatus,
+    PartitionStats,
+    ShareGroupStatus,
+    StatusSnapshot,
+    TopicStatus,
+)
 from .executor import Executor
 
 #: The suffix of default dead-letter topics (as :data:`pgstreams.groups.config.DEAD_LETTER_SUFFIX`).
@@ -22,11 +29,27 @@ def _utc(dt: datetime | None) -> datetime | None:
     return None if dt is None else dt.astimezone(timezone.utc)
 
 
+def _share_status(r: dict[str, Any]) -> ShareGroupStatus:
+    """A row of ``status_shares`` as a model (as :meth:`pgstreams.storage.ShareStore.status` maps it)."""
+    r["oldest_lock"] = _utc(r["oldest_lock"])
+    for k in ("acquired", "available", "waiting", "delivered_too_often", "removed_too_often", "rejected",
+              "dead_lettered", "lost_events"):
+        r[k] = int(r[k] or 0)
+    return ShareGroupStatus(**r)
+
+
 class StatusStore:
     """The status of one schema."""
 
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
+        #: per topic id, the figures kept from the last snapshot (see :meth:`snapshot`): the topic's key
+        #: then (creation, partitions, where sealed segments end, segments, last position), its unsealed
+        #: partition rows, its size, and per (group, partition, checkpoint) the first unread event's time,
+        #: the unread events of the unsealed segments and of the segment holding the checkpoint
+        self._kept: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]], int,
+                                    dict[tuple[str, int, int], tuple[Any, ...]]]] = {}
+        self._lock = threading.Lock()
 
     def browse(self, topic_id: int, partition: int, position: int, limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit`` committed events of a partition from ``position`` on, as poll rows (see
@@ -40,74 +63,126 @@ class StatusStore:
         return None if row is None or row[0] is None else int(row[0])
 
     def snapshot(self) -> StatusSnapshot:
-        """Everything at once, on one connection (see :class:`StatusSnapshot`): a few schema-wide
-        queries, then one statement per topic for its partitions and one per topic with checkpoints, all
-        sent in one round trip (prepared: a connection plans each once)."""
+        """Everything at once, on one connection (see :class:`StatusSnapshot`), in a constant number of
+        statements and two round trips whatever the number of topics: the schema-wide reads (share groups
+        included) and each
+        topic's marks (``status_marks()``, migration 0014), then, for the topics that may have changed
+        since the last snapshot, their partitions, sizes and checkpoints' lag (``status_partitions()``,
+        ``status_bytes``, ``status_checkpoints()``). The figures of a topic whose sequence has not moved
+        since a read that found no registered publisher are kept from that read (see the migration)."""
         started = time.perf_counter()
         with self.ex.connection() as conn:
-            conn.prepared_max = None  # keep every topic's statements planned
-            now_row = self.ex.one("status_now", conn=conn)
-            dlts = {r[0] for r in self.ex.all("status_dead_letter_topics", conn=conn)}
-            topic_rows = self.ex.all("status_topics", {"schema": self.ex.schema}, conn=conn, row=dict_row)
-            sealed = self.ex.all("status_sealed", conn=conn)
-            leases = {(r["group"], int(r["topic_id"]), int(r["partition"])): r
-                      for r in self.ex.all("status_leases", conn=conn, row=dict_row)}
-            member_rows = self.ex.all("status_members", conn=conn, row=dict_row)
-            read = {int(r[0]) for r in self.ex.all("status_checkpointed_topics", conn=conn)}
-            per_topic = self._per_topic(conn, topic_rows, read)
-        stats: dict[tuple[int, int], list[tuple[int, int, int, bool]]] = {}
-        for tid, part, lo, hi, events, removed in sealed:
-            stats.setdefault((int(tid), int(part)), []).append((int(lo), int(hi), int(events), bool(removed)))
+            with conn.pipeline():
+                cursors = [self._send(conn, name, row) for name, row in (
+                    ("status_now", tuple_row), ("status_dead_letter_topics", tuple_row),
+                    ("status_topics", dict_row), ("status_sealed", tuple_row), ("status_leases", dict_row),
+                    ("status_members", dict_row), ("status_checkpoint_positions", dict_row),
+                    ("status_marks", tuple_row), ("status_shares", dict_row))]
+            now_row, dlt_rows, topic_rows, sealed, lease_rows, member_rows, cp_rows, mark_rows, share_rows = (
+                c.fetchall() for c in cursors)
+            now = now_row[0][0]
+            marks = {int(r[0]): (int(r[1]), bool(r[2])) for r in mark_rows}
+            keys = {int(t["topic_id"]): (t["created_at"], int(t["partitions"]), int(t["sealed_end"]),
+                                         int(t["segments"] or 0), marks.get(int(t["topic_id"]), (None,))[0])
+                    for t in topic_rows}
+            with self._lock:
+                kept = {tid: (rows, size, figures) for tid, (key, rows, size, figures) in self._kept.items()
+                        if keys.get(tid) == key}
+            checkpoints: dict[int, list[dict[str, Any]]] = {}
+            for r in cp_rows:
+                checkpoints.setdefault(int(r["topic_id"]), []).append(r)
+            stale = [t for t in topic_rows if int(t["topic_id"]) not in kept]
+            lagging = [t for t in topic_rows if self._unknown_lag(checkpoints, kept, int(t["topic_id"]))]
+            with conn.pipeline():
+                ids = [int(t["topic_id"]) for t in stale]
+                pc = self._send(conn, "status_partitions", tuple_row, {
+                    "topic_ids": ids, "from": [int(t["sealed_end"]) for t in stale]})
+                bc = self._send(conn, "status_bytes", tuple_row, {"schema": self.ex.schema, "topic_ids": ids})
+                cc = self._send(conn, "status_checkpoints", dict_row, {
+                    "topic_ids": [int(t["topic_id"]) for t in lagging],
+                    "from": [int(t["sealed_end"]) for t in lagging],
+                    "size": [int(t["segment_size"]) for t in lagging]})
+            unsealed: dict[int, list[tuple[Any, ...]]] = {tid: entry[0] for tid, entry in kept.items()}
+            unsealed.update((tid, []) for tid in ids)
+            for r in pc.fetchall():
+                unsealed[int(r[0])].append(r)
+            sizes = {tid: entry[1] for tid, entry in kept.items()}
+            sizes.update((int(r[0]), int(r[1] or 0)) for r in bc.fetchall())
+            lags: dict[int, dict[tuple[str, int, int], tuple[Any, ...]]] = {
+                tid: dict(entry[2]) for tid, entry in kept.items()}
+            for r in cc.fetchall():
+                at = (r["group"], int(r["partition"]), int(r["checkpoint"]))
+                lags.setdefault(int(r["topic_id"]), {})[at] = (
+                    r["first_unread_at"], int(r["tail"]), int(r["in_segment"]))
+        with self._lock:
+            # kept for the next snapshot: topics kept now, and those read now that no publisher held
+            self._kept = {tid: (keys[tid], unsealed[tid], sizes.get(tid, 0), lags.get(tid, {}))
+                          for tid in keys
+                          if tid in unsealed and (tid in kept or not marks.get(tid, (0, True))[1])}
+        dlts = {r[0] for r in dlt_rows}
+        leases = {(r["group"], int(r["topic_id"]), int(r["partition"])): r for r in lease_rows}
+        stats: dict[tuple[int, int], list[tuple[int, int, int, bool, int]]] = {}
+        for tid, part, lo, hi, events, removed, last in sealed:
+            stats.setdefault((int(tid), int(part)), []).append(
+                (int(lo), int(hi), int(events), bool(removed), int(last)))
         topics, parts, groups = [], [], []
         for t in topic_rows:
             tid, name, end = int(t["topic_id"]), t["topic"], int(t["sealed_end"])
             topics.append(TopicStatus(
-                name, int(t["partitions"]), int(t["bytes"] or 0), int(t["segments"] or 0), t["retention_ms"],
+                name, int(t["partitions"]), sizes.get(tid, 0), int(t["segments"] or 0), t["retention_ms"],
                 t["retention_events"], t["retention_bytes"], name.endswith(_DLT_SUFFIX) or name in dlts,
                 t["created_at"].astimezone(timezone.utc)))
-            part_rows, checkpoint_rows = per_topic[tid]
+            tail = {int(r[1]): (int(r[2]), int(r[3])) for r in unsealed.get(tid, [])}
             heads: dict[int, int | None] = {}
-            for p, head, tail in part_rows:
-                segs = stats.get((tid, int(p)), [])
-                stored = int(tail) + sum(n for lo, hi, n, gone in segs if not gone and hi <= end)
-                removed = sum(n for lo, hi, n, gone in segs if gone)
-                heads[int(p)] = None if head is None else int(head)
-                parts.append(PartitionStats(name, int(p), heads[int(p)], stored, stored + removed))
+            for p in range(int(t["partitions"])):
+                segs = [seg for seg in stats.get((tid, p), []) if seg[1] <= end]
+                live = [seg for seg in segs if not seg[3]]
+                newest, events = tail.get(p, (None, 0))
+                if newest is None and live:
+                    newest = max(seg[4] for seg in live)
+                stored = events + sum(seg[2] for seg in live)
+                heads[p] = newest
+                removed = sum(seg[2] for seg in segs if seg[3])
+                parts.append(PartitionStats(name, p, newest, stored, stored + removed))
             size = int(t["segment_size"])
-            for r in checkpoint_rows:
+            for r in checkpoints.get(tid, []):
                 p, cp = int(r["partition"]), int(r["checkpoint"])
+                figures = lags.get(tid, {}).get((r["group"], p, cp))
+                if figures is None:
+                    continue  # created after the topic's checkpoints were read: in the next snapshot
+                first_unread_at, unsealed_unread, in_segment = figures
                 after = (cp // size + 1) * size  # the end of the segment holding the checkpoint
-                lag = int(r["tail"]) + int(r["in_segment"]) + sum(
-                    n for lo, hi, n, gone in stats.get((tid, p), [])
+                lag = unsealed_unread + in_segment + sum(
+                    n for lo, hi, n, gone, _ in stats.get((tid, p), [])
                     if not gone and lo >= after and hi <= end)
+                behind = 0.0
+                if lag and first_unread_at is not None:
+                    behind = (now - first_unread_at).total_seconds()
                 lease = leases.get((r["group"], tid, p), {})
                 groups.append(GroupLag(
-                    r["group"], name, p, cp or None, heads.get(p), lag,
-                    max(0.0, float(r["lag_seconds"])) if lag and r["lag_seconds"] is not None else 0.0,
+                    r["group"], name, p, cp or None, heads.get(p), lag, max(0.0, behind),
                     float(r["checkpoint_age"] or 0.0), lease.get("owner"), bool(lease.get("stale")),
                     lease.get("retry_state")))
         groups.sort(key=lambda g: (g.group, g.topic, g.partition))
         members = tuple(MemberStatus(
             r["group"], r["topic"], r["member_id"], r["host"], r["pid"], float(r["heartbeat_age"] or 0.0),
             bool(r["stale"]), int(r["partitions"])) for r in member_rows)
-        return StatusSnapshot(now_row[0].astimezone(timezone.utc), tuple(topics), tuple(parts), tuple(groups),
-                              members, time.perf_counter() - started)
+        return StatusSnapshot(now.astimezone(timezone.utc), tuple(topics), tuple(parts),
+                              tuple(groups), members, time.perf_counter() - started,
+                              tuple(_share_status(r) for r in share_rows))
 
-    def _per_topic(self, conn: psycopg.Connection, topic_rows: Sequence[dict[str, Any]],
-                   checkpointed: set[int]) -> dict[int, tuple[list[tuple[Any, ...]], list[dict[str, Any]]]]:
-        """Per topic: its partitions' rows and its checkpoints' rows (read for the ``checkpointed``
-        topics only), every statement sent in one pipeline."""
-        curs: dict[int, tuple[Any, Any]] = {}
-        with conn.pipeline():
-            for t in topic_rows:
-                tid = int(t["topic_id"])
-                params = {"topic_id": tid, "partitions": int(t["partitions"]), "sealed": int(t["sealed_end"]),
-                          "size": int(t["segment_size"])}
-                pc = conn.cursor()
-                pc.execute(self.ex.query("status_topic_partitions", tid), params, prepare=True)
-                cc = None
-                if tid in checkpointed:
-                    cc = conn.cursor(row_factory=dict_row)
-                    cc.execute(self.ex.query("status_topic_checkpoints", tid), params, prepare=True)
-                curs[tid] = (pc, cc)
-        return {tid: (pc.fetchall(), [] if cc is None else cc.fetchall()) for tid, (pc, cc) in curs.items()}
+    @staticmethod
+    def _unknown_lag(checkpoints: dict[int, list[dict[str, Any]]],
+                     kept: dict[int, tuple[Any, int, dict[tuple[str, int, int], tuple[Any, ...]]]],
+                     topic_id: int) -> bool:
+        """Whether some checkpoint of ``topic_id`` has no kept lag figures (new, or moved)."""
+        known = kept[topic_id][2] if topic_id in kept else {}
+        return any((r["group"], int(r["partition"]), int(r["checkpoint"])) not in known
+                   for r in checkpoints.get(topic_id, []))
+
+    def _send(self, conn: psycopg.Connection, name: str, row: RowFactory[Any],
+              params: dict[str, Any] | None = None) -> psycopg.Cursor[Any]:
+        """Send core query ``name`` on ``conn`` (in its pipeline); the caller fetches the rows."""
+        cur = conn.cursor(row_factory=row)
+        cur.execute(self.ex.query(name), params)
+        return cur

@@ -10,6 +10,7 @@ from ..consumer import Start, check_start
 from ..errors import InvalidArgument
 from ..groups import check_timing, get_group_config
 from ..names import check_group, check_topic
+from ..shares.consumer import check_lock_timeout
 from .batching import BatchConfig
 from .handlers import Handler, as_called, check_handler
 from .retry import RetryPolicy
@@ -37,7 +38,8 @@ class SubscriptionOptions:
     configuration). ``partitions`` (default ``None``: join the group's membership): a static assignment.
     ``share`` (default false): ``group`` is a share group (every process reads every partition, events are
     acquired one by one); ``concurrency`` (default 1, share groups only): handlers run at once in this
-    process.
+    process; ``lock_timeout`` (default ``None``: :data:`pgstreams.DEFAULT_LOCK_TIMEOUT`, share groups
+    only): seconds each acquired event stays locked to this worker (0.01 to 86400).
     """
 
     batch: bool = False
@@ -53,6 +55,7 @@ class SubscriptionOptions:
     partitions: Sequence[int] | None = None
     share: bool = False
     concurrency: int = 1
+    lock_timeout: float | None = None
 
 
 #: Most handlers a share subscription runs at once in one process.
@@ -76,6 +79,7 @@ class Subscription:
     session_timeout: float | None = None
     share: bool = False
     concurrency: int = 1
+    lock_timeout: float | None = None
 
 
 def dead_letter_topic(client: Client, group: str, topic: str, dead_letter: object) -> str | None:
@@ -126,6 +130,12 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
     if o.concurrency != 1 and not o.share:
         raise InvalidArgument("concurrency needs share=True (a stream group processes a partition in order, "
                               "with one handler at a time)")
+    lock_timeout = None
+    if o.lock_timeout is not None:
+        if not o.share:
+            raise InvalidArgument("lock_timeout needs share=True (a stream group's partitions are held by "
+                                  "leases, whose session_timeout plays that part)")
+        lock_timeout = check_lock_timeout(o.lock_timeout)
     if o.share and o.partitions is not None:
         raise InvalidArgument("partitions cannot be given with share=True (every consumer of a share group "
                               "reads every partition)")
@@ -137,7 +147,7 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
                      cfg.session_timeout if o.session_timeout is None else o.session_timeout)
     return Subscription(name, group, as_called(handler), o.batch, config, o.mode, retry,
                         dead_letter_topic(client, group, name, o.dead_letter), check_start(o.start),
-                        o.heartbeat_interval, o.session_timeout, o.share, o.concurrency)
+                        o.heartbeat_interval, o.session_timeout, o.share, o.concurrency, lock_timeout)
 
 
 #: Every subscription option at its default: the one place the keyword defaults of

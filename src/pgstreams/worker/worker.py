@@ -16,7 +16,7 @@ from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
 from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
 from ..services import Service, ServiceFailed, Supervisor
-from ..shares import ShareConsumer, ShareOptions
+from ..shares import DEFAULT_LOCK_TIMEOUT, ShareConsumer, ShareOptions
 from ._checks import number
 from .batching import Clock
 from .deadletter import DeadLetters
@@ -96,7 +96,8 @@ class Worker:
                   start: Start = DEFAULTS.start, heartbeat_interval: float | None = None,
                   session_timeout: float | None = None,
                   partitions: Sequence[int] | None = None, share: bool = DEFAULTS.share,
-                  concurrency: int = DEFAULTS.concurrency) -> Subscription:
+                  concurrency: int = DEFAULTS.concurrency,
+                  lock_timeout: float | None = DEFAULTS.lock_timeout) -> Subscription:
         """Run ``handler`` on ``topic`` as a member of ``group``.
 
         ``handler(event)`` (``batch=False``, default) or ``handler(events)`` (``batch=True``); in
@@ -117,14 +118,17 @@ class Worker:
         ``share`` (default false): run on share group ``group`` (see :meth:`pgstreams.Client.share_consumer`):
         no membership, every worker reads every partition and events are acquired one by one; a failing
         event is released with the ``retry`` backoff (other events go on) and after ``retry.max_attempts``
-        deliveries goes to the dead-letter topic (without one it is retried forever); events are locked
-        for :data:`pgstreams.DEFAULT_LOCK_TIMEOUT` seconds. ``concurrency`` (default 1, share groups only)
-        handlers run at once in this process.
+        deliveries goes to the dead-letter topic (without one it is retried forever). ``lock_timeout``
+        (share groups only; default ``None``: :data:`pgstreams.DEFAULT_LOCK_TIMEOUT`, 30 s): seconds each
+        event stays locked to this worker (0.01 to 86400): a handler that takes longer loses the event to
+        another consumer. ``concurrency`` (default 1, share groups only) handlers run at once in this
+        process.
         """
         return self.add_subscription(topic, group, handler, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait, mode=mode,
             retry=retry, dead_letter=dead_letter, start=start, heartbeat_interval=heartbeat_interval,
-            session_timeout=session_timeout, partitions=partitions, share=share, concurrency=concurrency))
+            session_timeout=session_timeout, partitions=partitions, share=share, concurrency=concurrency,
+            lock_timeout=lock_timeout))
 
     def add_subscription(self, topic: str, group: str, handler: Handler,
                          options: SubscriptionOptions | None = None) -> Subscription:
@@ -230,7 +234,9 @@ class Worker:
         """The ``concurrency`` runners of share subscription ``sub``, over one consumer of its group."""
         dlt = sub.dead_letter
         options = ShareOptions(start=sub.start, max_deliveries=sub.retry.max_attempts if dlt else _FOREVER,
-                               dead_letter=dlt if dlt is not None else False)
+                               dead_letter=dlt if dlt is not None else False,
+                               lock_timeout=DEFAULT_LOCK_TIMEOUT if sub.lock_timeout is None
+                               else sub.lock_timeout)
         source = ShareSource(ShareConsumer(self.client, sub.topic, sub.group, options,
                                            consumer_id=self.member_id))
         return [ShareRunner(sub, source, index=i, member_id=self.member_id, clock=self.clock,

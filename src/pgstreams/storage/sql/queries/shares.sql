@@ -16,6 +16,9 @@ ON CONFLICT (group_name, topic_id) DO UPDATE
 SELECT g.queue, g.lock_timeout_ms, g.max_deliveries, g.dead_letter, g.ordering
   FROM {schema}.share_groups g WHERE g.group_name = %s AND g.topic_id = %s;
 
+-- name: share_may_use
+SELECT {schema}.may_share(%s, %s);
+
 -- name: share_partitions_of
 SELECT partition FROM {schema}.share_partitions WHERE group_name = %s AND topic_id = %s;
 
@@ -47,11 +50,20 @@ SELECT d.o_partition, d.o_position, e.xid::text::bigint, e.created_at - '1970-01
  ORDER BY d.o_partition, d.o_position;
 
 -- name: share_forget
--- Remove an owner's rows of events that retention removed from the topic.
-DELETE FROM {schema}.share_events s
- USING unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(partition, position)
- WHERE s.group_name = %(group)s AND s.topic_id = %(topic_id)s AND s.partition = c.partition
-   AND s.position = c.position AND s.owner = %(owner)s;
+-- Remove an owner's rows of events that retention removed from the topic, and count them as lost to the
+-- group (share_partitions.lost). Returns how many it removed.
+WITH gone AS (
+    DELETE FROM {schema}.share_events s
+     USING unnest(%(partitions)s::int[], %(positions)s::bigint[]) AS c(partition, position)
+     WHERE s.group_name = %(group)s AND s.topic_id = %(topic_id)s AND s.partition = c.partition
+       AND s.position = c.position AND s.owner = %(owner)s
+    RETURNING s.partition
+), counted AS (
+    UPDATE {schema}.share_partitions sp SET lost = sp.lost + g.n
+      FROM (SELECT partition, count(*) AS n FROM gone GROUP BY partition) g
+     WHERE sp.group_name = %(group)s AND sp.topic_id = %(topic_id)s AND sp.partition = g.partition
+)
+SELECT count(*) FROM gone;
 
 -- name: share_ack_batches
 -- Ack whole batch rows (the common case): each given by its partition, first position and every position
@@ -76,7 +88,8 @@ SELECT {schema}.share_count(%s, %s, %s, %s, %s, %s);
 -- name: share_status
 SELECT s.group_name AS "group", s.topic, s.partition, s.queue, s.start, s.frontier, s.head, s.acquired,
        s.available, s.waiting, s.delivered_too_often, s.oldest_lock, s.removed_too_often, s.rejected,
-       s.dead_lettered, s.dead_letter, s.max_deliveries, s.lock_timeout::float8 AS lock_timeout, s.ordering
+       s.dead_lettered, s.dead_letter, s.max_deliveries, s.lock_timeout::float8 AS lock_timeout, s.ordering,
+       s.lost AS lost_events
   FROM {schema}.share_group_status s
  WHERE s.group_name = %(group)s AND (%(topic)s::text IS NULL OR s.topic = %(topic)s)
  ORDER BY s.topic, s.partition;

@@ -1,15 +1,14 @@
 -- Named queries: the database-wide status read by metrics exporters and the web console. {schema} is the
 -- pgstreams schema and {table} a topic's event table (quoted identifiers, see pgstreams.storage.naming);
--- values are always bound parameters. A status read costs O(topics + partitions + groups + members):
--- catalog sizes, index probes per partition and checkpoint, and the statistics of sealed segments; only
--- the rows of the segments not sealed yet (the one being filled) are counted, as partition_progress does.
+-- values are always bound parameters. A status read costs O(topics + partitions + groups + members), in a
+-- constant number of statements: catalog sizes, the statistics of sealed segments, index probes per
+-- checkpoint; only the rows of the segments not sealed yet (the one being filled) are counted, as
+-- partition_progress does, and only for topics that may have changed since the last read (0014).
 
 -- name: status_topics
--- Per topic: its definition, size on disk (its segments' tables, indexes and TOAST, from the catalog),
--- segments, where the sealed segments end (their counts are in segment_partitions) and its retention.
+-- Per topic: its definition, segments, where the sealed segments end (their counts are in
+-- segment_partitions) and its retention.
 SELECT t.id AS topic_id, t.name AS topic, t.partitions, t.segment_size, t.created_at,
-       (SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i
-         WHERE i.inhparent = to_regclass(format('%%I.%%I', %(schema)s::text, 'topic_' || t.id))) AS bytes,
        (SELECT count(*) FROM {schema}.segments s WHERE s.topic_id = t.id AND s.removing_at IS NULL) AS segments,
        (SELECT coalesce(max(s.hi), 0) FROM {schema}.segments s
          WHERE s.topic_id = t.id AND s.sealed_at IS NOT NULL) AS sealed_end,
@@ -20,41 +19,37 @@ SELECT t.id AS topic_id, t.name AS topic, t.partitions, t.segment_size, t.create
  ORDER BY t.name;
 
 -- name: status_sealed
--- The counts of every sealed segment per partition (recorded once, when sealed), removed ones too.
-SELECT topic_id, partition, lo, hi, events, removed_at IS NOT NULL AS removed FROM {schema}.segment_partitions;
+-- The counts and last positions of every sealed segment per partition (recorded once, when sealed),
+-- removed ones too.
+SELECT topic_id, partition, lo, hi, events, removed_at IS NOT NULL AS removed, last_position
+  FROM {schema}.segment_partitions;
 
--- name: status_topic_partitions
--- Per partition of one topic: its head (an index probe) and the events of the unsealed segments (from
--- %(sealed)s on: the segment being filled, whose rows are counted).
-SELECT p.p AS partition,
-       (SELECT e.position FROM {table} e WHERE e.partition = p.p ORDER BY e.position DESC LIMIT 1) AS head,
-       (SELECT count(*) FROM {table} e
-         WHERE (e.partition, e.position) >= (p.p, %(sealed)s) AND (e.partition, e.position) < (p.p + 1, 0)) AS tail
-  FROM generate_series(0, %(partitions)s - 1) AS p(p);
+-- name: status_marks
+-- Per topic: the last position handed out and whether a publisher is registered (status_marks(), 0014).
+SELECT topic_id, last_position, publishing FROM {schema}.status_marks();
 
--- name: status_topic_checkpoints
--- Per checkpoint on one topic: its age; the age of the first unread event (an index probe); the unread
--- events of the unsealed segments, and of the sealed segment holding the checkpoint (the only rows
--- counted: other sealed segments count from their statistics).
-SELECT k.group_name AS "group", k.partition, k.position AS checkpoint,
-       extract(epoch FROM now() - k.updated_at)::float8 AS checkpoint_age,
-       extract(epoch FROM now() - (SELECT e.created_at FROM {table} e
-                                    WHERE (e.partition, e.position) > (k.partition, k.position)
-                                      AND (e.partition, e.position) < (k.partition + 1, 0)
-                                    ORDER BY e.partition, e.position LIMIT 1))::float8 AS lag_seconds,
-       (SELECT count(*) FROM {table} e
-         WHERE (e.partition, e.position) > (k.partition, greatest(k.position, %(sealed)s - 1))
-           AND (e.partition, e.position) < (k.partition + 1, 0)) AS tail,
-       (SELECT count(*) FROM {table} e
-         WHERE (e.partition, e.position) > (k.partition, k.position)
-           AND (e.partition, e.position) < (k.partition, least((k.position / %(size)s + 1) * %(size)s,
-                                                              %(sealed)s))) AS in_segment
-  FROM {schema}.checkpoints k
- WHERE k.topic_id = %(topic_id)s;
+-- name: status_partitions
+-- Per partition of the given topics: the newest position and the count of the events from the given
+-- positions on (where each topic's sealed segments end); partitions without such events are left out.
+SELECT topic_id, partition, head, events FROM {schema}.status_partitions(%(topic_ids)s, %(from)s);
 
--- name: status_checkpointed_topics
--- The topics some group has checkpoints on (only their checkpoints are read).
-SELECT DISTINCT topic_id FROM {schema}.checkpoints;
+-- name: status_checkpoints
+-- Per checkpoint on the given topics: the time of its first unread event, and its unread events outside
+-- the statistics of the sealed segments (status_checkpoints(), 0014).
+SELECT group_name AS "group", topic_id, partition, checkpoint, first_unread_at, tail, in_segment
+  FROM {schema}.status_checkpoints(%(topic_ids)s, %(from)s, %(size)s);
+
+-- name: status_bytes
+-- Per given topic: its size on disk (its segments' tables, indexes and TOAST, from the catalog).
+SELECT u.id, (SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i
+               WHERE i.inhparent = to_regclass(format('%%I.%%I', %(schema)s::text, 'topic_' || u.id)))
+  FROM unnest(%(topic_ids)s::integer[]) AS u(id);
+
+-- name: status_checkpoint_positions
+-- Every checkpoint: its position and age (what a kept figure of its lag is keyed by).
+SELECT group_name AS "group", topic_id, partition, position AS checkpoint,
+       extract(epoch FROM now() - updated_at)::float8 AS checkpoint_age
+  FROM {schema}.checkpoints;
 
 -- name: status_leases
 -- Every lease: its owner, whether the owner is stale (missed its session timeout, or gone), retry state.
@@ -78,9 +73,22 @@ SELECT m.group_name AS "group", t.name AS topic, m.member_id, m.host, m.pid,
   FROM {schema}.members m JOIN {schema}.topics t ON t.id = m.topic_id
  ORDER BY m.group_name, t.name, m.member_id;
 
+-- name: status_shares
+-- Every share group per topic and partition (the share_group_status view: its rows of events in flight
+-- and the partition's progress after its frontier: O(share partitions + events in flight)).
+SELECT s.group_name AS "group", s.topic, s.partition, s.queue, s.start, s.frontier, s.head, s.acquired,
+       s.available, s.waiting, s.delivered_too_often, s.oldest_lock, s.removed_too_often, s.rejected,
+       s.dead_lettered, s.dead_letter, s.max_deliveries, s.lock_timeout::float8 AS lock_timeout, s.ordering,
+       s.lost AS lost_events
+  FROM {schema}.share_group_status s
+ ORDER BY s.group_name, s.topic, s.partition;
+
 -- name: status_dead_letter_topics
--- The dead-letter topics groups are configured with (besides the default names, "<topic>.dlt").
-SELECT DISTINCT dead_letter_topic FROM {schema}.group_config WHERE dead_letter_topic IS NOT NULL;
+-- The dead-letter topics groups and share groups are configured with (besides the default names,
+-- "<topic>.dlt").
+SELECT dead_letter_topic FROM {schema}.group_config WHERE dead_letter_topic IS NOT NULL
+ UNION
+SELECT dead_letter FROM {schema}.share_groups WHERE dead_letter IS NOT NULL;
 
 -- name: browse_events
 -- A partition's events from a position on, in read order (the web console's event browser): both bounds

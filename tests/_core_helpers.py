@@ -145,6 +145,18 @@ def produce_worker(dsn: str, topic: str, producer: int, n_tx: int, keys: list[st
     return out
 
 
+def publish_many_worker(dsn: str, topic: str, writer: int, batches: int, size: int, keys: list[str]) -> int:
+    """Publish ``batches`` batches of ``size`` events ``[writer, batch, i]`` with ``publish_many`` (random
+    keys of ``keys``); return how many were stored."""
+    rng = random.Random(writer)
+    stored = 0
+    with pgstreams.connect(dsn, migrate=False, pool_size=2) as client:
+        for b in range(batches):
+            stored += client.publish_many(topic, [{"value": [writer, b, i], "key": rng.choice(keys)}
+                                                  for i in range(size)])
+    return stored
+
+
 def publish_same_ids(dsn: str, topic: str, ids: list[str], tag: str,
                      start_at: float) -> list[tuple[int, int]]:
     """Publish one event per id (in order) once ``time.time()`` reaches ``start_at``; return results."""

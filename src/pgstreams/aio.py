@@ -369,9 +369,12 @@ class AsyncConsumer:
         max_events, timeout = _check_limits(max_events, timeout)
         return await self._poll(None, max_events, timeout)
 
-    async def commit(self, events: Sequence[Event] | None = None) -> CommitOutcome:
+    async def commit(self, events: Sequence[Event] | None = None, *, durable: bool = False) -> CommitOutcome:
         """Store the position after ``events`` (default: the last poll's) as the group's checkpoint on
-        their partitions: :meth:`pgstreams.Consumer.commit`, with the same outcomes."""
+        their partitions: :meth:`pgstreams.Consumer.commit`, with the same outcomes and the same
+        ``durable`` (default false: the call does not wait for the commit's flush to disk)."""
+        if not isinstance(durable, bool):
+            raise InvalidArgument(f"durable must be a bool, not {type(durable).__name__}")
         reader = self._reader
         targets = dict(self._last) if events is None else reader.targets(events)
         if not targets:
@@ -379,7 +382,7 @@ class AsyncConsumer:
         try:
             async with self._client.connection() as conn:
                 outcomes = await self._store.store_checkpoints(conn, self.group, reader.topic_id, targets,
-                                                               reader.checkpoints())
+                                                               reader.checkpoints(), durable)
         except _GONE as exc:
             raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
         outcome = reader.outcome(outcomes)

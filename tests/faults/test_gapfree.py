@@ -12,7 +12,7 @@ import psycopg
 import pytest
 
 import pgstreams
-from _core_helpers import SPAWN, produce_worker
+from _core_helpers import SPAWN, produce_worker, publish_many_worker, until
 from pgstreams import CommitOutcome
 
 PRODUCERS = 8
@@ -97,6 +97,89 @@ def test_concurrent_open_transactions_every_committed_event_seen_exactly_once(ds
         assert [_ident(v) for v, q in again if q == p] == [_ident(v) for v, q in seen if q == p]
     assert sum(s.lag for s in client.describe_group("g")) == 0
     client.close()
+
+
+def test_racing_publish_many_batches_every_event_seen_exactly_once_in_partition_order(dsn: str) -> None:
+    """Batches stored by COPY from several processes at once interleave their positions and commit in any
+    order; a consumer reading meanwhile sees every event once, in position order per partition."""
+    writers, batches, size = 4, 12, 1000
+    total = writers * batches * size
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("batches", partitions=3)
+        consumer = client.consumer("batches", "g")
+        seen: list[tuple[tuple[int, int, int], int, int]] = []
+        with ProcessPoolExecutor(writers, mp_context=SPAWN) as pool:
+            futures = [pool.submit(publish_many_worker, dsn, "batches", w, batches, size, KEYS)
+                       for w in range(writers)]
+            deadline = time.monotonic() + 180
+            while len(seen) < total and time.monotonic() < deadline:
+                got = consumer.poll(max_events=50, timeout=0.5)
+                seen.extend((tuple(e.value), e.partition, e.position) for e in got)
+                if got:
+                    assert consumer.commit(got) is CommitOutcome.STORED
+            assert [f.result(timeout=60) for f in futures] == [batches * size] * writers
+        assert consumer.poll(max_events=10, timeout=0.2) == []
+    idents = [v for v, _, _ in seen]
+    assert len(idents) == len(set(idents)) == total  # every event, once
+    for p in range(3):
+        positions = [pos for _, q, pos in seen if q == p]
+        assert positions == sorted(positions)
+        for w in range(writers):  # per writer and partition, in publishing order
+            mine = [v for v, q, _ in seen if q == p and v[0] == w]
+            assert mine == sorted(mine)
+
+
+def test_a_batch_in_progress_holds_back_its_partitions_only(client: pgstreams.Client, dsn: str) -> None:
+    """A ``publish_many`` whose COPY has drawn positions but not committed holds back the read fence of its
+    partitions, not of the others. The COPY is stopped half-way by a lock on the topic's second segment,
+    which its rows reach after filling the first."""
+    client.create_topic("t", 3, config={"segment.events": "1000"})
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT id, format('pgstreams.topic_%s_s1', id), format('pgstreams.topic_%s_seq', id)"
+                        " FROM pgstreams.topics WHERE name = 't'").fetchone()
+    assert row is not None
+    topic_id, second, seq = row
+    consumer = client.consumer("t", "g")
+    first = client.publish("t", "before", partition=0)
+
+    def fences() -> list[int]:
+        with psycopg.connect(dsn, autocommit=True) as c:
+            got = c.execute("SELECT pgstreams.partition_fences(%s, '{0,1,2}', %s::regclass)",
+                            (topic_id, seq)).fetchone()
+            assert got is not None
+            return list(got[0])
+
+    import threading
+
+    with psycopg.connect(dsn) as locker:
+        locker.execute(f"LOCK TABLE {second} IN SHARE MODE")  # stops writers, not readers
+        batch = threading.Thread(target=client.publish_many, daemon=True,
+                                 args=("t", [{"value": i, "partition": i % 2} for i in range(1500)]))
+        batch.start()
+        until(lambda: _waiting_on_lock(dsn), 60, "the batch's COPY waiting for the second segment")
+        held = fences()
+        # partitions 0 and 1 (the batch's) stop at the batch's first position; partition 2 is not held
+        assert held[0] == held[1] == first.position + 1
+        with psycopg.connect(dsn, autocommit=True) as c:
+            last = c.execute("SELECT last_value FROM " + seq).fetchone()
+        assert last is not None and last[0] >= 1000 and held[2] == last[0] + 1
+        got = consumer.poll(max_events=100, timeout=0.5)
+        assert [e.value for e in got] == ["before"]
+        locker.rollback()
+    batch.join(60)
+    assert fences() == [fences()[0]] * 3  # nothing held back any more
+    rest: list[pgstreams.Event] = []
+    deadline = time.monotonic() + 30
+    while len(rest) < 1500 and time.monotonic() < deadline:
+        rest += consumer.poll(max_events=1000, timeout=0.5)
+    assert sorted(e.value for e in rest) == list(range(1500))
+
+
+def _waiting_on_lock(dsn: str) -> bool:
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND datname = current_database() AND query LIKE '%COPY%'").fetchone()
+        return bool(row and row[0])
 
 
 def test_event_of_transaction_opened_earlier_is_not_skipped(client: pgstreams.Client, dsn: str) -> None:

@@ -57,10 +57,11 @@ class ReaderStorage:
             self._store.operations.record_losses(conn, self._group, self._tid, losses)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
-              lease: LeaseClaim | None) -> dict[int, CommitOutcome]:
-        """Store ``targets`` given ``expected``; what happened per partition."""
+              lease: LeaseClaim | None, durable: bool = True) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given ``expected``; what happened per partition (``durable``: see
+        :meth:`pgstreams.storage.checkpoints.CheckpointStore.store`)."""
         claim = None if lease is None else (lease.member_id, lease.epochs)
-        return self._store.checkpoints.store(conn, self._group, self._tid, targets, expected, claim)
+        return self._store.checkpoints.store(conn, self._group, self._tid, targets, expected, claim, durable)
 
     def seek(self, conn: psycopg.Connection, cursors: Mapping[int, Cursor]) -> None:
         """Set the checkpoints to ``cursors``."""

@@ -136,7 +136,8 @@ class Consumer:
 
     # -- committing ----------------------------------------------------------------------------------
     @_topic_must_exist
-    def commit(self, events: Sequence[Event] | EventBatch | None = None) -> CommitOutcome:
+    def commit(self, events: Sequence[Event] | EventBatch | None = None, *, durable: bool = False
+               ) -> CommitOutcome:
         """Store the position after ``events`` (default: the events of the last poll; a list of events or
         an :class:`EventBatch`) as the group's
         checkpoint on each of their partitions, passing the expected previous position.
@@ -146,6 +147,15 @@ class Consumer:
         backwards); ``FURTHER`` (another consumer of the group moved on: stop or :meth:`seek`);
         ``OLDER`` (the checkpoint was reset behind the expected one). A checkpoint never moves backwards
         except through the ``seek`` methods.
+
+        The stored checkpoint is visible at once (to the group's other consumers, ``groups describe``,
+        metrics). By default (``durable=False``) the call does not wait for PostgreSQL to flush the commit
+        to disk (``synchronous_commit = off`` for this one transaction): that flush costs more than the
+        rest of a commit, and it happens anyway at the server's next synchronous commit or within three
+        ``wal_writer_delay`` (600 ms by default). If PostgreSQL itself crashes before, the group resumes
+        from an earlier checkpoint and reads those events again: never skips one (at-least-once, as a Kafka
+        offset commit that was not yet replicated). ``durable=True`` waits for the flush. Commits inside
+        :meth:`transaction` always commit with the transaction's own setting.
         """
         if events is None:
             targets = dict(self._last)
@@ -156,7 +166,9 @@ class Consumer:
             targets = self._reader.targets(events)
         # retried on a fresh connection if it broke: a checkpoint stored by the lost attempt comes back
         # IGNORED (already stored) and is applied as well
-        return self._client.run(lambda conn: self._reader.commit(conn, targets))
+        if not isinstance(durable, bool):
+            raise InvalidArgument(f"durable must be a bool, not {type(durable).__name__}")
+        return self._client.run(lambda conn: self._reader.commit(conn, targets, durable=durable))
 
     # -- seeking -------------------------------------------------------------------------------------
     def _set(self, cursors: dict[int, Cursor]) -> None:

@@ -477,14 +477,15 @@ class StreamReader:
         return dict(targets)
 
     def store(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
-              lease: LeaseClaim | None = None) -> CommitOutcome:
+              lease: LeaseClaim | None = None, durable: bool = True) -> CommitOutcome:
         """Store ``targets`` as the checkpoints on ``conn``, expecting the committed ones (fenced by
         ``lease`` if given). Returns the most severe outcome; per partition in :attr:`last_outcomes`.
-        Nothing to store is ``IGNORED``. Does not change the reader: :meth:`apply` once committed."""
+        Nothing to store is ``IGNORED``. Does not change the reader: :meth:`apply` once committed.
+        ``durable=False`` (on an autocommit connection only): the commit does not wait for the disk."""
         if not targets:
             self.last_outcomes = {}
             return CommitOutcome.IGNORED
-        outcomes = self._storage.store(conn, targets, self._committed, lease)
+        outcomes = self._storage.store(conn, targets, self._committed, lease, durable)
         self.last_outcomes = outcomes
         return max(outcomes.values(), key=_SEVERITY.__getitem__)
 
@@ -497,10 +498,11 @@ class StreamReader:
                 self._committed[p] = targets[p]
 
     def commit(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
-               lease: LeaseClaim | None = None) -> CommitOutcome:
+               lease: LeaseClaim | None = None, durable: bool = False) -> CommitOutcome:
         """Store ``targets`` (see :meth:`targets`) on ``conn`` in autocommit mode (the statement is its own
-        transaction) and apply them."""
-        outcome = self.store(conn, targets, lease)
+        transaction) and apply them. Unless ``durable`` (default false), the commit does not wait for its
+        WAL flush: see :meth:`pgstreams.Consumer.commit`."""
+        outcome = self.store(conn, targets, lease, durable)
         self.apply(targets)
         return outcome
 

@@ -274,17 +274,20 @@ class AsyncStore:
         await self.ex.run("init_checkpoints", (group, topic_id, ps, [starts[p] for p in ps]), conn=conn)
 
     async def store_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
-                                targets: Mapping[int, Cursor], expected: Mapping[int, Cursor]
-                                ) -> dict[int, CommitOutcome]:
-        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened."""
+                                targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
+                                durable: bool = True) -> dict[int, CommitOutcome]:
+        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
+        ``durable=False`` on an idle autocommit connection: the commit does not wait for its flush."""
         ps = sorted(targets)
+        lazy = "" if durable or not (
+            conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
         if _direct_ok(conn):  # straight through libpq, one round trip
-            st = statement("store_checkpoints", self.schema)
+            st = statement("store_checkpoints" + lazy, self.schema)
             args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps),
                     int_array([targets[p] for p in ps]), int_array([expected[p] for p in ps])]
             res = await self._direct.run(conn, [(st, args, 0)])
             return {int(p): CommitOutcome(code) for p, code in self._direct.rows(conn, res[0])}
-        rows = await self.ex.all("store_checkpoints", (group, topic_id, ps, [targets[p] for p in ps],
+        rows = await self.ex.all("store_checkpoints" + lazy, (group, topic_id, ps, [targets[p] for p in ps],
                                                       [expected[p] for p in ps]), conn=conn)
         return {int(p): CommitOutcome(code) for p, code in rows}
 

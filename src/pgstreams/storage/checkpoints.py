@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import psycopg
+from psycopg import pq
 
 from ..models import CommitOutcome
 from .events import Cursor
@@ -35,20 +36,24 @@ class CheckpointStore:
                     conn=conn)
 
     def store(self, conn: psycopg.Connection, group: str, topic_id: int, targets: Mapping[int, Cursor],
-              expected: Mapping[int, Cursor], lease: tuple[str, Mapping[int, int]] | None = None
-              ) -> dict[int, CommitOutcome]:
+              expected: Mapping[int, Cursor], lease: tuple[str, Mapping[int, int]] | None = None,
+              durable: bool = True) -> dict[int, CommitOutcome]:
         """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
 
         With ``lease`` (member id, lease epoch per partition) a partition whose lease the member no longer
-        holds under that epoch is refused (:attr:`CommitOutcome.FENCED`).
+        holds under that epoch is refused (:attr:`CommitOutcome.FENCED`). ``durable=False`` on an idle
+        autocommit connection: the commit does not wait for its WAL flush (see the query
+        ``store_checkpoints_lazy``); in a transaction of the caller's it has no effect.
         """
         ps = sorted(targets)
         args = (ps, _positions(targets, ps), _positions(expected, ps))
+        lazy = "" if durable or not (
+            conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
         if lease is None:
-            rows = self.ex.all("store_checkpoints", (group, topic_id, *args), conn=conn)
+            rows = self.ex.all("store_checkpoints" + lazy, (group, topic_id, *args), conn=conn)
         else:
             member, epochs = lease
-            rows = self.ex.all("store_checkpoints_fenced",
+            rows = self.ex.all("store_checkpoints_fenced" + lazy,
                                (group, topic_id, member, *args, [epochs.get(p, -1) for p in ps]), conn=conn)
         return {int(p): CommitOutcome(code) for p, code in rows}
 

@@ -153,6 +153,13 @@ class EventStore:
         """Store ``rows`` in one transaction with COPY; return how many were stored (events whose id the
         topic holds already, or that repeat one earlier in ``rows``, are not)."""
         partitions = sorted({r[PARTITION] for r in rows})
+        if not has_ids and usable(conn):
+            # the registration and the COPY in one message: one implicit transaction, one round trip
+            fence = statement("join_fence", self.ex.schema, topic_id).text.replace(
+                b"$1", b"'" + int_array(partitions) + b"'")
+            copy = statement("copy_events_tagged", self.ex.schema, topic_id).text
+            self._direct.copy_in(conn, fence.rstrip().rstrip(b";") + b"; " + copy, _COPY_TYPES, rows)
+            return len(rows)
         with conn.transaction():
             self.join_fence(conn, topic_id, partitions)
             cur = conn.cursor()

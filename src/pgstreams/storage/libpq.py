@@ -15,13 +15,14 @@ import hashlib
 import re
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
+from psycopg.types.string import BytesBinaryDumper
 
 from .executor import core_query
 
@@ -187,6 +188,42 @@ class Direct:
                 pg.exit_pipeline_mode()
         assert first is not None
         return first
+
+    @staticmethod
+    def copy_in(conn: psycopg.Connection, query: bytes, types: Sequence[str],
+                rows: Iterable[Sequence[Any]]) -> None:
+        """Send ``query`` (statements separated by semicolons, the last one a binary ``COPY ... FROM
+        STDIN``) in one message and copy ``rows`` (of ``types``): PostgreSQL runs such a message as one
+        implicit transaction, committed after the copy, so the statements before it (a publisher's
+        registration) and the copy cost one round trip, as a lone COPY does. ``conn`` must be idle in
+        autocommit mode (:func:`usable`). An error (of a statement, of the copy, or raised by ``rows``)
+        rolls everything back and is raised."""
+        pg = conn.pgconn
+        pg.send_query(query)
+        failed: pq.abc.PGresult | None = None
+        while True:
+            res = pg.get_result()
+            if res is None:
+                _check_alive(pg)
+                if failed is not None:
+                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                raise psycopg.ProgrammingError("the query did not start a COPY")
+            if res.status == pq.ExecStatus.COPY_IN:
+                break
+            if res.status not in _OK and failed is None:
+                failed = res
+        cur = conn.cursor()
+        # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
+        cur.adapters.register_dumper(None, BytesBinaryDumper)
+        try:
+            with psycopg.Copy(cur, binary=True) as cp:  # ends the COPY; raises its error
+                cp.set_types(types)
+                for r in rows:
+                    cp.write_row(r)
+        finally:
+            # the message's end (the implicit transaction's commit, or its rollback after an error)
+            while pg.status == pq.ConnStatus.OK and pg.get_result() is not None:
+                pass
 
     @staticmethod
     def _run(pg: pq.abc.PGconn, steps: Sequence[Step]) -> list[pq.abc.PGresult]:

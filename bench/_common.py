@@ -424,6 +424,7 @@ class LatencyArgs:
     rate: float = 2000.0  # events per second
     skip: float = 0.5  # seconds of samples discarded at the start (connections and plans warming up)
     commit: bool = False  # whether the consumer commits (stores its position) after every poll
+    durable: bool = True  # whether those commits wait for their flush to disk (Consumer.commit's durable)
 
 
 class Paced:

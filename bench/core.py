@@ -164,7 +164,7 @@ def latency_consumer(args: LatencyArgs) -> Iterator[Callable[[], int]]:
             for ev in events:
                 sink.add(ev.value)
             if events and args.commit:
-                consumer.commit()
+                consumer.commit(durable=args.durable)
             return len(events)
 
         op.extra = sink.extra  # type: ignore[attr-defined]

@@ -345,6 +345,9 @@ class Workloads:
                         "latency", self._entries(
             (OURS, "publish; poll(1000, timeout=0.25) woken by NOTIFY, commit() after each poll",
              lambda r: pair(latency_producer, latency_consumer, LatencyArgs(db, "d", rate, commit=True))),
+            (OURS, "the same with commit(durable=False) after each poll",
+             lambda r: pair(latency_producer, latency_consumer,
+                            LatencyArgs(db, "d", rate, commit=True, durable=False))),
             (OURS, "the same without commit()",
              lambda r: pair(latency_producer, latency_consumer, LatencyArgs(db, "d", rate, commit=False))),
             (RAW, "INSERT + NOTIFY a transaction; LISTEN + keyset SELECT",

@@ -369,10 +369,10 @@ class AsyncConsumer:
         max_events, timeout = _check_limits(max_events, timeout)
         return await self._poll(None, max_events, timeout)
 
-    async def commit(self, events: Sequence[Event] | None = None, *, durable: bool = False) -> CommitOutcome:
+    async def commit(self, events: Sequence[Event] | None = None, *, durable: bool = True) -> CommitOutcome:
         """Store the position after ``events`` (default: the last poll's) as the group's checkpoint on
         their partitions: :meth:`pgstreams.Consumer.commit`, with the same outcomes and the same
-        ``durable`` (default false: the call does not wait for the commit's flush to disk)."""
+        ``durable`` (default true; false: the call does not wait for the commit's flush to disk)."""
         if not isinstance(durable, bool):
             raise InvalidArgument(f"durable must be a bool, not {type(durable).__name__}")
         reader = self._reader

@@ -1,4 +1,4 @@
-"""A consumer's commit does not wait for the disk flush unless asked to (``commit(durable=True)``).
+"""A consumer's ``commit(durable=False)`` does not wait for the disk flush; ``commit()`` does.
 
 The module's own PostgreSQL names a synchronous standby that never connects: every commit that waits for
 its WAL to be flushed (``synchronous_commit = on``) then waits forever, in the ``SyncRep`` wait event,
@@ -49,13 +49,13 @@ def _sync_rep_waiters(dsn: str) -> list[int]:
             "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep' AND datname = current_database()")]
 
 
-def test_commit_does_not_wait_for_the_flush_by_default(db: str) -> None:
+def test_a_lazy_commit_does_not_wait_for_the_flush(db: str) -> None:
     with pgstreams.connect(db) as client:
         consumer = client.consumer("t", "g")
         got = consumer.poll(max_events=10, timeout=5)
         assert len(got) == 10
         done: list[pgstreams.CommitOutcome] = []
-        t = threading.Thread(target=lambda: done.append(consumer.commit()), daemon=True)
+        t = threading.Thread(target=lambda: done.append(consumer.commit(durable=False)), daemon=True)
         t.start()
         t.join(60)  # a commit waiting for the flush would wait for the absent standby forever
         assert done == [pgstreams.CommitOutcome.STORED]
@@ -65,7 +65,7 @@ def test_commit_does_not_wait_for_the_flush_by_default(db: str) -> None:
         assert client.consumer("t", "g").poll(max_events=10, timeout=0.2) == []
 
 
-def test_durable_commit_waits_for_the_flush(db: str) -> None:
+def test_a_default_commit_waits_for_the_flush(db: str) -> None:
     with pgstreams.connect(db, retry_timeout=5) as client:
         consumer = client.consumer("t", "g")
         assert len(consumer.poll(max_events=10, timeout=5)) == 10
@@ -73,13 +73,13 @@ def test_durable_commit_waits_for_the_flush(db: str) -> None:
 
         def commit() -> None:
             try:
-                outcome.append(consumer.commit(durable=True))
+                outcome.append(consumer.commit())
             except Exception as exc:  # noqa: BLE001 - recorded for the assertion below
                 outcome.append(exc)
 
         t = threading.Thread(target=commit, daemon=True)
         t.start()
-        until(lambda: len(_sync_rep_waiters(db)) == 1, 60, "the durable commit waiting for its flush")
+        until(lambda: len(_sync_rep_waiters(db)) == 1, 60, "the commit waiting for its flush")
         assert outcome == []
         # cancelling the wait ends the call (the commit is kept locally, PostgreSQL warns)
         with psycopg.connect(db, autocommit=True, options="-c synchronous_commit=local") as c:

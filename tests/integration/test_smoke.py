@@ -43,7 +43,7 @@ def test_public_signatures_are_those_documented() -> None:
     assert shape(Client.publish_many) == "(self, topic, events)"
     assert shape(Client.consumer) == "(self, topic, group, *, start='earliest')"
     assert shape(Consumer.poll) == shape(ConsumerTransaction.poll) == "(self, max_events=500, timeout=1.0)"
-    assert shape(Consumer.commit) == "(self, events=None)"
+    assert shape(Consumer.commit) == "(self, events=None, *, durable=True)"
     assert shape(Consumer.seek) == "(self, partition, position)"
     assert shape(Consumer.seek_to_beginning) == shape(Consumer.seek_to_end) == shape(Consumer.transaction)
     assert shape(Consumer.seek_to_time) == "(self, dt)"
@@ -61,7 +61,7 @@ def test_public_signatures_are_those_documented() -> None:
     assert shape(Client.create_queue).startswith("(self, name")
     assert shape(Client.queue) == "(self, name)"
     assert "delivery_count" in {f.name for f in dataclasses.fields(pgstreams.Event)}
-    assert shape(pgstreams.Worker.subscribe).endswith("share=False, concurrency=1)")
+    assert shape(pgstreams.Worker.subscribe).endswith("share=False, concurrency=1, lock_timeout=None)")
     assert {f.name for f in dataclasses.fields(pgstreams.Event)} >= {
         "topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
         "correlation_id", "causation_id", "created_at"}

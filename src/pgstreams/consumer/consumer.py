@@ -136,7 +136,7 @@ class Consumer:
 
     # -- committing ----------------------------------------------------------------------------------
     @_topic_must_exist
-    def commit(self, events: Sequence[Event] | EventBatch | None = None, *, durable: bool = False
+    def commit(self, events: Sequence[Event] | EventBatch | None = None, *, durable: bool = True
                ) -> CommitOutcome:
         """Store the position after ``events`` (default: the events of the last poll; a list of events or
         an :class:`EventBatch`) as the group's
@@ -148,13 +148,13 @@ class Consumer:
         ``OLDER`` (the checkpoint was reset behind the expected one). A checkpoint never moves backwards
         except through the ``seek`` methods.
 
-        The stored checkpoint is visible at once (to the group's other consumers, ``groups describe``,
-        metrics). By default (``durable=False``) the call does not wait for PostgreSQL to flush the commit
-        to disk (``synchronous_commit = off`` for this one transaction): that flush costs more than the
-        rest of a commit, and it happens anyway at the server's next synchronous commit or within three
-        ``wal_writer_delay`` (600 ms by default). If PostgreSQL itself crashes before, the group resumes
-        from an earlier checkpoint and reads those events again: never skips one (at-least-once, as a Kafka
-        offset commit that was not yet replicated). ``durable=True`` waits for the flush. Commits inside
+        ``durable`` (default true): the call returns once PostgreSQL flushed the commit to disk. With
+        ``durable=False`` it does not wait for that flush (``synchronous_commit = off`` for this one
+        transaction), which costs more than the rest of a commit: the checkpoint is visible at once and
+        reaches the disk at the server's next synchronous commit or within three ``wal_writer_delay``
+        (600 ms by default). If PostgreSQL itself crashes before, the group's checkpoint is an earlier one:
+        its events are read again by new consumers, never skipped (at-least-once), and this consumer's next
+        commit reports ``OLDER`` (re-read from it with :meth:`seek`, or make a new consumer). Commits inside
         :meth:`transaction` always commit with the transaction's own setting.
         """
         if events is None:

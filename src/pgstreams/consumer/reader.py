@@ -498,10 +498,10 @@ class StreamReader:
                 self._committed[p] = targets[p]
 
     def commit(self, conn: psycopg.Connection, targets: Mapping[int, Cursor],
-               lease: LeaseClaim | None = None, durable: bool = False) -> CommitOutcome:
+               lease: LeaseClaim | None = None, durable: bool = True) -> CommitOutcome:
         """Store ``targets`` (see :meth:`targets`) on ``conn`` in autocommit mode (the statement is its own
-        transaction) and apply them. Unless ``durable`` (default false), the commit does not wait for its
-        WAL flush: see :meth:`pgstreams.Consumer.commit`."""
+        transaction) and apply them. ``durable=False``: the commit does not wait for its WAL flush (see
+        :meth:`pgstreams.Consumer.commit`)."""
         outcome = self.store(conn, targets, lease, durable)
         self.apply(targets)
         return outcome

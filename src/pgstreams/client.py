@@ -214,17 +214,24 @@ class Client:
             )
             self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
             self.store = Store(self._pool, schema, self.retry)
-            #: this client's producer id (see :mod:`pgstreams.producer`)
-            self.producer_id = self.store.events.new_producer_id(probe)
         self._topics: dict[str, TopicState] = {}
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema), self.raw_connection, self.producer_id, self.retry)
+                                  channel(schema), self.raw_connection, self._new_producer_id, self.retry)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
+    @property
+    def producer_id(self) -> int:
+        """This client's producer id (see :mod:`pgstreams.producer`), drawn from the database at its first
+        publish (or here), so that a client that only reads or administers draws none."""
+        return self._producer._base >> 32
+
+    def _new_producer_id(self) -> int:
+        return self.run(self.store.events.new_producer_id)
+
     @property
     def dsn(self) -> str:
         """The DSN the client connects with (it may hold a password: never print it; see :attr:`server`)."""

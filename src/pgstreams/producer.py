@@ -4,13 +4,13 @@ Keys pick partitions with :func:`pgstreams.partitioner.partition_for_key`; event
 go round-robin from a random partition per topic and client. Single events are inserted straight through
 libpq on a pooled connection; batches are one COPY (all or none).
 
-Idempotent by default, as Kafka's producer: each client has a producer id (drawn once) and numbers its
-publishes; a publish on a pooled connection stores its *producer tag* ``(producer id << 32) | (number mod
-2^32)`` in the event row itself. If the connection breaks during the call (a restart, a killed session),
-the outcome is unknown: the publish is retried on a fresh connection (within the client's
-``retry_timeout``), which first waits until the broken session ended, then looks for the tag in the
-event's partitions above the last position the client knew before the attempt, and stores the event only
-if it is absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
+Idempotent by default, as Kafka's producer: each client has a producer id (drawn once, at its first publish)
+and numbers its publishes; a publish on a pooled connection stores its *producer tag* ``(producer id << 32)
+| (number mod 2^32)`` in the event row itself. If the connection breaks during the call (a restart, a killed
+session), the outcome is unknown: the publish is retried on a fresh connection (within the client's
+``retry_timeout``), which first waits until the broken session ended, then looks for the tag in the event's
+partitions above the last position the client knew before the attempt, and stores the event only if it is
+absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
 """
 
 from __future__ import annotations
@@ -213,8 +213,8 @@ class Producer:
     should send it itself (see :meth:`pgstreams.storage.notifications.Notifier.claim`) and ``connect``
     makes the producer's own autocommit connection. Single publishes use that connection (one thread at a
     time; concurrent ones take pooled connections): the pool's check-out and return cost a sixth of the
-    client's CPU per publish. ``producer_id`` and ``retry``: the client's producer id and retry rule (see
-    the module docstring)."""
+    client's CPU per publish. ``producer_id`` draws the client's producer id (once, at its first
+    publish); ``retry`` is its retry rule (see the module docstring)."""
 
     store: Store
     topic: Callable[..., TopicState]
@@ -222,14 +222,27 @@ class Producer:
     claim: Callable[[int], bool]
     channel: str
     connect: Callable[[], psycopg.Connection]
-    producer_id: int
+    producer_id: Callable[[], int]
     retry: Reconnect
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._base = (self.producer_id & 0x7FFFFFFF) << 32
+        self._base_value: int | None = None
+        self._id_lock = threading.Lock()
         self._numbers = itertools.count(1)  # thread-safe in CPython (one C call)
+
+    @property
+    def _base(self) -> int:
+        """The producer id in the tags' high bits, drawn with ``producer_id()`` at the first publish (a
+        client that never publishes draws none)."""
+        base = self._base_value
+        if base is None:
+            with self._id_lock:
+                if self._base_value is None:
+                    self._base_value = (self.producer_id() & 0x7FFFFFFF) << 32
+                base = self._base_value
+        return base
 
     def tag(self) -> int:
         """The producer tag of the next publish."""

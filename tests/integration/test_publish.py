@@ -305,3 +305,25 @@ def test_a_new_segment_gets_column_statistics_once_it_holds_enough_rows(client: 
     for i in range(1100):
         client.publish("single", i, key=f"k{i % 7}")
     assert _segment_has_stats(client, "single")
+
+
+def test_a_client_draws_its_producer_id_at_its_first_publish_only(dsn: str) -> None:
+    def drawn() -> int:
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END"
+                            " FROM pgstreams.producer_ids").fetchone()
+            assert row is not None
+            return int(row[0])
+
+    with pgstreams.connect(dsn) as admin:
+        admin.create_topic("t", 2)
+    before = drawn()
+    with pgstreams.connect(dsn) as reader:  # reads and administers only: draws nothing
+        reader.describe_topic("t")
+        reader.consumer("t", "g").poll(max_events=1, timeout=0)
+    assert drawn() == before
+    with pgstreams.connect(dsn) as writer:
+        writer.publish("t", "x")
+        writer.publish_many("t", [{"value": "y"}])
+        assert drawn() == before + 1
+        assert writer.producer_id > 0

@@ -279,9 +279,9 @@ class AsyncStore:
         """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
         ``durable=False`` on an idle autocommit connection: the commit does not wait for its flush."""
         ps = sorted(targets)
-        lazy = "" if durable or not (
-            conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
-        if _direct_ok(conn):  # straight through libpq, one round trip
+        direct = _direct_ok(conn)
+        lazy = "" if durable or not direct else "_lazy"
+        if direct:  # straight through libpq, one round trip
             st = statement("store_checkpoints" + lazy, self.schema)
             args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps),
                     int_array([targets[p] for p in ps]), int_array([expected[p] for p in ps])]

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import psycopg
-from psycopg import pq
 
 from ..models import CommitOutcome
 from .events import Cursor
 from .executor import Executor
+from .libpq import usable
 
 
 def _positions(cursors: Mapping[int, Cursor], partitions: Sequence[int]) -> list[int]:
@@ -47,8 +47,7 @@ class CheckpointStore:
         """
         ps = sorted(targets)
         args = (ps, _positions(targets, ps), _positions(expected, ps))
-        lazy = "" if durable or not (
-            conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE) else "_lazy"
+        lazy = "" if durable or not usable(conn) else "_lazy"
         if lease is None:
             rows = self.ex.all("store_checkpoints" + lazy, (group, topic_id, *args), conn=conn)
         else:

@@ -12,12 +12,14 @@ import random
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 import pgstreams
 from pgstreams import migrate as _migrate
@@ -113,6 +115,16 @@ def checkpoints(dsn: str, group: str, topic: str, schema: str = "pgstreams") -> 
     ).format(sql.Identifier(schema), sql.Identifier(schema))
     with psycopg.connect(dsn, autocommit=True) as conn:
         return {int(p): int(pos) for p, pos in conn.execute(q, (group, topic)).fetchall()}
+
+
+def new_database(server_dsn: str, prefix: str, **options: str) -> str:
+    """Create an empty database named ``prefix`` + a random suffix on the server of ``server_dsn`` (with
+    libpq ``options``, e.g. ``options="-c synchronous_commit=local"``, for the creating connection); its
+    DSN."""
+    name = f"{prefix}{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_dsn, autocommit=True, **options) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return make_conninfo(server_dsn, dbname=name)
 
 
 # -- subprocess workers ----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ events and the group's checkpoints) connects with ``synchronous_commit = local``
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 
 import psycopg
@@ -17,7 +16,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
-from _core_helpers import until
+from _core_helpers import new_database, until
 from pgstreams.embedded import TemporaryServer, restartable_server
 
 pytestmark = pytest.mark.timeout(90)
@@ -31,10 +30,7 @@ def server() -> Iterator[TemporaryServer]:
 
 @pytest.fixture
 def db(server: TemporaryServer) -> Iterator[str]:
-    name = f"f_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.dsn, autocommit=True, options="-c synchronous_commit=local") as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    dsn = make_conninfo(server.dsn, dbname=name)
+    dsn = new_database(server.dsn, "f_", options="-c synchronous_commit=local")
     local = make_conninfo(dsn, options="-c synchronous_commit=local")
     with pgstreams.connect(local) as client:  # migrations and events without waiting for the standby
         client.create_topic("t", 2)

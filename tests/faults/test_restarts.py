@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
-from _core_helpers import running, until
+from _core_helpers import new_database, running, until
 from pgstreams.embedded import TemporaryServer, restartable_server
 
 pytestmark = pytest.mark.timeout(300)
@@ -35,10 +35,7 @@ def server() -> Iterator[TemporaryServer]:
 
 @pytest.fixture
 def db(server: TemporaryServer) -> Iterator[str]:
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    yield make_conninfo(server.dsn, dbname=name)
+    yield new_database(server.dsn, "r_")
 
 
 def _stored(dsn: str, topic: str) -> Counter[object]:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from _core_helpers import new_database
 from pgstreams.embedded import TemporaryServer, restartable_server
 
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(900)]
@@ -40,10 +40,7 @@ def server() -> Iterator[TemporaryServer]:
 
 @pytest.fixture
 def db(server: TemporaryServer) -> str:
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(server.dsn, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
-    return make_conninfo(server.dsn, dbname=name)
+    return new_database(server.dsn, "s_")
 
 
 def _values(dsn: str, topic: str) -> Counter[bytes]:

@@ -11,6 +11,14 @@ session), the outcome is unknown: the publish is retried on a fresh connection (
 ``retry_timeout``), which first waits until the broken session ended, then looks for the tag in the event's
 partitions above the last position the client knew before the attempt, and stores the event only if it is
 absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
+
+A client caches each topic's row (partition count, ``max.message.bytes``). A change of the topic
+(:meth:`pgstreams.Client.alter_topic`, in any process) is announced on the schema's topic-changes channel
+when it commits; the producer's own connection LISTENs on it, and before each publish the producer reads
+what the server already sent on that connection (a non-blocking read and a check of libpq's queue: under a
+microsecond, no round trip) and forgets the cached rows of changed topics, so its next publish reads the
+topic again and uses the new partition count. ``publish_many`` does the same check before each batch. An
+event given an explicit partition beyond the cached count reads the topic again before it is refused.
 """
 
 from __future__ import annotations
@@ -224,6 +232,10 @@ class Producer:
     connect: Callable[[], psycopg.Connection]
     producer_id: Callable[[], int]
     retry: Reconnect
+    #: forgets the cached state of a topic id (a change of the topic was announced); default: nothing
+    forget: Callable[[int], None] = field(default=lambda topic_id: None, repr=False)
+    #: the channel on which changes of topics are announced (empty: not listened to)
+    changes_channel: str = ""
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -248,41 +260,95 @@ class Producer:
         """The producer tag of the next publish."""
         return self._base | (next(self._numbers) & 0xFFFFFFFF)
 
-    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
-                notify: bool = True) -> PublishResult:
-        """Publish one event (see :meth:`pgstreams.Client.publish`)."""
+    def _state(self, topic: str, partition: object) -> TopicState:
+        """The cached state of ``topic``, read again when an explicit ``partition`` lies beyond its cached
+        partition count (the topic may have grown since)."""
         state = self.topic(topic)
-        if conn is not None:
-            row = event_row(state, *row_args)
-        else:
-            tag = self._base | (next(self._numbers) & 0xFFFFFFFF)
-            row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
+        if type(partition) is int and partition >= state.partitions:
+            state = self.topic(topic, refresh=True)
+        return state
+
+    def _row(self, state: TopicState, row_args: tuple[Any, ...], tag: int | None) -> EventRow:
+        row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
         if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
             raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
                                   f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
-        events = self.store.events
+        return row
+
+    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
+                notify: bool = True) -> PublishResult:
+        """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         ex = self.store.executor
         if conn is not None:
+            state = self._state(topic, row_args[3])
+            row = self._row(state, row_args, None)
             if not isinstance(conn, psycopg.Connection):
                 raise InvalidArgument(f"conn must be a psycopg Connection, not {type(conn).__name__}")
+            events = self.store.events
             stored = events.insert(conn, state.id, row)
             if notify:
                 events.notify(conn, self.channel, str(state.id))
-        else:
+            state.segments.ensure_room(ex, stored.position)
+            return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+        lost: _Interrupted | None = None
+        own = self._own_lock.acquire(blocking=False)  # else another thread publishes on the own connection
+        try:
+            if own and self._own is not None:
+                self._hear(self._own)  # changes of topics announced meanwhile: before the state is read
+            state = self._state(topic, row_args[3])
+            row = self._row(state, row_args, self._base | (next(self._numbers) & 0xFFFFFFFF))
             floor = state.known  # read before the attempt: its event is stored above it
             try:
-                if self._own_lock.acquire(blocking=False):
-                    try:
-                        stored = self._publish_own(topic, state, row)
-                    finally:
-                        self._own_lock.release()
-                else:  # another thread of this client is publishing on the client's own connection
+                if own:
+                    stored = self._publish_own(topic, state, row)
+                else:
                     stored = self._publish_pooled(topic, state, row)
-            except _Interrupted as lost:
-                stored = self._again(topic, state, row, floor, lost.pid, lost.error)
-            state.known = stored.position
+            except _Interrupted as exc:
+                lost = exc
+        finally:
+            if own:
+                self._own_lock.release()
+        if lost is not None:
+            stored = self._again(topic, state, row, floor, lost.pid, lost.error)
+        state.known = stored.position
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    def _hear(self, c: psycopg.Connection) -> None:
+        """Forget the cached state of every topic whose change was announced on the own connection ``c``
+        (what the server sent already: a non-blocking read, no round trip). A broken connection is left
+        to the publish that uses it."""
+        pg = c.pgconn
+        try:
+            pg.consume_input()
+        except psycopg.OperationalError:
+            return
+        n = pg.notifies()
+        while n is not None:
+            self._changed(n.relname, n.extra)
+            n = pg.notifies()
+
+    def _changed(self, channel: bytes | str, payload: bytes | str) -> None:
+        if isinstance(channel, bytes):
+            channel = channel.decode("utf-8", "replace")
+        if isinstance(payload, bytes):
+            payload = payload.decode("utf-8", "replace")
+        if channel == self.changes_channel and payload.isdigit():
+            self.forget(int(payload))
+
+    def _make_own(self) -> psycopg.Connection:
+        """A new own connection, listening to the announced changes of topics."""
+        c = self.connect()
+        if self.changes_channel:
+            try:
+                # notifications psycopg reads itself (statements through it) reach the handler; those libpq
+                # reads on the direct paths wait in libpq's queue for _hear
+                c.add_notify_handler(lambda n: self._changed(n.channel, n.payload))
+                c.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.changes_channel)))
+            except BaseException:
+                c.close()
+                raise
+        return c
 
     def _publish_pooled(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
         pool = self.store.executor.pool
@@ -309,7 +375,7 @@ class Producer:
         c = self._own
         try:
             if c is None or c.closed:
-                c = self._own = self.connect()
+                c = self._own = self._make_own()
         except Exception as exc:
             if not retriable(exc):
                 raise
@@ -390,9 +456,21 @@ class Producer:
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
+        self._hear_for_batch()
         state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF)
-        rows, has_ids = event_rows(state, events, producer)
+        if not isinstance(events, (list, tuple)):
+            events = list(events) if isinstance(events, Iterable) and not isinstance(
+                events, (Message, Mapping, str, bytes)) else events
+        try:
+            rows, has_ids = event_rows(state, events, producer)
+        except InvalidArgument:
+            # an explicit partition beyond the cached count: the topic may have grown since it was read
+            fresh = self.topic(topic, refresh=True)
+            if fresh.partitions == state.partitions:
+                raise
+            state = fresh
+            rows, has_ids = event_rows(state, events, producer)
         if not rows:
             return 0
         check_sizes(state, rows)
@@ -410,6 +488,24 @@ class Producer:
             stored = self._copy_again(state, rows, has_ids, floor, pid, producer, exc)
         self.announce(state.id)
         return stored
+
+    def _hear_for_batch(self) -> None:
+        """Before a batch: hear the announced changes of topics on the own connection (made for that if
+        the client has none yet), unless another thread is publishing on it."""
+        if not self.changes_channel or not self._own_lock.acquire(blocking=False):
+            return
+        try:
+            c = self._own
+            if c is None or c.closed:
+                try:
+                    c = self._own = self._make_own()
+                except Exception as exc:
+                    if not retriable(exc):
+                        raise
+                    return  # the batch meets the lost server itself, and retries
+            self._hear(c)
+        finally:
+            self._own_lock.release()
 
     def _copy_again(self, state: TopicState, rows: list[EventRow], has_ids: bool, floor: int,
                     pid: int | None, producer: int, first: BaseException) -> int:

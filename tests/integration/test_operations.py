@@ -149,6 +149,82 @@ def test_adding_partitions_keeps_events_and_groups_read_the_new_ones(client: pgs
     } == before
 
 
+# A publisher in a process of its own: publishes key KEY once with the topic's count as it first read it,
+# then, for each line read from stdin, publishes again (single or publish_many) and prints the partition.
+_PUBLISHER = """
+import sys
+import pgstreams
+dsn, topic, key, how = sys.argv[1:5]
+with pgstreams.connect(dsn) as client:
+    print(client.publish(topic, "first", key=key).partition, flush=True)
+    for line in sys.stdin:
+        if how == "single":
+            print(client.publish(topic, line.strip(), key=key).partition, flush=True)
+        else:
+            client.publish_many(topic, [{"value": line.strip(), "key": key}])
+            print("stored", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["single", "many"])
+def test_a_publisher_in_another_process_uses_the_new_partition_count(dsn: str, client: pgstreams.Client,
+                                                                      how: str) -> None:
+    client.create_topic("spread", 2)
+    key = next(k for k in (f"k{i}" for i in range(1000))
+               if pgstreams.partition_for_key(k, 8) >= 2)  # lands on a new partition once there are 8
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, dsn, "spread", key, how], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert int(proc.stdout.readline()) == pgstreams.partition_for_key(key, 2)  # its cached count: 2
+        client.alter_topic("spread", partitions=8)
+        # the change reaches the publisher as a notification; it follows within a publish or two (a
+        # publish may start before the server has handed the notification over)
+        new = pgstreams.partition_for_key(key, 8)
+        sent = 0
+
+        def landed() -> bool:
+            nonlocal sent
+            sent += 1
+            proc.stdin.write(f"after-{sent}\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+            proc.stdout.readline()  # type: ignore[union-attr]
+            return any(e.partition == new for e in _events(client, "spread") if e.value.startswith("after"))
+
+        until(landed, 30, "the publisher in the other process to use 8 partitions")
+        for _ in range(3):  # and it stays there
+            landed()
+        after = [e for e in _events(client, "spread") if e.value.startswith("after")]
+        first_new = min(int(e.value.split("-")[1]) for e in after if e.partition == new)
+        assert first_new <= 2, "the publisher kept the old count for more than one publish"
+        assert all(e.partition == new for e in after if int(e.value.split("-")[1]) >= first_new)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert proc.returncode == 0
+
+
+def test_an_explicit_partition_past_the_cached_count_reads_the_topic_again(dsn: str,
+                                                                          client: pgstreams.Client) -> None:
+    client.create_topic("one", 2)
+    client.create_topic("many", 2)
+    with pgstreams.connect(dsn) as other:
+        # cached with 2 partitions before the client listens to any change (it has not published yet)
+        assert other.topic_state("one").partitions == other.topic_state("many").partitions == 2
+        client.alter_topic("one", partitions=4)
+        client.alter_topic("many", partitions=4)
+        assert other.publish("one", "single", partition=3).partition == 3
+        assert other.publish_many("many", [{"value": "batch", "partition": 3}]) == 1
+        with pytest.raises(pgstreams.InvalidArgument, match="partition 4 out of range"):
+            other.publish("one", "no", partition=4)
+    assert [e.value for e in _events(client, "one") if e.partition == 3] == ["single"]
+    assert [e.value for e in _events(client, "many") if e.partition == 3] == ["batch"]
+
+
+def _events(client: pgstreams.Client, topic: str) -> list[pgstreams.Event]:
+    return list(pgstreams.Consumer(client, topic, f"look-{time.monotonic_ns()}").poll(10_000, 1))
+
+
 # -- retention ---------------------------------------------------------------------------------------
 def test_retention_by_count_removes_only_whole_segments_past_the_policy(client: pgstreams.Client) -> None:
     client.create_topic("count", 2, config={"segment.events": SEG, "retention.events": 1500})

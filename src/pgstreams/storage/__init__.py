@@ -22,7 +22,7 @@ from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventS
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
-from .naming import TopicTables, notification_channel
+from .naming import TopicTables, notification_channel, topic_changes_channel
 from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
 from .shares import ShareSettings, ShareStore
@@ -66,6 +66,7 @@ __all__ = [
     "core_query",
     "notification_channel",
     "render_script",
+    "topic_changes_channel",
 ]
 
 

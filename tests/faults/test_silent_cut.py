@@ -185,3 +185,36 @@ def test_a_publish_on_a_silently_cut_connection_is_retried_and_stored_once(dsn: 
         while got := consumer.poll(max_events=100, timeout=0.2):
             values += [e.value for e in got]
     assert values == ["before", "after"]
+
+
+def test_an_async_wait_on_a_silently_cut_connection_ends_with_a_retriable_error(
+        dsn: str, proxy: CuttingProxy) -> None:
+    import asyncio
+
+    st = libpq.Statement(b"pgstreams_test_one", b"SELECT 1", ())
+
+    async def scenario() -> tuple[BaseException, float, bool]:
+        conn = await psycopg.AsyncConnection.connect(proxy.dsn, autocommit=True)
+        direct = libpq.AsyncDirect()
+        got = await direct.run(conn, [(st, [], 0)])
+        assert direct.rows(conn, got[0]) == [(1,)]
+        pid = conn.pgconn.backend_pid
+        with socket.socket(fileno=conn.pgconn.socket) as s:
+            port = int(s.getsockname()[1])
+            s.detach()
+        proxy.cut(port)
+        deadline = time.monotonic() + 30
+        while not await asyncio.to_thread(_server_pid_gone, dsn, pid):
+            assert time.monotonic() < deadline, "the server kept the cut session"
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        try:
+            await direct.run(conn, [(st, [], 0)])
+        except psycopg.OperationalError as exc:
+            return exc, time.monotonic() - started, conn.closed
+        raise AssertionError("the cut connection answered")
+
+    exc, waited, closed = asyncio.run(scenario())
+    assert "no longer runs session" in str(exc) and pgstreams.reconnect.retriable(exc)
+    assert closed
+    assert libpq.SILENCE_PROBE <= waited < libpq.SILENCE_PROBE + 20

@@ -127,13 +127,18 @@ def _await_input(pg: pq.abc.PGconn) -> None:
             continue
         if state == "idle" and _readable(fd, 1.0):
             break  # its last results were on their way
-        pid = pg.backend_pid
+        exc = _lost(pg, state)
         pg.finish()
-        raise psycopg.OperationalError(
-            f"connection lost: the server no longer runs session {pid}, whose results were awaited"
-            if state is None else
-            f"connection lost: session {pid} sits idle on the server while its results were awaited")
+        raise exc
     pg.consume_input()
+
+
+def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
+    pid = pg.backend_pid
+    return psycopg.OperationalError(
+        f"connection lost: the server no longer runs session {pid}, whose results were awaited"
+        if state is None else
+        f"connection lost: session {pid} sits idle on the server while its results were awaited")
 
 
 def _result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
@@ -360,6 +365,27 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool = False) 
             loop.remove_reader(fd)
 
 
+async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn, fd: int) -> None:
+    """:func:`_await_input` on the event loop (the server is asked in a thread); the caller closes the
+    connection when it raises."""
+    while not await _ready_within(loop, fd, SILENCE_PROBE):
+        state = await asyncio.to_thread(_session_state, pg)
+        if state == "unknown" or (state is not None and state != "idle"):
+            continue
+        if state == "idle" and await _ready_within(loop, fd, 1.0):
+            break
+        raise _lost(pg, state)
+    pg.consume_input()
+
+
+async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(_ready(loop, fd), timeout)
+    except TimeoutError:
+        return False
+    return True
+
+
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).
 Send = Callable[[pq.abc.PGconn], None]
 
@@ -407,8 +433,7 @@ class AsyncDirect:
             i = 0
             while i < len(batches):
                 if pg.is_busy():
-                    await _ready(loop, fd)
-                    pg.consume_input()
+                    await _await_input_async(loop, pg, fd)
                     continue
                 res = pg.get_result()
                 if res is None:

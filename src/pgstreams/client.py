@@ -49,7 +49,7 @@ from .producer import Producer, TopicState
 from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, server_label
 from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
 from .shares.consumer import Ordering as ShareOrdering
-from .storage import CORE, Store, TopicRecord, topic_changes_channel
+from .storage import CORE, Store, TopicRecord
 from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
@@ -220,7 +220,7 @@ class Client:
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
                                   channel(schema), self.raw_connection, self._new_producer_id, self.retry,
-                                  forget=self._forget_id, changes_channel=topic_changes_channel(schema))
+                                  forget=self._forget_id)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -427,9 +427,10 @@ class Client:
         Like Kafka, adding partitions keeps every event where it is, but keys may hash to other partitions
         from now on (per-key order holds only among events published with the same count); every group
         reading the topic starts the new partitions at their first event. Running consumers and workers
-        see the new partitions once they are created again; publishers of other processes hear of the
-        change when it commits (see :mod:`pgstreams.producer`) and use the new count from their next
-        publish on. Decreasing is refused, as is changing ``segment.events``.
+        see the new partitions once they are created again; publishers of other processes notice the
+        change within :data:`pgstreams.producer.TOPIC_CHECK_INTERVAL` seconds of publishing (see
+        :mod:`pgstreams.producer`) and use the new count from then on. Decreasing is refused, as is
+        changing ``segment.events``.
         Raises :class:`InvalidConfig` (naming the key), :class:`InvalidArgument`, :class:`TopicNotFound`.
         """
         check_topic(name)

@@ -12,13 +12,15 @@ session), the outcome is unknown: the publish is retried on a fresh connection (
 partitions above the last position the client knew before the attempt, and stores the event only if it is
 absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
 
-A client caches each topic's row (partition count, ``max.message.bytes``). A change of the topic
-(:meth:`pgstreams.Client.alter_topic`, in any process) is announced on the schema's topic-changes channel
-when it commits; the producer's own connection LISTENs on it, and before each publish the producer reads
-what the server already sent on that connection (a non-blocking read and a check of libpq's queue: under a
-microsecond, no round trip) and forgets the cached rows of changed topics, so its next publish reads the
-topic again and uses the new partition count. ``publish_many`` does the same check before each batch. An
-event given an explicit partition beyond the cached count reads the topic again before it is refused.
+A client caches each topic's row (partition count, ``max.message.bytes``), so that a publish costs one round
+trip. A change of the topic in another process (:meth:`pgstreams.Client.alter_topic`) is noticed within
+:data:`TOPIC_CHECK_INTERVAL` seconds of publishing: once per interval and topic, a single publish also
+reads the topic's row in the same round trip (one more statement in its pipeline), and ``publish_many``
+reads it before its batch; a changed row is forgotten, so the next publish reads the topic again and uses
+the new partition count. Publishes inside a caller's transaction (``conn=``) do not check. An event given
+an explicit partition beyond the cached count reads the topic again before it is refused. (Listening for
+a notification of the change instead would cost the server more: PostgreSQL wakes every listening
+session of a database for every notification, and publishers send wake-up notifications all the time.)
 """
 
 from __future__ import annotations
@@ -41,8 +43,12 @@ from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
 from .reconnect import Reconnect, retriable
-from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
+from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord, TopicVersion
 from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
+
+#: Seconds between two reads of a topic's row by a publishing client, which notice a change made elsewhere
+#: (a partition count raised by :meth:`pgstreams.Client.alter_topic`).
+TOPIC_CHECK_INTERVAL = 0.5
 
 _MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
 # Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).
@@ -65,6 +71,7 @@ class TopicState:
     copied_lower_bound: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
     max_bytes: int = int(TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])  # the topic's max.message.bytes
     known: int = 0  # a position handed out already: every publish starting later stores its events above
+    check_at: float = 0.0  # time.monotonic() when a publish next reads the topic's row (see the module)
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
@@ -74,7 +81,12 @@ class TopicState:
                    itertools.count(random.randrange(record.partitions)),
                    max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
                                                    TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])),
-                   known=record.last_position)
+                   known=record.last_position, check_at=time.monotonic() + TOPIC_CHECK_INTERVAL)
+
+    def changed(self, version: TopicVersion | None) -> bool:
+        """Whether the topic's row read now (``None``: the topic is gone) differs from the cached one."""
+        return (version is None or version.partitions != self.partitions
+                or version.config != self.record.config)
 
 
 def event_size(row: EventRow) -> int:
@@ -232,10 +244,8 @@ class Producer:
     connect: Callable[[], psycopg.Connection]
     producer_id: Callable[[], int]
     retry: Reconnect
-    #: forgets the cached state of a topic id (a change of the topic was announced); default: nothing
+    #: forgets the cached state of a topic id (its row changed); default: nothing
     forget: Callable[[int], None] = field(default=lambda topic_id: None, repr=False)
-    #: the channel on which changes of topics are announced (empty: not listened to)
-    changes_channel: str = ""
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -293,8 +303,6 @@ class Producer:
         lost: _Interrupted | None = None
         own = self._own_lock.acquire(blocking=False)  # else another thread publishes on the own connection
         try:
-            if own and self._own is not None:
-                self._hear(self._own)  # changes of topics announced meanwhile: before the state is read
             state = self._state(topic, row_args[3])
             row = self._row(state, row_args, self._base | (next(self._numbers) & 0xFFFFFFFF))
             floor = state.known  # read before the attempt: its event is stored above it
@@ -313,42 +321,6 @@ class Producer:
         state.known = stored.position
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
-
-    def _hear(self, c: psycopg.Connection) -> None:
-        """Forget the cached state of every topic whose change was announced on the own connection ``c``
-        (what the server sent already: a non-blocking read, no round trip). A broken connection is left
-        to the publish that uses it."""
-        pg = c.pgconn
-        try:
-            pg.consume_input()
-        except psycopg.OperationalError:
-            return
-        n = pg.notifies()
-        while n is not None:
-            self._changed(n.relname, n.extra)
-            n = pg.notifies()
-
-    def _changed(self, channel: bytes | str, payload: bytes | str) -> None:
-        if isinstance(channel, bytes):
-            channel = channel.decode("utf-8", "replace")
-        if isinstance(payload, bytes):
-            payload = payload.decode("utf-8", "replace")
-        if channel == self.changes_channel and payload.isdigit():
-            self.forget(int(payload))
-
-    def _make_own(self) -> psycopg.Connection:
-        """A new own connection, listening to the announced changes of topics."""
-        c = self.connect()
-        if self.changes_channel:
-            try:
-                # notifications psycopg reads itself (statements through it) reach the handler; those libpq
-                # reads on the direct paths wait in libpq's queue for _hear
-                c.add_notify_handler(lambda n: self._changed(n.channel, n.payload))
-                c.execute(psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(self.changes_channel)))
-            except BaseException:
-                c.close()
-                raise
-        return c
 
     def _publish_pooled(self, topic: str, state: TopicState, row: EventRow) -> StoredAt:
         pool = self.store.executor.pool
@@ -375,7 +347,7 @@ class Producer:
         c = self._own
         try:
             if c is None or c.closed:
-                c = self._own = self._make_own()
+                c = self._own = self.connect()
         except Exception as exc:
             if not retriable(exc):
                 raise
@@ -396,7 +368,11 @@ class Producer:
         """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, with the consumers' wake-up when
         one is due (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
         wake = (self.channel, str(state.id)) if self.claim(state.id) else None
-        stored = self._insert_pooled(c, topic, state, row, wake)
+        if time.monotonic() >= state.check_at:  # read the topic's row too, in the same round trip
+            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+            stored = self._insert_pooled(c, topic, state, row, wake, check=True)
+        else:
+            stored = self._insert_pooled(c, topic, state, row, wake)
         if stored.position >= state.segments.stats_from:
             state.segments.check_stats(self.store.executor, stored.position, c)
         return stored
@@ -442,9 +418,15 @@ class Producer:
         return events.produced(c, state.id, partitions, floor, producer)
 
     def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow,
-                       notify: tuple[str, str] | None) -> StoredAt:
+                       notify: tuple[str, str] | None, check: bool = False) -> StoredAt:
         events = self.store.events
         try:
+            if check:
+                def seen(version: TopicVersion | None) -> None:
+                    if state.changed(version):
+                        self.forget(state.id)
+
+                return events.insert_pooled(c, state.id, row, notify, version=seen)
             return events.insert_pooled(c, state.id, row, notify)
         except psycopg.errors.UndefinedTable:
             fresh = self.topic(topic, refresh=True, conn=c)
@@ -456,8 +438,12 @@ class Producer:
 
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
-        self._hear_for_batch()
         state = self.topic(topic)
+        if time.monotonic() >= state.check_at:  # the topic may have changed elsewhere: read its row
+            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+            if state.changed(self.store.events.topic_version(None, state.id)):
+                self.forget(state.id)
+                state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF)
         if not isinstance(events, (list, tuple)):
             events = list(events) if isinstance(events, Iterable) and not isinstance(
@@ -488,24 +474,6 @@ class Producer:
             stored = self._copy_again(state, rows, has_ids, floor, pid, producer, exc)
         self.announce(state.id)
         return stored
-
-    def _hear_for_batch(self) -> None:
-        """Before a batch: hear the announced changes of topics on the own connection (made for that if
-        the client has none yet), unless another thread is publishing on it."""
-        if not self.changes_channel or not self._own_lock.acquire(blocking=False):
-            return
-        try:
-            c = self._own
-            if c is None or c.closed:
-                try:
-                    c = self._own = self._make_own()
-                except Exception as exc:
-                    if not retriable(exc):
-                        raise
-                    return  # the batch meets the lost server itself, and retries
-            self._hear(c)
-        finally:
-            self._own_lock.release()
 
     def _copy_again(self, state: TopicState, rows: list[EventRow], has_ids: bool, floor: int,
                     pid: int | None, producer: int, first: BaseException) -> int:

@@ -179,8 +179,7 @@ def test_a_publisher_in_another_process_uses_the_new_partition_count(dsn: str, c
     try:
         assert int(proc.stdout.readline()) == pgstreams.partition_for_key(key, 2)  # its cached count: 2
         client.alter_topic("spread", partitions=8)
-        # the change reaches the publisher as a notification; it follows within a publish or two (a
-        # publish may start before the server has handed the notification over)
+        # the publisher reads the topic's row again within TOPIC_CHECK_INTERVAL of publishing
         new = pgstreams.partition_for_key(key, 8)
         sent = 0
 
@@ -197,7 +196,6 @@ def test_a_publisher_in_another_process_uses_the_new_partition_count(dsn: str, c
             landed()
         after = [e for e in _events(client, "spread") if e.value.startswith("after")]
         first_new = min(int(e.value.split("-")[1]) for e in after if e.partition == new)
-        assert first_new <= 2, "the publisher kept the old count for more than one publish"
         assert all(e.partition == new for e in after if int(e.value.split("-")[1]) >= first_new)
     finally:
         proc.stdin.close()
@@ -210,7 +208,7 @@ def test_an_explicit_partition_past_the_cached_count_reads_the_topic_again(dsn: 
     client.create_topic("one", 2)
     client.create_topic("many", 2)
     with pgstreams.connect(dsn) as other:
-        # cached with 2 partitions before the client listens to any change (it has not published yet)
+        # cached with 2 partitions, just read: not read again before TOPIC_CHECK_INTERVAL
         assert other.topic_state("one").partitions == other.topic_state("many").partitions == 2
         client.alter_topic("one", partitions=4)
         client.alter_topic("many", partitions=4)
@@ -220,6 +218,25 @@ def test_an_explicit_partition_past_the_cached_count_reads_the_topic_again(dsn: 
             other.publish("one", "no", partition=4)
     assert [e.value for e in _events(client, "one") if e.partition == 3] == ["single"]
     assert [e.value for e in _events(client, "many") if e.partition == 3] == ["batch"]
+
+
+def test_a_publisher_notices_a_lower_max_message_bytes_set_elsewhere(dsn: str,
+                                                                     client: pgstreams.Client) -> None:
+    client.create_topic("limit", 1)
+    with pgstreams.connect(dsn) as other:
+        other.publish("limit", "x" * 200)  # caches the default limit
+        client.alter_topic("limit", {"max.message.bytes": 100})
+        refused: list[int] = []
+
+        def refused_now() -> bool:
+            try:
+                other.publish("limit", "x" * 200)
+            except pgstreams.MessageTooLarge as exc:
+                refused.append(1)
+                assert "max.message.bytes (100)" in str(exc)
+            return bool(refused)
+
+        until(refused_now, 30, "the other client to apply max.message.bytes 100")
 
 
 def _events(client: pgstreams.Client, topic: str) -> list[pgstreams.Event]:

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 from psycopg_pool import ConnectionPool
 
 from .checkpoints import CheckpointStore
-from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt
+from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
-from .naming import TopicTables, notification_channel, topic_changes_channel
+from .naming import TopicTables, notification_channel
 from .operations import OperationsStore, RemovedSegment
 from .queries import QueryNotFound, QuerySet, render_script
 from .shares import ShareSettings, ShareStore
@@ -63,10 +63,10 @@ __all__ = [
     "TopicRecord",
     "TopicStore",
     "TopicTables",
+    "TopicVersion",
     "core_query",
     "notification_channel",
     "render_script",
-    "topic_changes_channel",
 ]
 
 

@@ -4,8 +4,7 @@ A topic with id ``N`` keeps its events in ``<schema>.topic_N``, partitioned by r
 segments ``<schema>.topic_N_s<k>`` (positions ``[k * segment_size, (k + 1) * segment_size)``), and numbers
 them from the sequence ``<schema>.topic_N_seq``. The SQL functions of the migrations that create and
 extend this storage (``create_topic_storage``, ``ensure_segments``) follow the same scheme. Consumers of a
-schema wait for its events on the notification channel ``pgstreams.<schema>``; publishers hear of changed
-topics (partition count, configuration) on ``pgstreams.topics.<schema>``.
+schema wait for its events on the notification channel ``pgstreams.<schema>``.
 """
 
 from __future__ import annotations
@@ -19,12 +18,6 @@ from psycopg import sql
 def notification_channel(schema: str) -> str:
     """The channel on which publishers of ``schema`` announce topics that received events."""
     return f"pgstreams.{schema}"
-
-
-def topic_changes_channel(schema: str) -> str:
-    """The channel on which a change of a topic of ``schema`` (its partition count or configuration) is
-    announced, with the topic's id as payload, when the change commits."""
-    return f"pgstreams.topics.{schema}"
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from psycopg.types.json import Jsonb
 
 from ..models import RetentionStatus
 from .executor import CORE_QUERIES, Executor
-from .naming import topic_changes_channel
 
 
 @dataclass(frozen=True)
@@ -65,9 +64,8 @@ class OperationsStore:
     ) -> tuple[int, int, dict[str, Any]] | None:
         """In one transaction: set ``config`` keys and remove ``delete`` keys of topic ``name``, and raise its
         partition count to ``partitions`` (groups reading it start the new partitions at their first
-        event); a change is announced to publishers on the topic-changes channel when it commits. Returns
-        ``(id, partitions before, config after)``; ``None`` when there is no such topic. The caller has
-        validated everything; a decrease is refused here too (ValueError)."""
+        event). Returns ``(id, partitions before, config after)``; ``None`` when there is no such topic.
+        The caller has validated everything; a decrease is refused here too (ValueError)."""
         with self.ex.connection() as conn, conn.transaction():
             row = self.ex.one("lock_topic", (name,), conn=conn)
             if row is None:
@@ -84,9 +82,6 @@ class OperationsStore:
                 grown = {"first": before, "count": partitions, "topic_id": topic_id}
                 self.ex.run("checkpoints_for_new_partitions", grown, conn=conn)
                 self.ex.run("leases_for_new_partitions", grown, conn=conn)
-            if merged != stored or (partitions is not None and partitions != before):
-                self.ex.one("announce_topic_change", (topic_changes_channel(self.ex.schema), str(topic_id)),
-                            conn=conn)
             return topic_id, before, merged
 
     # -- maintenance ---------------------------------------------------------------------------------

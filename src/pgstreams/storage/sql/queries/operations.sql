@@ -12,11 +12,6 @@ UPDATE {schema}.topics SET config = %s WHERE id = %s;
 -- name: set_topic_partitions
 UPDATE {schema}.topics SET partitions = %s WHERE id = %s;
 
--- name: announce_topic_change
--- Tell the publishers of the schema (they LISTEN on the topic-changes channel, the first parameter) that
--- a topic changed (its id, the second): delivered when the transaction changing it commits.
-SELECT pg_notify(%s, %s);
-
 -- name: leases_for_new_partitions
 -- Groups with members on a topic whose partitions grew get leases on the new partitions (unowned: the
 -- members' next balancing rounds claim them).

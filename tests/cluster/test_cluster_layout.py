@@ -50,7 +50,8 @@ def test_init_records_the_layout_on_every_shard_and_is_idempotent(shard_dsns: li
         assert len(cluster.shards) == 3
 
 
-def test_one_dsn_is_the_single_server_client(cluster_dsns: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_one_dsn_is_the_single_server_client(cluster_dsns: list[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
     with pgstreams.connect(cluster_dsns[0]) as one:
         assert type(one) is pgstreams.Client
     with pgstreams.connect(cluster_dsns[:1]) as one:
@@ -65,7 +66,7 @@ def test_a_layout_mismatch_is_refused_naming_it(cluster_dsns: list[str], shard_s
     a, b, c = cluster_dsns
     with pytest.raises(pgstreams.LayoutMismatch, match=r"is shard 1 of cluster .*, not shard 0"):
         pgstreams.connect([b, a, c])
-    with pytest.raises(pgstreams.LayoutMismatch, match="has 3 shards .* but 2 were given"):
+    with pytest.raises(pgstreams.LayoutMismatch, match=r"has 3 shards .* but 2 were given"):
         pgstreams.connect([a, b])
     stranger = new_database(shard_servers[0].dsn, "stray_")
     with pytest.raises(pgstreams.LayoutMismatch, match=r"shard 2 \(.*stray_.*\) belongs to no cluster"):

@@ -237,6 +237,40 @@ class Direct:
         return out
 
     @staticmethod
+    def run_then_commit(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None], *,
+                        commit: bool) -> list[tuple[Any, ...]]:
+        """Run ``st``'s text unprepared (nothing to prepare inside a transaction: a failed prepare would abort
+        it) with text ``params``, in one round trip: as a transaction of its own (``conn`` idle in autocommit
+        mode), or with ``commit`` in ``conn``'s open transaction, followed by its ``COMMIT``. Its rows (as
+        text); its error is raised after every result was read, and with ``commit`` leaves the transaction
+        failed, for the caller to roll back."""
+        pg = conn.pgconn
+        pg.enter_pipeline_mode()
+        try:
+            pg.send_query_params(st.text, params)
+            if commit:
+                pg.send_query_params(b"COMMIT", None)
+            pg.pipeline_sync()
+            results: list[pq.abc.PGresult] = []
+            while True:
+                res = _result(pg)
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                results.append(res)
+        finally:
+            if pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+        first = results[0]
+        if first.status not in _OK:
+            raise psycopg.errors.error_from_result(first, encoding=conn.info.encoding)
+        if commit and results[1].status not in _OK:
+            raise psycopg.errors.error_from_result(results[1], encoding=conn.info.encoding)
+        return [tuple(first.get_value(r, c) for c in range(first.nfields)) for r in range(first.ntuples)]
+
+    @staticmethod
     def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                          formats: Sequence[int], notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
         """Run prepared ``st`` (its own transaction, on an autocommit connection), then

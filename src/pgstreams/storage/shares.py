@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from ..models import ShareGroupStatus
 from .executor import Executor
+from .libpq import Direct, statement
 from .naming import TopicTables
 from .queries import QuerySet
 
@@ -60,6 +61,7 @@ class ShareStore:
 
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
+        self._direct = Direct()
 
     def upsert_group(self, conn: psycopg.Connection | None, group: str, topic_id: int, *, queue: bool,
                      lock_timeout: float, max_deliveries: int, dead_letter: str | None,
@@ -153,6 +155,30 @@ class ShareStore:
             "firsts": [k[1] for k in keys],
             "batches": ["{" + ",".join(map(str, batches[k])) + "}" for k in keys]}, conn=conn, prepare=True)
         return {(int(p), int(pos)) for p, pos in rows}
+
+    def ack_batches_all(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
+                        batches: Mapping[tuple[int, int], Sequence[int]], *, commit: bool) -> bool:
+        """Ack whole batch rows of ``owner`` all or nothing, in one round trip: in ``conn``'s open
+        transaction followed by its ``COMMIT`` (``commit``), or as a transaction of its own (``conn`` idle in
+        autocommit mode). ``True``: every row was acked and the acks (with the transaction) committed.
+        ``False``: some batch was no longer held, nothing was acked, and ``conn``'s transaction (with
+        ``commit``) is left failed for the caller to roll back. Other errors are raised."""
+        keys = list(batches)
+        enc = conn.info.encoding
+        st = statement("share_ack_batches_all", self.ex.schema)
+        values = {
+            "group": group.encode(enc), "topic_id": b"%d" % topic_id, "owner": owner.encode(enc),
+            "partitions": b"{" + b",".join(b"%d" % k[0] for k in keys) + b"}",
+            "firsts": b"{" + b",".join(b"%d" % k[1] for k in keys) + b"}",
+            "batches": b"{" + b",".join(
+                b'"{' + b",".join(b"%d" % p for p in batches[k]) + b'}"' for k in keys) + b"}"}
+        try:
+            self._direct.run_then_commit(conn, st, [values[n] for n in st.params], commit=commit)
+        except psycopg.Error as exc:
+            if exc.sqlstate == "PSA01":
+                return False
+            raise
+        return True
 
     def count(self, conn: psycopg.Connection, group: str, topic_id: int, partition: int, *,
               too_often: int = 0, rejected: int = 0, dead_lettered: int = 0) -> None:

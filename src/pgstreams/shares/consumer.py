@@ -588,7 +588,6 @@ class ShareConsumer:
                 end_transaction(conn, b"COMMIT", check=True)
             return
         tx.settlement = self._ack_commit(tx.events, conn, began=tx.began)
-        tx.began = True
         if not tx.settlement.ok:
             raise _RollBack
 

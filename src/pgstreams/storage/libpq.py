@@ -16,7 +16,7 @@ import re
 import select
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,23 +44,50 @@ class Statement:
 def statement(query: str, schema: str, topic_id: int | None = None) -> Statement:
     """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders: its ``%s``
     parameters in order, or its ``%(name)s`` parameters numbered in order of first appearance."""
-    text = core_query(query, schema, topic_id).as_bytes(None)
+    return statement_of(query, core_query(query, schema, topic_id).as_bytes(None))
+
+
+def statement_of(name: str, text: bytes) -> Statement:
+    """A :class:`Statement` named after ``name`` (and a digest of its text) from a query's text with
+    psycopg placeholders (``%s``, or ``%(name)s`` numbered in order of first appearance; ``%%`` is ``%``)."""
     if b"%s" in text:
         parts = text.split(b"%s")
         text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+        text = text.replace(b"%%", b"%")
         digest = hashlib.sha1(text).hexdigest()[:16]
-        return Statement(f"pgstreams_{query}_{digest}".encode(), text, ())
+        return Statement(f"pgstreams_{name}_{digest}".encode(), text, ())
     names: list[str] = []
 
     def number(m: re.Match[bytes]) -> bytes:
-        name = m.group(1).decode()
-        if name not in names:
-            names.append(name)
-        return b"$%d" % (names.index(name) + 1)
+        key = m.group(1).decode()
+        if key not in names:
+            names.append(key)
+        return b"$%d" % (names.index(key) + 1)
 
-    text = _NAMED.sub(number, text)
+    text = _NAMED.sub(number, text).replace(b"%%", b"%")
     digest = hashlib.sha1(text).hexdigest()[:16]
-    return Statement(f"pgstreams_{query}_{digest}".encode(), text, tuple(names))
+    return Statement(f"pgstreams_{name}_{digest}".encode(), text, tuple(names))
+
+
+def text_params(st: Statement, values: Mapping[str, Any], encoding: str) -> list[bytes | None]:
+    """``values`` of ``st``'s named parameters in ``$n`` order, in text form: ``None`` (NULL), booleans,
+    integers, strings and lists of integers."""
+    out: list[bytes | None] = []
+    for name in st.params:
+        v = values[name]
+        if v is None:
+            out.append(None)
+        elif v is True or v is False:
+            out.append(b"t" if v else b"f")
+        elif isinstance(v, int):
+            out.append(b"%d" % v)
+        elif isinstance(v, str):
+            out.append(v.encode(encoding))
+        elif isinstance(v, (list, tuple)):
+            out.append(int_array(v))
+        else:
+            raise TypeError(f"parameter {name!r}: no text form for {type(v).__name__}")
+    return out
 
 
 def int_array(values: Sequence[int]) -> bytes:

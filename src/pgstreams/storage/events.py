@@ -138,7 +138,7 @@ class EventStore:
             None if producer is None else b"%d" % producer,
         ]
         if notify is None:
-            res = conn.pgconn.exec_prepared(st.name, params, _INSERT_FORMATS)  # type: ignore[arg-type]
+            res = self._direct.exec_prepared(conn, st, params, _INSERT_FORMATS)
         else:
             res = self._direct.exec_then_notify(conn, st, params, _INSERT_FORMATS,
                                                 (notify[0].encode(enc), notify[1].encode(enc)))

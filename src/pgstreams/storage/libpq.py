@@ -13,9 +13,10 @@ import asyncio
 import functools
 import hashlib
 import re
+import select
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,23 +44,50 @@ class Statement:
 def statement(query: str, schema: str, topic_id: int | None = None) -> Statement:
     """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders: its ``%s``
     parameters in order, or its ``%(name)s`` parameters numbered in order of first appearance."""
-    text = core_query(query, schema, topic_id).as_bytes(None)
+    return statement_of(query, core_query(query, schema, topic_id).as_bytes(None))
+
+
+def statement_of(name: str, text: bytes) -> Statement:
+    """A :class:`Statement` named after ``name`` (and a digest of its text) from a query's text with
+    psycopg placeholders (``%s``, or ``%(name)s`` numbered in order of first appearance; ``%%`` is ``%``)."""
     if b"%s" in text:
         parts = text.split(b"%s")
         text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+        text = text.replace(b"%%", b"%")
         digest = hashlib.sha1(text).hexdigest()[:16]
-        return Statement(f"pgstreams_{query}_{digest}".encode(), text, ())
+        return Statement(f"pgstreams_{name}_{digest}".encode(), text, ())
     names: list[str] = []
 
     def number(m: re.Match[bytes]) -> bytes:
-        name = m.group(1).decode()
-        if name not in names:
-            names.append(name)
-        return b"$%d" % (names.index(name) + 1)
+        key = m.group(1).decode()
+        if key not in names:
+            names.append(key)
+        return b"$%d" % (names.index(key) + 1)
 
-    text = _NAMED.sub(number, text)
+    text = _NAMED.sub(number, text).replace(b"%%", b"%")
     digest = hashlib.sha1(text).hexdigest()[:16]
-    return Statement(f"pgstreams_{query}_{digest}".encode(), text, tuple(names))
+    return Statement(f"pgstreams_{name}_{digest}".encode(), text, tuple(names))
+
+
+def text_params(st: Statement, values: Mapping[str, Any], encoding: str) -> list[bytes | None]:
+    """``values`` of ``st``'s named parameters in ``$n`` order, in text form: ``None`` (NULL), booleans,
+    integers, strings and lists of integers."""
+    out: list[bytes | None] = []
+    for name in st.params:
+        v = values[name]
+        if v is None:
+            out.append(None)
+        elif v is True or v is False:
+            out.append(b"t" if v else b"f")
+        elif isinstance(v, int):
+            out.append(b"%d" % v)
+        elif isinstance(v, str):
+            out.append(v.encode(encoding))
+        elif isinstance(v, (list, tuple)):
+            out.append(int_array(v))
+        else:
+            raise TypeError(f"parameter {name!r}: no text form for {type(v).__name__}")
+    return out
 
 
 def int_array(values: Sequence[int]) -> bytes:
@@ -82,6 +110,70 @@ def _check_alive(pg: pq.abc.PGconn) -> None:
     if pg.status != pq.ConnStatus.OK:
         why = pg.error_message.decode("utf-8", "replace").strip()
         raise psycopg.OperationalError(why or "connection lost")
+
+
+#: Seconds of silence from the server, while a result is awaited, after which the server is asked (on a
+#: connection of its own) whether it still runs the session. A statement may rightly run for long (a lock
+#: wait, a synchronous commit waiting for a standby): only a session the server no longer runs, or one it
+#: runs idle, gets no more results (a connection cut without either side seeing it close: a network
+#: partition, a proxy or NAT that dropped it, a server that died while its socket stayed open).
+SILENCE_PROBE = 5.0
+
+
+def _session_state(pg: pq.abc.PGconn) -> str | None:
+    """The state in ``pg_stat_activity`` of ``pg``'s backend, asked on a new connection with the same
+    parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked."""
+    params = {o.keyword.decode(): o.val.decode() for o in pg.info if o.val is not None}
+    params["connect_timeout"] = "5"
+    params["application_name"] = "pgstreams probe"
+    params.pop("replication", None)
+    try:
+        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as probe:
+            row = probe.execute("SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = %s",
+                                (pg.backend_pid,)).fetchone()
+    except psycopg.Error:
+        return "unknown"
+    return None if row is None else str(row[0])
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(timeout * 1000.0))
+
+
+def _await_input(pg: pq.abc.PGconn) -> None:
+    """Wait until the server sends something on ``pg`` and read it; after :data:`SILENCE_PROBE` seconds of
+    silence, ask the server whether it still runs the session, and if it does not (or runs it idle while
+    nothing arrives), close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries
+    on a new connection instead of waiting forever)."""
+    fd = pg.socket
+    while not _readable(fd, SILENCE_PROBE):
+        state = _session_state(pg)
+        if state == "unknown" or (state is not None and state != "idle"):
+            continue
+        if state == "idle" and _readable(fd, 1.0):
+            break  # its last results were on their way
+        exc = _lost(pg, state)
+        pg.finish()
+        raise exc
+    pg.consume_input()
+
+
+def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
+    pid = pg.backend_pid
+    return psycopg.OperationalError(
+        f"connection lost: the server no longer runs session {pid}, whose results were awaited"
+        if state is None else
+        f"connection lost: session {pid} sits idle on the server while its results were awaited")
+
+
+def _result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    """``pg.get_result()``, waiting for the server through :func:`_await_input` (never blocked without a
+    bound in libpq when the connection was cut silently)."""
+    while pg.is_busy():
+        _await_input(pg)
+    return pg.get_result()
 
 
 def usable(conn: psycopg.Connection) -> bool:
@@ -120,7 +212,7 @@ class Direct:
         connection's encoding."""
         s = self._session(conn)
         if st.name not in s.prepared:
-            res = conn.pgconn.prepare(st.name, st.text, types)
+            res = self.exec_prepare(conn.pgconn, st, types)
             # "already exists": the server kept it while this registry forgot it (after a statement that
             # some other one had gone, the registry forgets them all); the name carries the text's digest
             if res.status != pq.ExecStatus.COMMAND_OK and (
@@ -128,6 +220,19 @@ class Direct:
                 raise psycopg.errors.error_from_result(res, encoding=s.encoding)
             s.prepared.add(st.name)
         return s.encoding
+
+    @staticmethod
+    def exec_prepare(pg: pq.abc.PGconn, st: Statement, types: Sequence[int] | None = None) -> pq.abc.PGresult:
+        """Prepare ``st`` (not registered: see :meth:`prepare`); its result."""
+        pg.send_prepare(st.name, st.text, types)
+        return _last(pg)
+
+    @staticmethod
+    def exec_prepared(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+                      formats: Sequence[int] | None = None, result_format: int = 0) -> pq.abc.PGresult:
+        """Run prepared ``st`` (as ``PQexecPrepared``, waiting through :func:`_await_input`); its result."""
+        conn.pgconn.send_query_prepared(st.name, params, formats, result_format)
+        return _last(conn.pgconn)
 
     def forget(self, conn: psycopg.Connection) -> None:
         """The server no longer holds the statements prepared on ``conn`` (psycopg deallocates every
@@ -159,6 +264,40 @@ class Direct:
         return out
 
     @staticmethod
+    def run_then_commit(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None], *,
+                        commit: bool) -> list[tuple[Any, ...]]:
+        """Run ``st``'s text unprepared (nothing to prepare inside a transaction: a failed prepare would abort
+        it) with text ``params``, in one round trip: as a transaction of its own (``conn`` idle in autocommit
+        mode), or with ``commit`` in ``conn``'s open transaction, followed by its ``COMMIT``. Its rows (as
+        text); its error is raised after every result was read, and with ``commit`` leaves the transaction
+        failed, for the caller to roll back."""
+        pg = conn.pgconn
+        pg.enter_pipeline_mode()
+        try:
+            pg.send_query_params(st.text, params)
+            if commit:
+                pg.send_query_params(b"COMMIT", None)
+            pg.pipeline_sync()
+            results: list[pq.abc.PGresult] = []
+            while True:
+                res = _result(pg)
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                results.append(res)
+        finally:
+            if pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+        first = results[0]
+        if first.status not in _OK:
+            raise psycopg.errors.error_from_result(first, encoding=conn.info.encoding)
+        if commit and results[1].status not in _OK:
+            raise psycopg.errors.error_from_result(results[1], encoding=conn.info.encoding)
+        return [tuple(first.get_value(r, c) for c in range(first.nfields)) for r in range(first.ntuples)]
+
+    @staticmethod
     def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                          formats: Sequence[int], notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
         """Run prepared ``st`` (its own transaction, on an autocommit connection), then
@@ -175,7 +314,7 @@ class Direct:
             first: pq.abc.PGresult | None = None
             syncs = 0
             while syncs < 2:
-                res = pg.get_result()
+                res = _result(pg)
                 if res is None:
                     _check_alive(pg)
                     continue
@@ -202,7 +341,7 @@ class Direct:
         pg.send_query(query)
         failed: pq.abc.PGresult | None = None
         while True:
-            res = pg.get_result()
+            res = _result(pg)
             if res is None:
                 _check_alive(pg)
                 if failed is not None:
@@ -222,7 +361,7 @@ class Direct:
                     cp.write_row(r)
         finally:
             # the message's end (the implicit transaction's commit, or its rollback after an error)
-            while pg.status == pq.ConnStatus.OK and pg.get_result() is not None:
+            while pg.status == pq.ConnStatus.OK and _result(pg) is not None:
                 pass
 
     @staticmethod
@@ -234,7 +373,7 @@ class Direct:
             pg.pipeline_sync()
             results: list[pq.abc.PGresult] = []
             while True:
-                res = pg.get_result()
+                res = _result(pg)
                 if res is None:
                     _check_alive(pg)
                     continue
@@ -245,6 +384,25 @@ class Direct:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
         return results
+
+
+def _last(pg: pq.abc.PGconn) -> pq.abc.PGresult:
+    """The last result of the command sent on ``pg`` (outside pipeline mode), as ``PQexec`` returns it."""
+    last: pq.abc.PGresult | None = None
+    while (res := _result(pg)) is not None:
+        last = res
+        if res.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+            break
+    if last is None:
+        _check_alive(pg)
+        raise psycopg.OperationalError("the server sent no result")
+    return last
+
+
+def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
+    """Run ``query`` with text ``params`` (as ``PQexecParams``, waiting through :func:`_await_input`)."""
+    pg.send_query_params(query, params)
+    return _last(pg)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -266,6 +424,27 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool = False) 
             loop.remove_writer(fd)
         else:
             loop.remove_reader(fd)
+
+
+async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn, fd: int) -> None:
+    """:func:`_await_input` on the event loop (the server is asked in a thread); the caller closes the
+    connection when it raises."""
+    while not await _ready_within(loop, fd, SILENCE_PROBE):
+        state = await asyncio.to_thread(_session_state, pg)
+        if state == "unknown" or (state is not None and state != "idle"):
+            continue
+        if state == "idle" and await _ready_within(loop, fd, 1.0):
+            break
+        raise _lost(pg, state)
+    pg.consume_input()
+
+
+async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(_ready(loop, fd), timeout)
+    except TimeoutError:
+        return False
+    return True
 
 
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).
@@ -315,8 +494,7 @@ class AsyncDirect:
             i = 0
             while i < len(batches):
                 if pg.is_busy():
-                    await _ready(loop, fd)
-                    pg.consume_input()
+                    await _await_input_async(loop, pg, fd)
                     continue
                 res = pg.get_result()
                 if res is None:

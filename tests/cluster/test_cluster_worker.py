@@ -48,7 +48,7 @@ def test_a_worker_group_with_sigkills_handles_every_event_once_in_key_order(clus
             p.start()
             procs.append((p, ready))
         try:
-            for p, ready in procs:
+            for _, ready in procs:
                 assert ready.wait(120), "a worker did not start"
             until(lambda: len(_handled(cluster_dsns)) >= len(keys) * 3, 120, "the first events handled")
             os.kill(procs[0][0].pid, signal.SIGKILL)
@@ -69,7 +69,7 @@ def test_a_worker_group_with_sigkills_handles_every_event_once_in_key_order(clus
     counts = Counter((k, n) for _, k, n, _, _ in rows)
     assert len(counts) == len(keys) * rounds and max(counts.values()) == 1, counts.most_common(3)
     last: dict[str, int] = {}
-    for shard, k, n, _, _ in rows:  # in the order each shard stored them
+    for _, k, n, _, _ in rows:  # in the order each shard stored them
         assert last.get(k, -1) == n - 1, f"{k}: {n} after {last.get(k)}"
         last[k] = n
     assert {shard for shard, *_ in rows} == {0, 1, 2}

@@ -21,7 +21,8 @@ class Event:
     unique within the topic; events of a partition are delivered in position order. ``txid`` is the id of
     the transaction that published the event. ``created_at`` is aware, in UTC. ``delivery_count`` is how
     many times a share group has delivered the event, this delivery included (``0`` for stream groups,
-    which have no per-event deliveries).
+    which have no per-event deliveries). ``shard`` is the place of the shard holding the event in a
+    cluster (see :mod:`pgstreams.cluster`; ``0`` on a single server).
     """
 
     topic: str
@@ -37,6 +38,7 @@ class Event:
     created_at: datetime
     txid: int = 0
     delivery_count: int = 0
+    shard: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,14 @@ class Message:
 @dataclass(frozen=True)
 class PublishResult:
     """Where a published event was stored. ``duplicate`` is true when its ``event_id`` already existed
-    and this is the first stored copy's location."""
+    and this is the first stored copy's location. ``shard``: the place of the shard holding it in a
+    cluster (``0`` on a single server)."""
 
     topic: str
     partition: int
     position: int
     duplicate: bool = False
+    shard: int = 0
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import re
 import select
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,23 +44,50 @@ class Statement:
 def statement(query: str, schema: str, topic_id: int | None = None) -> Statement:
     """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders: its ``%s``
     parameters in order, or its ``%(name)s`` parameters numbered in order of first appearance."""
-    text = core_query(query, schema, topic_id).as_bytes(None)
+    return statement_of(query, core_query(query, schema, topic_id).as_bytes(None))
+
+
+def statement_of(name: str, text: bytes) -> Statement:
+    """A :class:`Statement` named after ``name`` (and a digest of its text) from a query's text with
+    psycopg placeholders (``%s``, or ``%(name)s`` numbered in order of first appearance; ``%%`` is ``%``)."""
     if b"%s" in text:
         parts = text.split(b"%s")
         text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+        text = text.replace(b"%%", b"%")
         digest = hashlib.sha1(text).hexdigest()[:16]
-        return Statement(f"pgstreams_{query}_{digest}".encode(), text, ())
+        return Statement(f"pgstreams_{name}_{digest}".encode(), text, ())
     names: list[str] = []
 
     def number(m: re.Match[bytes]) -> bytes:
-        name = m.group(1).decode()
-        if name not in names:
-            names.append(name)
-        return b"$%d" % (names.index(name) + 1)
+        key = m.group(1).decode()
+        if key not in names:
+            names.append(key)
+        return b"$%d" % (names.index(key) + 1)
 
-    text = _NAMED.sub(number, text)
+    text = _NAMED.sub(number, text).replace(b"%%", b"%")
     digest = hashlib.sha1(text).hexdigest()[:16]
-    return Statement(f"pgstreams_{query}_{digest}".encode(), text, tuple(names))
+    return Statement(f"pgstreams_{name}_{digest}".encode(), text, tuple(names))
+
+
+def text_params(st: Statement, values: Mapping[str, Any], encoding: str) -> list[bytes | None]:
+    """``values`` of ``st``'s named parameters in ``$n`` order, in text form: ``None`` (NULL), booleans,
+    integers, strings and lists of integers."""
+    out: list[bytes | None] = []
+    for name in st.params:
+        v = values[name]
+        if v is None:
+            out.append(None)
+        elif v is True or v is False:
+            out.append(b"t" if v else b"f")
+        elif isinstance(v, int):
+            out.append(b"%d" % v)
+        elif isinstance(v, str):
+            out.append(v.encode(encoding))
+        elif isinstance(v, (list, tuple)):
+            out.append(int_array(v))
+        else:
+            raise TypeError(f"parameter {name!r}: no text form for {type(v).__name__}")
+    return out
 
 
 def int_array(values: Sequence[int]) -> bytes:
@@ -235,6 +262,40 @@ class Direct:
             tx.set_pgresult(res)
             out.append(tx.load_rows(0, res.ntuples, tuple))
         return out
+
+    @staticmethod
+    def run_then_commit(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None], *,
+                        commit: bool) -> list[tuple[Any, ...]]:
+        """Run ``st``'s text unprepared (nothing to prepare inside a transaction: a failed prepare would abort
+        it) with text ``params``, in one round trip: as a transaction of its own (``conn`` idle in autocommit
+        mode), or with ``commit`` in ``conn``'s open transaction, followed by its ``COMMIT``. Its rows (as
+        text); its error is raised after every result was read, and with ``commit`` leaves the transaction
+        failed, for the caller to roll back."""
+        pg = conn.pgconn
+        pg.enter_pipeline_mode()
+        try:
+            pg.send_query_params(st.text, params)
+            if commit:
+                pg.send_query_params(b"COMMIT", None)
+            pg.pipeline_sync()
+            results: list[pq.abc.PGresult] = []
+            while True:
+                res = _result(pg)
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                results.append(res)
+        finally:
+            if pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+        first = results[0]
+        if first.status not in _OK:
+            raise psycopg.errors.error_from_result(first, encoding=conn.info.encoding)
+        if commit and results[1].status not in _OK:
+            raise psycopg.errors.error_from_result(results[1], encoding=conn.info.encoding)
+        return [tuple(first.get_value(r, c) for c in range(first.nfields)) for r in range(first.ntuples)]
 
     @staticmethod
     def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],

@@ -452,11 +452,21 @@ async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn,
 
 
 async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (``True``) or ``timeout`` seconds passed (``False``): a timer on the
+    loop, not ``asyncio.wait_for`` (which makes a task per wait)."""
+    fut: asyncio.Future[bool] = loop.create_future()
+    loop.add_reader(fd, _settle, fut, True)
+    timer = loop.call_later(timeout, _settle, fut, False)
     try:
-        await asyncio.wait_for(_ready(loop, fd), timeout)
-    except TimeoutError:
-        return False
-    return True
+        return await fut
+    finally:
+        loop.remove_reader(fd)
+        timer.cancel()
+
+
+def _settle(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).

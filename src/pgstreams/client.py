@@ -290,7 +290,8 @@ class Client:
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema), self.raw_connection, self._new_producer_id, self.retry)
+                                  channel(schema), self.raw_connection, self._new_producer_id, self.retry,
+                                  forget=self._forget_id)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -442,6 +443,13 @@ class Client:
         with self._topics_lock:
             self._topics.pop(name, None)
 
+    def _forget_id(self, topic_id: int) -> None:
+        """Forget the cached state of the topic with id ``topic_id`` (it changed): read again when next
+        used."""
+        with self._topics_lock:
+            for name in [n for n, st in self._topics.items() if st.id == topic_id]:
+                del self._topics[name]
+
     # -- topics --------------------------------------------------------------------------------------
     def create_topic(
         self, name: str, partitions: int = 1, *, segment_size: int = DEFAULT_SEGMENT_SIZE,
@@ -472,8 +480,10 @@ class Client:
         Like Kafka, adding partitions keeps every event where it is, but keys may hash to other partitions
         from now on (per-key order holds only among events published with the same count); every group
         reading the topic starts the new partitions at their first event. Running consumers and workers
-        see the new partitions once they are created again; clients of other processes use the new count
-        for keys once they read the topic again. Decreasing is refused, as is changing ``segment.events``.
+        see the new partitions once they are created again; publishers of other processes notice the
+        change within :data:`pgstreams.producer.TOPIC_CHECK_INTERVAL` seconds of publishing (see
+        :mod:`pgstreams.producer`) and use the new count from then on. Decreasing is refused, as is
+        changing ``segment.events``.
         Raises :class:`InvalidConfig` (naming the key), :class:`InvalidArgument`, :class:`TopicNotFound`.
         """
         check_topic(name)

@@ -380,8 +380,11 @@ class RetentionStatus:
 @dataclass(frozen=True)
 class MaintenanceReport:
     """What one maintenance pass did: segments created ahead of publishers, segments sealed (their
-    statistics recorded), segments and events removed by retention, stale members expired, and how long
-    it took (seconds). ``skipped`` is true when another pass of the schema was running (nothing done)."""
+    statistics recorded), segments and events removed by retention (detached from their topic), stale
+    members expired, and how long it took (seconds). ``skipped`` is true when another pass of the schema
+    was running (nothing done). ``segments_dropped`` and ``purge_duration`` (seconds) are those of the
+    purge that followed the pass (dropping detached segments, which frees their space; 0 without one).
+    ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped)."""
 
     segments_created: int = 0
     segments_sealed: int = 0
@@ -390,6 +393,9 @@ class MaintenanceReport:
     members_expired: int = 0
     duration: float = 0.0
     skipped: bool = False
+    segments_dropped: int = 0
+    purge_duration: float = 0.0
+    topics_checked: int = 0
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from psycopg_pool import ConnectionPool
 
 from .checkpoints import CheckpointStore
 from .cluster import ClusterStore, CreatedTopic, ShardLayout
-from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt
+from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
@@ -68,6 +68,7 @@ __all__ = [
     "TopicRecord",
     "TopicStore",
     "TopicTables",
+    "TopicVersion",
     "core_query",
     "notification_channel",
     "render_script",

@@ -304,29 +304,41 @@ class Direct:
         ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a
         libpq pipeline with a sync after each). Returns the statement's result; the notification's is
         dropped (a wake-up hint: consumers poll anyway)."""
+        return Direct.exec_then(conn, st, params, formats, [(_NOTIFY, notify)])[0]
+
+    @staticmethod
+    def exec_then(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+                  formats: Sequence[int], after: Sequence[tuple[bytes, Sequence[bytes | None]]]
+                  ) -> list[pq.abc.PGresult]:
+        """Run prepared ``st`` (its own transaction, on an autocommit connection), then each query of
+        ``after`` (text with ``$n`` placeholders, text parameters) in a transaction of its own, each after
+        the one before committed: one round trip (a libpq pipeline with a sync after each). Returns the
+        first result of each, ``st``'s first (a failed one's error result: the caller raises it)."""
         pg = conn.pgconn
         pg.enter_pipeline_mode()
         try:
             pg.send_query_prepared(st.name, params, formats)
             pg.pipeline_sync()
-            pg.send_query_params(_NOTIFY, notify)
-            pg.pipeline_sync()
-            first: pq.abc.PGresult | None = None
+            for query, values in after:
+                pg.send_query_params(query, values)
+                pg.pipeline_sync()
+            firsts: list[pq.abc.PGresult | None] = [None] * (len(after) + 1)
             syncs = 0
-            while syncs < 2:
+            while syncs < len(firsts):
                 res = _result(pg)
                 if res is None:
                     _check_alive(pg)
                     continue
                 if res.status == pq.ExecStatus.PIPELINE_SYNC:
                     syncs += 1
-                elif first is None:
-                    first = res
+                elif firsts[syncs] is None:
+                    firsts[syncs] = res
         finally:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
-        assert first is not None
-        return first
+        out = [r for r in firsts if r is not None]
+        assert len(out) == len(firsts)
+        return out
 
     @staticmethod
     def copy_in(conn: psycopg.Connection, query: bytes, types: Sequence[str],
@@ -440,11 +452,21 @@ async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn,
 
 
 async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (``True``) or ``timeout`` seconds passed (``False``): a timer on the
+    loop, not ``asyncio.wait_for`` (which makes a task per wait)."""
+    fut: asyncio.Future[bool] = loop.create_future()
+    loop.add_reader(fd, _settle, fut, True)
+    timer = loop.call_later(timeout, _settle, fut, False)
     try:
-        await asyncio.wait_for(_ready(loop, fd), timeout)
-    except TimeoutError:
-        return False
-    return True
+        return await fut
+    finally:
+        loop.remove_reader(fd)
+        timer.cancel()
+
+
+def _settle(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).

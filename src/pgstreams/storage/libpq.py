@@ -411,6 +411,59 @@ def _last(pg: pq.abc.PGconn) -> pq.abc.PGresult:
     return last
 
 
+def send_statements(conn: psycopg.Connection, steps: Sequence[tuple[Statement, Sequence[bytes | None]]]
+                    ) -> None:
+    """Send the (unprepared) ``steps`` on ``conn`` (idle, autocommit) in one pipeline, without waiting
+    for their results: the server works on them while the caller does something else (on another
+    connection); :func:`collect_statements` reads them."""
+    pg = conn.pgconn
+    pg.enter_pipeline_mode()
+    try:
+        for st, params in steps:
+            pg.send_query_params(st.text, params)
+        pg.pipeline_sync()
+        while pg.flush():
+            _await_writable(pg)
+    except BaseException:
+        conn.close()  # half a pipeline sent: no one may use it again
+        raise
+
+
+def collect_statements(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
+    """The rows of each statement :func:`send_statements` sent on ``conn``; the first error is raised
+    after every result was read."""
+    pg = conn.pgconn
+    results: list[pq.abc.PGresult] = []
+    try:
+        while True:
+            res = _result(pg)
+            if res is None:
+                _check_alive(pg)
+                continue
+            if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                break
+            results.append(res)
+    finally:
+        if pg.status == pq.ConnStatus.OK:
+            pg.exit_pipeline_mode()
+    failed = next((r for r in results if r.status not in _OK), None)
+    if failed is not None:
+        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+    tx = Transformer(conn)
+    out = []
+    for res in results:
+        tx.set_pgresult(res)
+        out.append(tx.load_rows(0, res.ntuples, tuple))
+    return out
+
+
+def _await_writable(pg: pq.abc.PGconn) -> None:
+    poller = select.poll()
+    poller.register(pg.socket, select.POLLOUT | select.POLLERR | select.POLLHUP)
+    poller.poll(1000.0)
+    pg.consume_input()
+
+
 def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
     """Run ``query`` with text ``params`` (as ``PQexecParams``, waiting through :func:`_await_input`)."""
     pg.send_query_params(query, params)

@@ -587,6 +587,56 @@ class AsyncDirect:
                 await conn.close()
         return out
 
+    @staticmethod
+    async def copy_in(conn: psycopg.AsyncConnection[Any], query: bytes, types: Sequence[str],
+                      rows: Iterable[Sequence[Any]]) -> None:
+        """:meth:`Direct.copy_in` on the event loop: ``query`` (statements, the last a binary ``COPY ... FROM
+        STDIN``) sent as one message, ``rows`` copied; one implicit transaction, one round trip. ``conn``
+        must be idle in autocommit mode, held alone; it is closed if this is interrupted half-way."""
+        pg = conn.pgconn
+        loop = asyncio.get_running_loop()
+        fd = pg.socket
+        done = False
+        try:
+            pg.send_query(query)
+            while pg.flush():
+                await _ready(loop, fd, write=True)
+            failed: pq.abc.PGresult | None = None
+            while True:
+                if pg.is_busy():
+                    await _await_input_async(loop, pg, fd)
+                    continue
+                res = pg.get_result()
+                if res is None:
+                    _check_alive(pg)
+                    if failed is not None:
+                        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                    raise psycopg.ProgrammingError("the query did not start a COPY")
+                if res.status == pq.ExecStatus.COPY_IN:
+                    break
+                if res.status not in _OK and failed is None:
+                    failed = res
+            cur = conn.cursor()
+            cur.adapters.register_dumper(None, BytesBinaryDumper)
+            try:
+                async with psycopg.AsyncCopy(cur, binary=True) as cp:  # ends the COPY; raises its error
+                    cp.set_types(types)
+                    for r in rows:
+                        await cp.write_row(r)
+            finally:
+                # the message's end (the implicit transaction's commit, or its rollback after an error):
+                # then the connection can be used again
+                while pg.status == pq.ConnStatus.OK:
+                    if pg.is_busy():
+                        await _await_input_async(loop, pg, fd)
+                        continue
+                    if pg.get_result() is None:
+                        break
+                done = True
+        finally:
+            if not done and not conn.closed:
+                await conn.close()
+
     def _prepares(self, conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement],
                   types: Sequence[int] | None) -> tuple[list[Send], list[bytes]]:
         s = self._session(conn)

@@ -281,8 +281,13 @@ class AsyncClient:
             return 0
         check_sizes(state, rows)
         async with self._pool.connection() as c:
-            last = await self.store.last_position(state.id, c)
-            await self._keep_ahead(c, state, last + len(rows))
+            # the sequence is read to keep segments ahead once every 1/16 segment of events (as the sync
+            # client's); if other clients' events outran it, the COPY fails and is retried after it
+            if state.copies_until_check <= 0:
+                state.copies_until_check = max(1, state.record.segment_size // 16)
+                last = await self.store.last_position(state.id, c)
+                await self._keep_ahead(c, state, last + len(rows))
+            state.copies_until_check -= len(rows)
             try:
                 stored = await self.store.copy(c, state.id, rows, has_ids)
             except psycopg.errors.CheckViolation:

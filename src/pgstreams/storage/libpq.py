@@ -411,6 +411,59 @@ def _last(pg: pq.abc.PGconn) -> pq.abc.PGresult:
     return last
 
 
+def send_statements(conn: psycopg.Connection, steps: Sequence[tuple[Statement, Sequence[bytes | None]]]
+                    ) -> None:
+    """Send the (unprepared) ``steps`` on ``conn`` (idle, autocommit) in one pipeline, without waiting
+    for their results: the server works on them while the caller does something else (on another
+    connection); :func:`collect_statements` reads them."""
+    pg = conn.pgconn
+    pg.enter_pipeline_mode()
+    try:
+        for st, params in steps:
+            pg.send_query_params(st.text, params)
+        pg.pipeline_sync()
+        while pg.flush():
+            _await_writable(pg)
+    except BaseException:
+        conn.close()  # half a pipeline sent: no one may use it again
+        raise
+
+
+def collect_statements(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
+    """The rows of each statement :func:`send_statements` sent on ``conn``; the first error is raised
+    after every result was read."""
+    pg = conn.pgconn
+    results: list[pq.abc.PGresult] = []
+    try:
+        while True:
+            res = _result(pg)
+            if res is None:
+                _check_alive(pg)
+                continue
+            if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                break
+            results.append(res)
+    finally:
+        if pg.status == pq.ConnStatus.OK:
+            pg.exit_pipeline_mode()
+    failed = next((r for r in results if r.status not in _OK), None)
+    if failed is not None:
+        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+    tx = Transformer(conn)
+    out = []
+    for res in results:
+        tx.set_pgresult(res)
+        out.append(tx.load_rows(0, res.ntuples, tuple))
+    return out
+
+
+def _await_writable(pg: pq.abc.PGconn) -> None:
+    poller = select.poll()
+    poller.register(pg.socket, select.POLLOUT | select.POLLERR | select.POLLHUP)
+    poller.poll(1000.0)
+    pg.consume_input()
+
+
 def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
     """Run ``query`` with text ``params`` (as ``PQexecParams``, waiting through :func:`_await_input`)."""
     pg.send_query_params(query, params)
@@ -533,6 +586,56 @@ class AsyncDirect:
             elif not done:
                 await conn.close()
         return out
+
+    @staticmethod
+    async def copy_in(conn: psycopg.AsyncConnection[Any], query: bytes, types: Sequence[str],
+                      rows: Iterable[Sequence[Any]]) -> None:
+        """:meth:`Direct.copy_in` on the event loop: ``query`` (statements, the last a binary ``COPY ... FROM
+        STDIN``) sent as one message, ``rows`` copied; one implicit transaction, one round trip. ``conn``
+        must be idle in autocommit mode, held alone; it is closed if this is interrupted half-way."""
+        pg = conn.pgconn
+        loop = asyncio.get_running_loop()
+        fd = pg.socket
+        done = False
+        try:
+            pg.send_query(query)
+            while pg.flush():
+                await _ready(loop, fd, write=True)
+            failed: pq.abc.PGresult | None = None
+            while True:
+                if pg.is_busy():
+                    await _await_input_async(loop, pg, fd)
+                    continue
+                res = pg.get_result()
+                if res is None:
+                    _check_alive(pg)
+                    if failed is not None:
+                        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                    raise psycopg.ProgrammingError("the query did not start a COPY")
+                if res.status == pq.ExecStatus.COPY_IN:
+                    break
+                if res.status not in _OK and failed is None:
+                    failed = res
+            cur = conn.cursor()
+            cur.adapters.register_dumper(None, BytesBinaryDumper)
+            try:
+                async with psycopg.AsyncCopy(cur, binary=True) as cp:  # ends the COPY; raises its error
+                    cp.set_types(types)
+                    for r in rows:
+                        await cp.write_row(r)
+            finally:
+                # the message's end (the implicit transaction's commit, or its rollback after an error):
+                # then the connection can be used again
+                while pg.status == pq.ConnStatus.OK:
+                    if pg.is_busy():
+                        await _await_input_async(loop, pg, fd)
+                        continue
+                    if pg.get_result() is None:
+                        break
+                done = True
+        finally:
+            if not done and not conn.closed:
+                await conn.close()
 
     def _prepares(self, conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement],
                   types: Sequence[int] | None) -> tuple[list[Send], list[bytes]]:

@@ -39,7 +39,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 import pgstreams
 from pgstreams.errors import InvalidArgument, PgStreamsError
 
-from . import _sql, audit, report
+from . import _sql, audit, latency, report
 from .config import Topology, setup
 from .simulator import SimConfig, Simulator
 
@@ -50,6 +50,14 @@ class DemoError(PgStreamsError):
     """The demo could not complete (a stage did not finish within the time limit, a worker died, ...)."""
 
 
+#: The clean query's default trigger: the next micro-batch starts as soon as the previous one ended (the
+#: clean query is on the serving path: impression -> clean -> prediction; see docs/ml-system.md).
+CLEAN_TRIGGER = "0 seconds"
+#: The Spark scheduler pool of the clean query (the session schedules pools fairly, so the clean query's
+#: short jobs do not queue behind the join's, the monitor's and training's).
+SERVING_POOL = "serving"
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     """Options of :func:`run_demo` (the ``pgstreams demo`` options).
@@ -58,9 +66,12 @@ class DemoOptions:
     ``reports``); ``seed`` (7); simulated ``duration`` (4 h), impression ``rate`` per simulated second (3),
     ``speed`` (simulated seconds per wall second, 240); ``drift`` (true: at half time); ``users`` (2000),
     ``ads`` (200); topic ``partitions`` (2, also Spark's shuffle partitions); ``scorers`` (1 worker);
-    monitoring ``window`` (``None``: a sixteenth of the duration); Spark ``trigger`` interval
-    (``2 seconds``), ``master`` (``local[2]``) and ``max_events_per_trigger`` (20000); ``timeout`` for the
-    whole run (900 s); ``progress`` bars (true).
+    monitoring ``window`` (``None``: a sixteenth of the duration); Spark ``trigger`` interval of the join
+    and monitor queries (``2 seconds``) and ``clean_trigger`` of the clean query, the one that feeds
+    scoring (:data:`CLEAN_TRIGGER`), ``master`` (``local[2]``) and ``max_events_per_trigger`` (20000);
+    ``checkpoints``, where the queries keep their checkpoints (``None``: a temporary folder of the driver;
+    on a cluster of several machines a location every executor reaches, such as ``hdfs://...``);
+    ``timeout`` for the whole run (900 s); ``progress`` bars (true).
     """
 
     dsn: str | None = None
@@ -76,7 +87,9 @@ class DemoOptions:
     scorers: int = 1
     window: str | None = None
     trigger: str = "2 seconds"
+    clean_trigger: str = CLEAN_TRIGGER
     master: str | None = None
+    checkpoints: str | None = None
     max_events_per_trigger: int = 20000
     timeout: float = 900.0
     progress: bool = True
@@ -238,7 +251,10 @@ class Demo:
             self.spark = spark_session(
                 opts.master,
                 shuffle_partitions=opts.partitions,
-                conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"},
+                conf={
+                    "spark.sql.streaming.numRecentProgressUpdates": "100000",
+                    "spark.scheduler.mode": "FAIR",
+                },
             )
             return self._run()
         finally:
@@ -277,19 +293,25 @@ class Demo:
             self.scorers.append(sc)
         for w in self.workers:
             w.start()
-        ck = self.tmp / "checkpoints"
+        ck = opts.checkpoints.rstrip("/") if opts.checkpoints else str(self.tmp / "checkpoints")
         mept = opts.max_events_per_trigger
-        self.queries["clean"] = build_clean_query(
-            self.spark, dsn, topo, str(ck / "clean"), trigger=opts.trigger, max_events_per_trigger=mept
-        )
+        sc = self.spark.sparkContext
+        # a query's jobs run in the scheduler pool set in the thread that starts it
+        sc.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
+        try:
+            self.queries["clean"] = build_clean_query(
+                self.spark, dsn, topo, f"{ck}/clean", trigger=opts.clean_trigger, max_events_per_trigger=mept
+            )
+        finally:
+            sc.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
         self.queries["join"] = build_join_query(
-            self.spark, dsn, topo, str(ck / "join"), trigger=opts.trigger, max_events_per_trigger=mept
+            self.spark, dsn, topo, f"{ck}/join", trigger=opts.trigger, max_events_per_trigger=mept
         )
         self.queries["monitor"] = build_monitor_query(
             self.spark,
             dsn,
             topo,
-            str(ck / "monitor"),
+            f"{ck}/monitor",
             trigger=opts.trigger,
             window=f"{opts.window_seconds} seconds",
             max_events_per_trigger=mept,
@@ -551,6 +573,8 @@ class Demo:
             "false_alarms": false_alarms,
         }
         summary["quality"] = self._quality(summary)
+        lat = latency.measure(client, topo)
+        summary["latency"] = lat.to_json()
         oracle = audit.oracle_by_window(client, topo)
         plots = [
             report.plot_online(
@@ -562,6 +586,7 @@ class Demo:
                 opts.reports / "online_metrics.png",
             ),
             report.plot_reliability(self.state.models, opts.reports / "calibration.png"),
+            report.plot_latency(lat.samples, opts.reports / "latency.png"),
         ]
         summary["plots"] = [str(p) for p in plots]
         summary["windows"] = [

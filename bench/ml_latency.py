@@ -260,10 +260,17 @@ def main() -> None:
     for spec in [t.strip() for t in a.triggers.split(",") if t.strip()]:
         trig, _, limit = spec.partition("/")
         with scratch_database(server) as db:
-            v = run_variant(_url(db), trig.strip(), a.seconds, int(limit or a.max_events_per_trigger),
-                            a.partitions)
+            try:
+                v = run_variant(_url(db), trig.strip(), a.seconds, int(limit or a.max_events_per_trigger),
+                                a.partitions)
+            except Exception as exc:  # noqa: BLE001 - reported, the other variants still run
+                console.print(f"[red]{spec}: failed: {str(exc).splitlines()[0]}[/red]")
+                continue
             v.trigger = spec
             results.append(v)
+            s = v.latency
+            console.print(f"{spec}: raw -> clean p50 {s.p50:.3f} p95 {s.p95:.3f} p99 {s.p99:.3f} "
+                          f"max {s.max:.3f} s; {v.batches} batches; phases {v.phases}")
     with scratch_database(server) as db:
         real_time = try_real_time(_url(db))
     with open("/proc/loadavg") as f:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +21,11 @@ from ..models import (
     TopicStatus,
 )
 from .executor import Executor
+from .libpq import collect_statements, send_statements, statement, text_params, usable
+
+#: Topics to read again (plus topics whose lag to read again) from which a status read splits its work
+#: over two connections.
+_SPLIT_FROM = 100
 
 #: The suffix of default dead-letter topics (as :data:`pgstreams.groups.config.DEAD_LETTER_SUFFIX`).
 _DLT_SUFFIX = ".dlt"
@@ -50,6 +56,8 @@ class StatusStore:
         self._kept: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]], int,
                                     dict[tuple[str, int, int], tuple[Any, ...]]]] = {}
         self._lock = threading.Lock()
+        #: topics to read again from which a snapshot splits its work over two connections
+        self.split_from = _SPLIT_FROM
 
     def browse(self, topic_id: int, partition: int, position: int, limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit`` committed events of a partition from ``position`` on, as poll rows (see
@@ -68,7 +76,8 @@ class StatusStore:
         included) and each
         topic's marks (``status_marks()``, migration 0014), then, for the topics that may have changed
         since the last snapshot, their partitions, sizes and checkpoints' lag (``status_partitions()``,
-        ``status_bytes``, ``status_checkpoints()``). The figures of a topic whose sequence has not moved
+        ``status_sizes()``, ``status_checkpoints()``; when many topics changed, the sizes and lag on a second
+        connection at the same time as the partitions). The figures of a topic whose sequence has not moved
         since a read that found no registered publisher are kept from that read (see the migration)."""
         started = time.perf_counter()
         with self.ex.connection() as conn:
@@ -93,27 +102,44 @@ class StatusStore:
                 checkpoints.setdefault(int(r["topic_id"]), []).append(r)
             stale = [t for t in topic_rows if int(t["topic_id"]) not in kept]
             lagging = [t for t in topic_rows if self._unknown_lag(checkpoints, kept, int(t["topic_id"]))]
-            with conn.pipeline():
-                ids = [int(t["topic_id"]) for t in stale]
-                pc = self._send(conn, "status_partitions", tuple_row, {
-                    "topic_ids": ids, "from": [int(t["sealed_end"]) for t in stale]})
-                bc = self._send(conn, "status_bytes", tuple_row, {"schema": self.ex.schema, "topic_ids": ids})
-                cc = self._send(conn, "status_checkpoints", dict_row, {
-                    "topic_ids": [int(t["topic_id"]) for t in lagging],
-                    "from": [int(t["sealed_end"]) for t in lagging],
-                    "size": [int(t["segment_size"]) for t in lagging]})
+            ids = [int(t["topic_id"]) for t in stale]
+            froms = [int(t["sealed_end"]) for t in stale]
+            lag = {"lag_ids": [int(t["topic_id"]) for t in lagging],
+                   "from": [int(t["sealed_end"]) for t in lagging],
+                   "size": [int(t["segment_size"]) for t in lagging]}
+            with ExitStack() as stack:
+                # many topics to read again: their sizes and lag on a second connection, sent first, so that
+                # the server reads them while it reads the partitions on this one (two server processes at
+                # work; the partitions take about as long as the other two together)
+                other = None
+                if len(ids) + len(lagging) >= self.split_from and usable(conn):
+                    other = stack.enter_context(self.ex.connection())
+                    enc = other.info.encoding
+                    sizes_of, lag_of = (statement(q, self.ex.schema) for q in ("status_bytes",
+                                                                               "status_checkpoints_of"))
+                    send_statements(other, [(sizes_of, text_params(sizes_of, {"topic_ids": ids}, enc)),
+                                            (lag_of, text_params(lag_of, lag, enc))])
+                with conn.pipeline():
+                    pc = self._send(conn, "status_partitions", tuple_row, {"topic_ids": ids, "from": froms})
+                    if other is None:
+                        bc = self._send(conn, "status_bytes", tuple_row, {"topic_ids": ids})
+                        cc = self._send(conn, "status_checkpoints_of", tuple_row, lag)
+                part_rows = pc.fetchall()
+                if other is not None:
+                    byte_rows, cp_lag_rows = collect_statements(other)
+                else:
+                    byte_rows, cp_lag_rows = bc.fetchall(), cc.fetchall()
             unsealed: dict[int, list[tuple[Any, ...]]] = {tid: entry[0] for tid, entry in kept.items()}
             unsealed.update((tid, []) for tid in ids)
-            for r in pc.fetchall():
+            for r in part_rows:
                 unsealed[int(r[0])].append(r)
             sizes = {tid: entry[1] for tid, entry in kept.items()}
-            sizes.update((int(r[0]), int(r[1] or 0)) for r in bc.fetchall())
+            sizes.update((int(r[0]), int(r[1] or 0)) for r in byte_rows)
             lags: dict[int, dict[tuple[str, int, int], tuple[Any, ...]]] = {
                 tid: dict(entry[2]) for tid, entry in kept.items()}
-            for r in cc.fetchall():
-                at = (r["group"], int(r["partition"]), int(r["checkpoint"]))
-                lags.setdefault(int(r["topic_id"]), {})[at] = (
-                    r["first_unread_at"], int(r["tail"]), int(r["in_segment"]))
+            for group, topic_id, partition, checkpoint, first_unread_at, tail, in_segment in cp_lag_rows:
+                lags.setdefault(int(topic_id), {})[(group, int(partition), int(checkpoint))] = (
+                    first_unread_at, int(tail), int(in_segment))
         with self._lock:
             # kept for the next snapshot: topics kept now, and those read now that no publisher held
             self._kept = {tid: (keys[tid], unsealed[tid], sizes.get(tid, 0), lags.get(tid, {}))

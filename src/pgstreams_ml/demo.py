@@ -295,15 +295,15 @@ class Demo:
             w.start()
         ck = opts.checkpoints.rstrip("/") if opts.checkpoints else str(self.tmp / "checkpoints")
         mept = opts.max_events_per_trigger
-        sc = self.spark.sparkContext
+        context = self.spark.sparkContext
         # a query's jobs run in the scheduler pool set in the thread that starts it
-        sc.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
+        context.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
         try:
             self.queries["clean"] = build_clean_query(
                 self.spark, dsn, topo, f"{ck}/clean", trigger=opts.clean_trigger, max_events_per_trigger=mept
             )
         finally:
-            sc.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+            context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
         self.queries["join"] = build_join_query(
             self.spark, dsn, topo, f"{ck}/join", trigger=opts.trigger, max_events_per_trigger=mept
         )

@@ -300,7 +300,7 @@ def train_and_register(
             "features": list(FEATURE_NAMES),
             "source_table": f"{schema}.training_examples",
         }
-        if spark.sparkContext.master.startswith("local"):
+        if (spark.sparkContext.master or "").startswith("local"):
             with tempfile.TemporaryDirectory(prefix="pgstreams-ml-model-") as tmp:
                 mdir = os.path.join(tmp, "model")
                 model.write().overwrite().save(mdir)

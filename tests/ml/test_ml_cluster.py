@@ -96,12 +96,15 @@ def standalone_cluster(root: Path, workers: int = 2) -> Iterator[tuple[str, list
             home = start(
                 f"worker{i}",
                 ["org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                 "--memory", "1g", "--webui-port", str(_free_port()), "--work-dir", str(root / f"worker{i}" / "work"),
-                 url],
+                 "--memory", "1g", "--webui-port", str(_free_port()),
+                 "--work-dir", str(root / f"worker{i}" / "work"), url],
             )
             dirs.append(home / "work")
-        until(lambda: (master / "daemon.log").read_text(errors="replace").count("Registering worker") >= workers,
-              timeout=180, what="the Spark workers to register")
+
+        def registered() -> bool:
+            return (master / "daemon.log").read_text(errors="replace").count("Registering worker") >= workers
+
+        until(registered, timeout=180, what="the Spark workers to register")
         yield url, dirs
     finally:
         for p in procs:

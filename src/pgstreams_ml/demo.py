@@ -50,6 +50,12 @@ class DemoError(PgStreamsError):
     """The demo could not complete (a stage did not finish within the time limit, a worker died, ...)."""
 
 
+#: Failures of a streaming query that restarting it (from its checkpoint: nothing is lost or repeated) gets
+#: past: Spark gives a new Python planner process a fixed few seconds to connect back, which a heavily
+#: loaded machine can miss.
+TRANSIENT_QUERY_FAILURES = ("Python worker failed to connect back",)
+#: How many times the demo restarts a query that failed transiently.
+QUERY_RESTARTS = 3
 #: The clean query's default trigger: the next micro-batch starts as soon as the previous one ended (the
 #: clean query is on the serving path: impression -> clean -> prediction; see docs/ml-system.md).
 CLEAN_TRIGGER = "0 seconds"
@@ -148,6 +154,8 @@ class Demo:
         self.gate_v2 = threading.Event()
         self.stop = threading.Event()
         self.queries: dict[str, Any] = {}
+        self.builders: dict[str, Callable[[], Any]] = {}
+        self.restarts: dict[str, int] = {}
         self.workers: list[Any] = []
         self.scorers: list[Any] = []
         self.enrich_counts: Any = None
@@ -161,9 +169,9 @@ class Demo:
     def _check(self) -> None:
         if self.state.error is not None:
             raise DemoError(f"a background part failed: {self.state.error}") from self.state.error
-        for name, q in self.queries.items():
+        for name, q in list(self.queries.items()):
             exc = q.exception()
-            if exc is not None:
+            if exc is not None and not self._restart_if_transient(name, exc):
                 raise DemoError(f"the {name} query failed: {exc}")
         for w in self.workers:
             if w.failure is not None:
@@ -295,27 +303,49 @@ class Demo:
             w.start()
         ck = opts.checkpoints.rstrip("/") if opts.checkpoints else str(self.tmp / "checkpoints")
         mept = opts.max_events_per_trigger
-        context = self.spark.sparkContext
-        # a query's jobs run in the scheduler pool set in the thread that starts it
-        context.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
-        try:
-            self.queries["clean"] = build_clean_query(
-                self.spark, dsn, topo, f"{ck}/clean", trigger=opts.clean_trigger, max_events_per_trigger=mept
-            )
-        finally:
-            context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
-        self.queries["join"] = build_join_query(
-            self.spark, dsn, topo, f"{ck}/join", trigger=opts.trigger, max_events_per_trigger=mept
-        )
-        self.queries["monitor"] = build_monitor_query(
-            self.spark,
-            dsn,
-            topo,
-            f"{ck}/monitor",
-            trigger=opts.trigger,
-            window=f"{opts.window_seconds} seconds",
-            max_events_per_trigger=mept,
-        )
+        spark = self.spark
+
+        def clean() -> Any:
+            context = spark.sparkContext
+            # a query's jobs run in the scheduler pool set in the thread that starts it
+            context.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
+            try:
+                return build_clean_query(
+                    spark, dsn, topo, f"{ck}/clean", trigger=opts.clean_trigger, max_events_per_trigger=mept
+                )
+            finally:
+                context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+
+        self.builders = {
+            "clean": clean,
+            "join": lambda: build_join_query(
+                spark, dsn, topo, f"{ck}/join", trigger=opts.trigger, max_events_per_trigger=mept
+            ),
+            "monitor": lambda: build_monitor_query(
+                spark,
+                dsn,
+                topo,
+                f"{ck}/monitor",
+                trigger=opts.trigger,
+                window=f"{opts.window_seconds} seconds",
+                max_events_per_trigger=mept,
+            ),
+        }
+        for name, build in self.builders.items():
+            self.queries[name] = build()
+
+    def _restart_if_transient(self, name: str, exc: Any) -> bool:
+        """Restart query ``name`` (from its checkpoint) when it died of a transient Spark start-up failure
+        (:data:`TRANSIENT_QUERY_FAILURES`), at most :data:`QUERY_RESTARTS` times; return whether it did."""
+        text = str(exc)
+        if self.restarts.get(name, 0) >= QUERY_RESTARTS or not any(
+            t in text for t in TRANSIENT_QUERY_FAILURES
+        ):
+            return False
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        log.warning("restarting the %s query after: %s", name, text.splitlines()[0])
+        self.queries[name] = self.builders[name]()
+        return True
 
     def _run(self) -> dict[str, Any]:
         opts, d = self.opts, self.opts.duration

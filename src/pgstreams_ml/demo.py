@@ -55,7 +55,7 @@ class DemoError(PgStreamsError):
 #: loaded machine can miss.
 TRANSIENT_QUERY_FAILURES = ("Python worker failed to connect back",)
 #: How many times the demo restarts a query that failed transiently.
-QUERY_RESTARTS = 3
+QUERY_RESTARTS = 5
 #: The clean query's default trigger: the next micro-batch starts as soon as the previous one ended (the
 #: clean query is on the serving path: impression -> clean -> prediction; see docs/ml-system.md).
 CLEAN_TRIGGER = "0 seconds"
@@ -331,8 +331,26 @@ class Demo:
                 max_events_per_trigger=mept,
             ),
         }
-        for name, build in self.builders.items():
-            self.queries[name] = build()
+        for name in self.builders:
+            self._start_query(name)
+
+    def _start_query(self, name: str) -> None:
+        """Start query ``name`` and wait until it is past initialising its sources, so that the queries'
+        Python planner processes start one after the other (each must connect back to Spark within a
+        fixed few seconds, which several starting at once on a loaded machine can miss); a transient
+        failure restarts it (:meth:`_restart_if_transient`)."""
+        self.queries[name] = self.builders[name]()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            q = self.queries[name]
+            exc = q.exception()
+            if exc is not None:
+                if not self._restart_if_transient(name, exc):
+                    raise DemoError(f"the {name} query failed: {exc}")
+                continue
+            if q.lastProgress is not None or q.status.get("message") != "Initializing sources":
+                return
+            time.sleep(0.2)
 
     def _restart_if_transient(self, name: str, exc: Any) -> bool:
         """Restart query ``name`` (from its checkpoint) when it died of a transient Spark start-up failure
@@ -344,6 +362,7 @@ class Demo:
             return False
         self.restarts[name] = self.restarts.get(name, 0) + 1
         log.warning("restarting the %s query after: %s", name, text.splitlines()[0])
+        self.queries[name].stop()
         self.queries[name] = self.builders[name]()
         return True
 

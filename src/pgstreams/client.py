@@ -403,6 +403,7 @@ class Client:
         self.notifier.stop(5)  # sends what is pending first
         self.listener.stop(5)
         self._producer.close()
+        self.store.status.close()
         self._pool.close()
 
     def __enter__(self) -> Client:

@@ -131,8 +131,11 @@ def test_a_shard_stopped_and_started_during_publishing_and_consuming(
                 while not stop.is_set():
                     got = consumer.poll(200, 0.2)
                     if got:
+                        try:
+                            consumer.commit(got)
+                        except pgstreams.ShardUnavailable:
+                            continue  # read again once the shard is back
                         seen.extend(got)
-                        consumer.commit(got)
             except BaseException as exc:  # noqa: BLE001 - reported by the test
                 errors.append(exc)
 
@@ -153,18 +156,21 @@ def test_a_shard_stopped_and_started_during_publishing_and_consuming(
             for k in up_keys:
                 client.publish("faults", {"k": k, "n": 1}, key=k)
                 sent[k] += 1
-            until(lambda: sum(1 for e in seen if e.key in up_keys) >= 2 * len(up_keys) or bool(errors), 60,
-                  "the events of the shards that are up")
+            until(lambda: len({(e.key, e.value["n"]) for e in seen if e.key in up_keys}) >= 2 * len(up_keys)
+                  or bool(errors), 60, "the events of the shards that are up")
             assert not errors, errors
         finally:
             shard_servers[2].start()
         for k in down_keys:
             client.publish("faults", {"k": k, "n": 1}, key=k)
             sent[k] += 1
-        until(lambda: len(seen) >= sum(sent.values()), 60, "every event after the shard came back")
+        until(lambda: len({(e.key, e.value["n"]) for e in seen}) >= sum(sent.values()), 60,
+              "every event after the shard came back")
         stop.set()
         reader.join(10)
         assert not errors, errors
-        assert Counter(e.key for e in seen) == sent
+        # nothing lost, each key in order (a commit whose answer the shard's stop cut off may have been
+        # stored: its events are then read again, at-least-once)
+        assert {(e.key, e.value["n"]) for e in seen} == {(k, n) for k in keys for n in (0, 1)}
         for k in keys:
-            assert [e.value["n"] for e in seen if e.key == k] == [0, 1]
+            assert list(dict.fromkeys(e.value["n"] for e in seen if e.key == k)) == [0, 1]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,6 +59,38 @@ class StatusStore:
         self._lock = threading.Lock()
         #: topics to read again from which a snapshot splits its work over two connections
         self.split_from = _SPLIT_FROM
+        self._conns: list[psycopg.Connection] = []
+        self._read_lock = threading.Lock()
+
+    @contextmanager
+    def _reading(self) -> Iterator[tuple[psycopg.Connection, Callable[[], AbstractContextManager[
+            psycopg.Connection]]]]:
+        """The connection of a snapshot and a maker of its second one: two connections of the reads' own,
+        made at first use and kept (a connection that has read every segment once has their catalog
+        entries and files at hand: a read on a new one costs a third more), or pooled ones while another
+        thread's read holds those. A read that fails closes them (the next one makes new ones)."""
+        if self.ex.pool is None or not self._read_lock.acquire(blocking=False):
+            with self.ex.connection() as conn:
+                yield conn, self.ex.connection
+            return
+        try:
+            conns = [c for c in self._conns if not c.closed]
+            while len(conns) < 2:
+                conns.append(psycopg.connect(str(self.ex.pool.conninfo), autocommit=True))
+            self._conns = conns
+            try:
+                yield conns[0], lambda: nullcontext(conns[1])
+            except BaseException:
+                self.close()
+                raise
+        finally:
+            self._read_lock.release()
+
+    def close(self) -> None:
+        """Close the connections of the reads' own."""
+        conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
 
     def browse(self, topic_id: int, partition: int, position: int, limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit`` committed events of a partition from ``position`` on, as poll rows (see
@@ -80,7 +113,7 @@ class StatusStore:
         connection at the same time as the partitions). The figures of a topic whose sequence has not moved
         since a read that found no registered publisher are kept from that read (see the migration)."""
         started = time.perf_counter()
-        with self.ex.connection() as conn:
+        with self._reading() as (conn, second):
             with conn.pipeline():
                 cursors = [self._send(conn, name, row) for name, row in (
                     ("status_now", tuple_row), ("status_dead_letter_topics", tuple_row),
@@ -113,7 +146,7 @@ class StatusStore:
                 # work; the partitions take about as long as the other two together)
                 other = None
                 if len(ids) + len(lagging) >= self.split_from and usable(conn):
-                    other = stack.enter_context(self.ex.connection())
+                    other = stack.enter_context(second())
                     enc = other.info.encoding
                     sizes_of, lag_of = (statement(q, self.ex.schema) for q in ("status_bytes",
                                                                                "status_checkpoints_of"))

@@ -39,6 +39,11 @@ def _spark_class() -> Path:
     return Path(pyspark.__file__).parent / "bin" / "spark-class"
 
 
+def _absolute_path_list(value: str) -> str:
+    """``value`` (a PYTHONPATH) with every entry made absolute (the daemons and the demo run elsewhere)."""
+    return os.pathsep.join(str(Path(p).resolve()) for p in value.split(os.pathsep) if p)
+
+
 def _worker_env(home: Path) -> dict[str, str]:
     """The workers' environment: what Java and Python need, nothing of the driver's configuration."""
     env = {
@@ -49,9 +54,11 @@ def _worker_env(home: Path) -> dict[str, str]:
         "SPARK_LOG_DIR": str(home / "logs"),
         "SPARK_DAEMON_MEMORY": "256m",
     }
-    for name in ("JAVA_HOME", "LANG", "PYTHONPATH"):  # PYTHONPATH: a checkout's code, when it is set
+    for name in ("JAVA_HOME", "LANG"):
         if name in os.environ:
             env[name] = os.environ[name]
+    if os.environ.get("PYTHONPATH"):  # a checkout's code, when it is set
+        env["PYTHONPATH"] = _absolute_path_list(os.environ["PYTHONPATH"])
     (home / "tmp").mkdir(parents=True, exist_ok=True)
     return env
 
@@ -125,6 +132,8 @@ def test_demo_on_a_standalone_cluster_reconciles_and_meets_the_quality_bars(dsn:
     with standalone_cluster(tmp_path / "cluster") as (url, work_dirs):
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, COLUMNS="200")
         env.pop("PGSTREAMS_DSN", None)
+        if env.get("PYTHONPATH"):
+            env["PYTHONPATH"] = _absolute_path_list(env["PYTHONPATH"])
         proc = subprocess.run(
             [sys.executable, "-m", "pgstreams.cli", "demo", "--master", url, "--dsn", dsn,
              "--reports", str(reports), "--duration", "2h", "--rate", "3", "--users", "800", "--ads", "80",

@@ -119,6 +119,7 @@ def connect(
     pool_size: int = DEFAULT_POOL_SIZE,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+    idempotent: bool = True,
 ) -> Client:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager).
 
@@ -131,15 +132,23 @@ def connect(
     publish, poll, commit or other call keeps being retried on fresh connections after the connection
     broke or the server restarted, before it raises :class:`pgstreams.ConnectionLost` (see
     :mod:`pgstreams.reconnect`).
+    ``idempotent`` (default true): publishes are tagged with the client's producer id and number, so that a
+    publish retried after its outcome was lost is stored once (see :mod:`pgstreams.producer`); false stores
+    no tag and draws no producer id: a publish retried after a connection broke during its commit may then
+    be stored twice (events with an ``event_id`` never are). It exists to measure what idempotence costs
+    (``python -m bench.idempotence``) and for callers who deduplicate themselves.
     """
     _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+    if not isinstance(idempotent, bool):
+        raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
     if dsn is not None and not isinstance(dsn, str):
         raise InvalidArgument(f"dsn must be a string, not {type(dsn).__name__}")
     if dsn is not None and not dsn.strip():
         # an empty DSN would silently fall back to $PGSTREAMS_DSN or the embedded server
         raise InvalidArgument("dsn must not be empty (None uses $PGSTREAMS_DSN or the embedded server)")
     return Client(resolve_dsn(dsn), schema=schema, migrate=migrate, pool_size=pool_size,
-                  poll_interval=float(poll_interval), retry_timeout=float(retry_timeout))
+                  poll_interval=float(poll_interval), retry_timeout=float(retry_timeout),
+                  idempotent=idempotent)
 
 
 def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object,
@@ -175,7 +184,7 @@ class Client:
 
     Prefer :func:`connect`, which resolves the DSN and validates arguments. The arguments and their
     defaults are those of :func:`connect` (``schema="pgstreams"``, ``migrate=True``, ``pool_size=10``,
-    ``poll_interval=0.25``, ``retry_timeout=30``), except that ``dsn`` is required.
+    ``poll_interval=0.25``, ``retry_timeout=30``, ``idempotent=True``), except that ``dsn`` is required.
 
     ``store`` is the storage layer of the client's schema (:class:`pgstreams.storage.Store`), for
     pgstreams' own modules and extensions.
@@ -184,11 +193,13 @@ class Client:
     def __init__(
         self, dsn: str, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise InvalidArgument("dsn must be a non-empty string")
         _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+        if not isinstance(idempotent, bool):
+            raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
         self._dsn = dsn
         self.schema = schema
         self.poll_interval = float(poll_interval)
@@ -219,7 +230,8 @@ class Client:
         self.notifier = Notifier(self.raw_connection, schema)
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
-                                  channel(schema), self.raw_connection, self._new_producer_id, self.retry)
+                                  channel(schema), self.raw_connection, self._new_producer_id, self.retry,
+                                  idempotent=idempotent)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------

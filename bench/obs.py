@@ -12,7 +12,9 @@
 * **a metrics scrape** at ``--topics`` topics (1 partition each, 10 events each) and ``--groups`` groups
   (each with a checkpoint on one topic): one status read (``Client.status``) and the Prometheus text of a
   :class:`pgstreams.metrics.StatusCollector` (``min_interval=0``), median of ``--rounds`` x 3 scrapes;
-  the first status read (no figures kept yet: every topic is read) is shown apart. The bar: < 200 ms.
+  the first status read (no figures kept yet: every topic is read) is shown apart; then scrapes after
+  every topic received an event since the last one (median of ``--rounds``). The bar: < 200 ms, for both
+  kinds of scrape.
   The cost is O(topics + partitions + groups) in a constant number of statements, never O(events).
 
 The benchmark creates its own database (``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server; this
@@ -172,8 +174,16 @@ def _scrape_cost(dsn: str, topics: int, groups: int, rounds: int) -> dict[str, A
             t = time.perf_counter()
             text = generate_latest(registry)
             scrapes.append(time.perf_counter() - t)
+        changed = []
+        for r in range(rounds):  # every topic got an event since the last scrape
+            for i in range(topics):
+                client.publish(f"m{i:05d}", value(r))
+            t = time.perf_counter()
+            generate_latest(registry)
+            changed.append(time.perf_counter() - t)
         return {"setup": setup, "first": reads[0], "read": statistics.median(reads),
-                "scrape": statistics.median(scrapes), "bytes": len(text)}
+                "scrape": statistics.median(scrapes), "changed": statistics.median(changed),
+                "bytes": len(text)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,18 +235,19 @@ def main(argv: list[str] | None = None) -> int:
         cost = _scrape_cost(db, args.topics, args.groups, args.rounds)
         table = Table(title=f"metrics scrape at {args.topics} topics and {args.groups} groups "
                             f"(median; load {load})")
-        for col in ("first status read", "status read", "scrape (read + text)", "text size", "bar < 200 ms",
-                    "setup"):
+        for col in ("first status read", "status read", "scrape (read + text)",
+                    "scrape, every topic changed", "text size", "bar < 200 ms", "setup"):
             table.add_column(col)
         cells = (f"{cost['first'] * 1000:.0f} ms", f"{cost['read'] * 1000:.0f} ms",
-                 f"{cost['scrape'] * 1000:.0f} ms", f"{cost['bytes']:,} B",
-                 "met" if cost["scrape"] < 0.2 else "MISSED", f"{cost['setup']:.0f} s")
+                 f"{cost['scrape'] * 1000:.0f} ms", f"{cost['changed'] * 1000:.0f} ms",
+                 f"{cost['bytes']:,} B",
+                 "met" if max(cost["scrape"], cost["changed"]) < 0.2 else "MISSED", f"{cost['setup']:.0f} s")
         table.add_row(*cells)
         console.print(table)
         lines += ["", f"**metrics scrape at {args.topics} topics and {args.groups} groups**", "",
-                  "| first status read | status read | scrape (read + text) | text size | bar < 200 ms "
-                  "| setup |",
-                  "| ---: | ---: | ---: | ---: | --- | ---: |", "| " + " | ".join(cells) + " |"]
+                  "| first status read | status read | scrape (read + text) | scrape, every topic changed "
+                  "| text size | bar < 200 ms | setup |",
+                  "| ---: | ---: | ---: | ---: | ---: | --- | ---: |", "| " + " | ".join(cells) + " |"]
     if args.markdown:
         console.print("\n".join(lines), markup=False, highlight=False, soft_wrap=True)
     return 0

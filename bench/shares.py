@@ -61,7 +61,7 @@ PARTITIONS = 4
 WORK = 0.001  #: seconds of I/O-bound work per event in the worker runs
 DEFAULT_DURATION = 5.0
 DEFAULT_EVENTS = 300_000
-DEFAULT_WORK_EVENTS = 3_000
+DEFAULT_WORK_EVENTS = 8_000
 DEFAULT_ROUNDS = 3
 LATENCY_RATE = 1000.0
 
@@ -294,8 +294,11 @@ def load() -> str:
         return "unknown"
 
 
-def run(dsn: str, duration: float, events: int, work_events: int, rounds: int) -> tuple[list[Measurement],
-                                                                                          list[str]]:
+PARTS = ("acks", "latency", "workers")
+
+
+def run(dsn: str, duration: float, events: int, work_events: int, rounds: int,
+        only: tuple[str, ...] = PARTS) -> tuple[list[Measurement], list[str]]:
     rows: list[Measurement] = []
     loads: list[str] = []
     with scratch_database(dsn, "pgstreams_bench_shares") as db:
@@ -310,7 +313,7 @@ def run(dsn: str, duration: float, events: int, work_events: int, rounds: int) -
             with client.connection() as conn:
                 conn.execute("VACUUM ANALYZE")
         seed_setup(db, events)
-        for transactional in (False, True):
+        for transactional in ((False, True) if "acks" in only else ()):
             mode = "transactional" if transactional else "at-least-once"
             one, raw1 = acks(db, 1, transactional, duration, rounds, f"1{mode[0]}")
             loads.append(f"acks {mode} x1: load {load()}")
@@ -322,12 +325,15 @@ def run(dsn: str, duration: float, events: int, work_events: int, rounds: int) -
             rows.append(Measurement(f"acks/s, {mode}, 4 processes, batches of {BATCH}", four, "events/s",
                                     raw4, "seed 000 by hand, 4 processes", ">= 1.5 x raw and >= 20,000/s",
                                     four >= 1.5 * raw4 and four >= 20_000))
-        p50, p99 = latency(db, duration)
-        loads.append(f"latency: load {load()}")
-        rows.append(Measurement(f"publish-to-acquire p50 at {LATENCY_RATE:,.0f} events/s", p50 * 1000, "ms",
-                                higher_is_better=False))
-        rows.append(Measurement(f"publish-to-acquire p99 at {LATENCY_RATE:,.0f} events/s", p99 * 1000, "ms",
-                                floor="<= 50 ms", ok=p99 <= 0.05, higher_is_better=False))
+        if "latency" in only:
+            p50, p99 = latency(db, duration)
+            loads.append(f"latency: load {load()}")
+            rows.append(Measurement(f"publish-to-acquire p50 at {LATENCY_RATE:,.0f} events/s", p50 * 1000,
+                                    "ms", higher_is_better=False))
+            rows.append(Measurement(f"publish-to-acquire p99 at {LATENCY_RATE:,.0f} events/s", p99 * 1000,
+                                    "ms", floor="<= 50 ms", ok=p99 <= 0.05, higher_is_better=False))
+        if "workers" not in only:
+            return rows, loads
         w1 = workers(db, 1, work_events)
         loads.append(f"1 worker: load {load()}")
         w4 = workers(db, 4, work_events)
@@ -353,15 +359,20 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"backlog of the worker runs (default {DEFAULT_WORK_EVENTS:,})")
     ap.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS,
                     help=f"alternated measurements per ack figure, best kept (default {DEFAULT_ROUNDS})")
+    ap.add_argument("--only", default=",".join(PARTS),
+                    help=f"comma-separated measurements to run, of {', '.join(PARTS)} (default all)")
     ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = ap.parse_args(argv)
+    only = tuple(x.strip() for x in args.only.split(",") if x.strip())
+    if not only or any(x not in PARTS for x in only):
+        ap.error(f"--only takes a comma-separated list of {', '.join(PARTS)}")
     if args.duration <= 0 or args.events < 1000 or args.work_events < 100 or args.rounds < 1:
         ap.error("need duration > 0, events >= 1000, work-events >= 100, rounds >= 1")
     console = make_console()
     started = time.monotonic()
     target = server_dsn(args.dsn)
     info = machine(target)
-    rows, loads = run(target, args.duration, args.events, args.work_events, args.rounds)
+    rows, loads = run(target, args.duration, args.events, args.work_events, args.rounds, only)
     print_results("pgstreams share-groups benchmark", rows, console)
     console.print(f"{info['cpu']}, {info['cores']} cores, {info['ram']} RAM; "
                   f"PostgreSQL {info['postgresql']}; Python {info['python']}, psycopg {info['psycopg']}; "

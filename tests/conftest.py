@@ -155,8 +155,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     Each SparkSession is a JVM; several at once on a small machine starve each other (Python workers
     then time out connecting back to their JVM). One worker runs them one module at a time while the
-    other workers run the database tests.
+    other workers run the database tests. The cluster tests (tests/cluster) run on one worker too, which
+    starts their three PostgreSQL servers once.
     """
     for item in items:
         if item.path.parent.name in _SPARK_TIERS:
             item.add_marker(pytest.mark.xdist_group("spark"))
+        elif item.path.parent.name == "cluster":  # one worker starts the cluster tests' three servers
+            item.add_marker(pytest.mark.xdist_group("cluster"))

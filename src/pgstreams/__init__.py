@@ -18,10 +18,12 @@ from .errors import (
     InvalidArgument,
     InvalidConfig,
     InvalidName,
+    LayoutMismatch,
     MessageTooLarge,
     MigrationError,
     PermissionDenied,
     PgStreamsError,
+    ShardUnavailable,
     TopicConflict,
     TopicNotFound,
 )
@@ -62,6 +64,7 @@ from .shares import (
 from .topicconfig import TOPIC_CONFIG_DEFAULTS
 
 if TYPE_CHECKING:
+    from .cluster import ClusterClient, ClusterConsumer, ClusterWorker
     from .groups import (
         DEFAULT_HEARTBEAT_INTERVAL,
         DEFAULT_SESSION_TIMEOUT,
@@ -81,6 +84,7 @@ if TYPE_CHECKING:
 # plain producers and consumers start without them.
 _LAZY = {
     "ServiceFailed": ".services",
+    **dict.fromkeys(("ClusterClient", "ClusterConsumer", "ClusterWorker"), ".cluster"),
     "DEFAULT_MAINTENANCE_INTERVAL": ".maintenance",
     "MaintenanceService": ".maintenance",
     **dict.fromkeys(("DEFAULT_HEARTBEAT_INTERVAL", "DEFAULT_SESSION_TIMEOUT", "GroupConfig", "MemberInfo",
@@ -124,6 +128,9 @@ __all__ = [
     "BatchConfig",
     "CheckpointReset",
     "Client",
+    "ClusterClient",
+    "ClusterConsumer",
+    "ClusterWorker",
     "CommitOutcome",
     "ConfigEntry",
     "ConfigurationError",
@@ -143,6 +150,7 @@ __all__ = [
     "InvalidArgument",
     "InvalidConfig",
     "InvalidName",
+    "LayoutMismatch",
     "MaintenanceReport",
     "MaintenanceService",
     "MemberInfo",
@@ -161,6 +169,7 @@ __all__ = [
     "RetryPolicy",
     "ServiceFailed",
     "Settlement",
+    "ShardUnavailable",
     "ShareConsumer",
     "ShareGroupStatus",
     "ShareOptions",

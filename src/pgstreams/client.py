@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -53,6 +53,7 @@ from .storage import CORE, Store, TopicRecord
 from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
+    from .cluster import ClusterClient
     from .consumer import Consumer, Start
 
 
@@ -111,8 +112,24 @@ def resolve_dsn(dsn: str | None) -> str:
     return embedded_dsn()
 
 
+@overload
 def connect(
-    dsn: str | None = None,
+    dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
+    pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+) -> Client: ...
+
+
+@overload
+def connect(
+    dsn: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
+    pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+) -> Client | ClusterClient: ...
+
+
+def connect(
+    dsn: str | Sequence[str] | None = None,
     *,
     schema: str = DEFAULT_SCHEMA,
     migrate: bool = True,
@@ -120,10 +137,14 @@ def connect(
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
     idempotent: bool = True,
-) -> Client:
-    """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager).
+) -> Any:
+    """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager), or, given
+    several DSNs, a :class:`pgstreams.ClusterClient` over the shards of a cluster (docs/shards.md).
 
-    ``dsn`` defaults to ``$PGSTREAMS_DSN``, else libpq's environment when it names a server
+    ``dsn``: one DSN; a list of DSNs (the shards of a cluster, in its order; a list of one is one
+    server); or a string of several separated by commas (see :func:`pgstreams.cluster.split_dsns`;
+    typed as a :class:`Client` then: pass a list for precise types). It defaults to ``$PGSTREAMS_DSN``
+    (which may hold several, separated by commas), else libpq's environment when it names a server
     (``PGSERVICE``, ``PGHOST``, ...), else an embedded PostgreSQL started on demand (see
     :mod:`pgstreams.embedded`). ``schema`` (default ``"pgstreams"``) holds every table. ``migrate``
     (default true) applies pending migrations. ``pool_size`` (default 10) bounds the connection pool.
@@ -139,16 +160,41 @@ def connect(
     (``python -m bench.idempotence``) and for callers who deduplicate themselves.
     """
     _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
-    if not isinstance(idempotent, bool):
-        raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
+    _check_idempotent(idempotent)
+    options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
+                               "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
+                               "idempotent": idempotent}
+    if isinstance(dsn, (list, tuple)):
+        from .cluster.layout import check_dsns
+
+        dsns = check_dsns(dsn)
+        return _cluster_or_client(dsns, options)
     if dsn is not None and not isinstance(dsn, str):
-        raise InvalidArgument(f"dsn must be a string, not {type(dsn).__name__}")
+        raise InvalidArgument(f"dsn must be a string or a list of strings, not {type(dsn).__name__}")
     if dsn is not None and not dsn.strip():
         # an empty DSN would silently fall back to $PGSTREAMS_DSN or the embedded server
         raise InvalidArgument("dsn must not be empty (None uses $PGSTREAMS_DSN or the embedded server)")
-    return Client(resolve_dsn(dsn), schema=schema, migrate=migrate, pool_size=pool_size,
-                  poll_interval=float(poll_interval), retry_timeout=float(retry_timeout),
-                  idempotent=idempotent)
+    resolved = resolve_dsn(dsn)
+    if "," in resolved:  # perhaps several DSNs (a cluster), perhaps one of libpq's multi-host DSNs
+        from .cluster.layout import check_dsns, split_dsns
+
+        return _cluster_or_client(check_dsns(split_dsns(resolved)), options)
+    return Client(resolved, **options)
+
+
+def _cluster_or_client(dsns: list[str], options: dict[str, Any]) -> Client | ClusterClient:
+    """A :class:`Client` for one DSN, a :class:`pgstreams.ClusterClient` for several."""
+    if len(dsns) == 1:
+        return Client(dsns[0], **options)
+    from .cluster import ClusterClient
+
+    return ClusterClient(dsns, **options)
+
+
+def _check_idempotent(idempotent: object) -> None:
+    """Refuse an ``idempotent`` option that is not a bool (``"no"`` would be truthy)."""
+    if not isinstance(idempotent, bool):
+        raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
 
 
 def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object,
@@ -165,6 +211,36 @@ def _check_options(schema: object, migrate: object, pool_size: object, poll_inte
     if (isinstance(retry_timeout, bool) or not isinstance(retry_timeout, (int, float))
             or not 0 <= retry_timeout < math.inf):
         raise InvalidArgument(f"retry_timeout must be a number of seconds >= 0, got {retry_timeout!r}")
+
+
+def topic_definition(name: object, partitions: object, segment_size: object,
+                     config: Mapping[str, Any] | None) -> tuple[int, dict[str, Any]]:
+    """Validate a topic's definition (the arguments of :meth:`Client.create_topic`); return its segment
+    size and configuration as stored (``segment.events`` is the segment size)."""
+    check_topic(name)
+    check_partitions(partitions)
+    if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 1000:
+        raise InvalidArgument(f"segment_size must be an integer >= 1000, got {segment_size!r}")
+    settings = topicconfig.check_config(config)
+    if topicconfig.SEGMENT_EVENTS in settings:
+        events = int(settings.pop(topicconfig.SEGMENT_EVENTS))
+        if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
+            raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
+        segment_size = events
+    return segment_size, settings
+
+
+def check_same_topic(info: TopicInfo, partitions: int, segment_size: int, settings: dict[str, Any] | None,
+                     where: str = "") -> None:
+    """:class:`TopicConflict` unless the existing topic ``info`` has this definition (``settings``
+    ``None``: any configuration). ``where`` is appended to the topic's name in the message."""
+    name = f"{info.name!r}{where}"
+    if info.partitions != partitions:
+        raise TopicConflict(f"topic {name} exists with {info.partitions} partitions, not {partitions}")
+    if info.segment_size != segment_size:
+        raise TopicConflict(f"topic {name} exists with segment_size {info.segment_size}, not {segment_size}")
+    if settings is not None and dict(info.config) != settings:
+        raise TopicConflict(f"topic {name} exists with config {dict(info.config)}, not {settings}")
 
 
 @contextmanager
@@ -198,8 +274,7 @@ class Client:
         if not isinstance(dsn, str) or not dsn:
             raise InvalidArgument("dsn must be a non-empty string")
         _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
-        if not isinstance(idempotent, bool):
-            raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
+        _check_idempotent(idempotent)
         self._dsn = dsn
         self.schema = schema
         self.poll_interval = float(poll_interval)
@@ -231,7 +306,7 @@ class Client:
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
                                   channel(schema), self.raw_connection, self._new_producer_id, self.retry,
-                                  idempotent=idempotent)
+                                  forget=self._forget_id, idempotent=idempotent)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------
@@ -343,6 +418,7 @@ class Client:
         self.notifier.stop(5)  # sends what is pending first
         self.listener.stop(5)
         self._producer.close()
+        self.store.status.close()
         self._pool.close()
 
     def __enter__(self) -> Client:
@@ -383,6 +459,13 @@ class Client:
         with self._topics_lock:
             self._topics.pop(name, None)
 
+    def _forget_id(self, topic_id: int) -> None:
+        """Forget the cached state of the topic with id ``topic_id`` (it changed): read again when next
+        used."""
+        with self._topics_lock:
+            for name in [n for n, st in self._topics.items() if st.id == topic_id]:
+                del self._topics[name]
+
     # -- topics --------------------------------------------------------------------------------------
     def create_topic(
         self, name: str, partitions: int = 1, *, segment_size: int = DEFAULT_SEGMENT_SIZE,
@@ -398,29 +481,11 @@ class Client:
         ``segment_size`` (default :data:`pgstreams.DEFAULT_SEGMENT_SIZE` positions; config key
         ``segment.events``) is the storage unit of the topic: retention removes whole segments.
         """
-        check_topic(name)
-        check_partitions(partitions)
-        if isinstance(segment_size, bool) or not isinstance(segment_size, int) or segment_size < 1000:
-            raise InvalidArgument(f"segment_size must be an integer >= 1000, got {segment_size!r}")
-        settings = topicconfig.check_config(config)
-        if topicconfig.SEGMENT_EVENTS in settings:
-            events = int(settings.pop(topicconfig.SEGMENT_EVENTS))
-            if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
-                raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
-            segment_size = events
+        segment_size, settings = topic_definition(name, partitions, segment_size, config)
         with denied(f"create topic {name!r}"):
             self.store.topics.create(name, partitions, segment_size, settings)
         info = self._info(name)
-        if info.partitions != partitions:
-            raise TopicConflict(
-                f"topic {name!r} exists with {info.partitions} partitions, not {partitions}"
-            )
-        if info.segment_size != segment_size:
-            raise TopicConflict(
-                f"topic {name!r} exists with segment_size {info.segment_size}, not {segment_size}"
-            )
-        if config is not None and dict(info.config) != settings:
-            raise TopicConflict(f"topic {name!r} exists with config {dict(info.config)}, not {settings}")
+        check_same_topic(info, partitions, segment_size, settings if config is not None else None)
         return info
 
     def alter_topic(self, name: str, config: Mapping[str, Any] | None = None, *,
@@ -431,8 +496,10 @@ class Client:
         Like Kafka, adding partitions keeps every event where it is, but keys may hash to other partitions
         from now on (per-key order holds only among events published with the same count); every group
         reading the topic starts the new partitions at their first event. Running consumers and workers
-        see the new partitions once they are created again; clients of other processes use the new count
-        for keys once they read the topic again. Decreasing is refused, as is changing ``segment.events``.
+        see the new partitions once they are created again; publishers of other processes notice the
+        change within :data:`pgstreams.producer.TOPIC_CHECK_INTERVAL` seconds of publishing (see
+        :mod:`pgstreams.producer`) and use the new count from then on. Decreasing is refused, as is
+        changing ``segment.events``.
         Raises :class:`InvalidConfig` (naming the key), :class:`InvalidArgument`, :class:`TopicNotFound`.
         """
         check_topic(name)

@@ -65,3 +65,15 @@ class ConnectionLost(PgStreamsError):
 class PermissionDenied(PgStreamsError):
     """PostgreSQL refused an action to the connected role (see ``pgstreams grant``); the message names the
     action and the object (topic, group or table). Nothing was changed."""
+
+
+class ShardUnavailable(ConnectionLost):
+    """A shard of a cluster could not be reached (at connect, or for longer than the client's
+    ``retry_timeout``). The message names the shard by its place and server, never its password. Events
+    routed to it are never sent to another shard instead (that would break the order of their keys)."""
+
+
+class LayoutMismatch(ConfigurationError):
+    """The servers given to a cluster client (or to ``pgstreams cluster init``) do not match the cluster
+    layout the shards recorded: a server of no cluster or of another one, shards in another order, too
+    few or too many. The message names the mismatch. Nothing was changed."""

@@ -1,17 +1,22 @@
 """Maintenance: the pass that keeps a schema healthy, the service that runs it on workers, and pg_cron jobs.
 
 One pass (:class:`Maintenance`, :meth:`pgstreams.Client.maintain`, ``pgstreams maintain``), for every
-topic: create segments ahead of the publishers (two empty ones, so no publish pays a ``CREATE TABLE``),
-give the segment being filled column statistics, seal the segments every read fence has passed (their
-per-partition figures, which keep lag and counts off the log), apply retention by removing whole
-segments (see :mod:`pgstreams.topicconfig`), then expire group members that missed their session
-timeout. One pass of a schema runs at a time (an advisory lock; the SQL function ``maintain()`` takes
-the same one).
+topic whose state moved since the last pass checked it (new events, another configuration, segments left
+to seal or detach, retention by age due; idle topics cost one sequence read each): create segments ahead
+of the publishers (two empty ones, so no publish pays a ``CREATE TABLE``), give the segment being filled
+column statistics, seal the segments every read fence has passed (their per-partition figures, which
+keep lag and counts off the log), apply retention by removing whole segments (see
+:mod:`pgstreams.topicconfig`), then expire group members that missed their session timeout. One pass of
+a schema runs at a time (an advisory lock; the SQL function ``maintain()`` takes the same one).
 
 Retention detaches a segment with ``DETACH PARTITION ... CONCURRENTLY`` (a ``SHARE UPDATE EXCLUSIVE``
-lock: publishers and readers go on) and then drops it; its events were marked as removed first, so
-readers behind retention notice the loss. The SQL function ``maintain()``, which pg_cron runs inside one
-transaction where ``CONCURRENTLY`` is not allowed, drops segments with a short lock timeout instead.
+lock: publishers and readers go on); its events were marked as removed first, so readers behind
+retention notice the loss. Its events are gone from the topic once it is detached. Dropping the detached
+tables, which frees their disk space and costs what the file system needs to delete their files (far
+more than the detach), is the *purge* that follows the pass, outside the pass's lock (one purge of a
+schema at a time): as Kafka deletes a removed segment's files after a delay. The SQL function
+``maintain()``, which pg_cron runs inside one transaction where ``CONCURRENTLY`` is not allowed, drops
+segments (detached ones first) with a short lock timeout instead.
 
 Where pg_cron is loaded, :func:`schedule_maintenance` registers a job running ``maintain()`` in the
 database (``pgstreams maintain --schedule``); elsewhere :class:`MaintenanceService` runs the pass on
@@ -26,8 +31,10 @@ need no other maintenance: their locks are times, found expired by the consumers
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -39,6 +46,7 @@ from psycopg.conninfo import make_conninfo
 from .errors import ConfigurationError, ConnectionLost, InvalidArgument, PermissionDenied
 from .models import MaintenanceReport
 from .services import Service
+from .storage.operations import TopicToCheck
 
 if TYPE_CHECKING:
     from .client import Client
@@ -51,6 +59,8 @@ DEFAULT_MAINTENANCE_INTERVAL = 60.0
 DEFAULT_SCHEDULE_EVERY = "1m"
 #: Longest wait of a segment's detach for its lock, in seconds (it is retried at the next pass).
 DETACH_LOCK_TIMEOUT = 30.0
+#: Connections a purge drops detached segments on at once (it waits on the disk more than on a core).
+PURGE_CONNECTIONS = 4
 
 _EVERY_RE = re.compile(r"(\d+)\s*([smhd])")
 
@@ -65,6 +75,7 @@ def _report(summary: dict[str, Any], seconds: float) -> MaintenanceReport:
         int(summary.get("events_removed", 0)),
         int(summary.get("members_expired", 0)),
         seconds,
+        topics_checked=int(summary.get("topics_checked", 0)),
     )
 
 
@@ -77,8 +88,10 @@ class Maintenance:
         self._ops = client.store.operations
         self._clock = clock
 
-    def run(self) -> MaintenanceReport:
-        """One pass; waits for a pass of the schema running elsewhere to end first."""
+    def run(self, *, purge: bool = True) -> MaintenanceReport:
+        """One pass; waits for a pass of the schema running elsewhere to end first. Then, unless ``purge``
+        is false, drops the segments retention detached (:meth:`purge`), after the pass's lock is released:
+        the report's ``duration`` is the pass's, ``purge_duration`` the purge's."""
         start = self._clock()
         totals = {
             "segments_created": 0,
@@ -86,6 +99,7 @@ class Maintenance:
             "segments_removed": 0,
             "events_removed": 0,
             "members_expired": 0,
+            "topics_checked": 0,
         }
         ops = self._ops
         with self.client.raw_connection() as conn:
@@ -93,15 +107,16 @@ class Maintenance:
             ops.prepare_pass(conn)
             ops.lock_pass(conn)
             try:
-                for topic_id in ops.topic_ids(conn):
+                for topic in ops.topics_to_check(conn):
+                    totals["topics_checked"] += 1
                     try:
-                        self._topic(conn, topic_id, totals)
+                        self._topic(conn, topic, totals)
                     except (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation):
-                        log.info("topic id %s was deleted during maintenance", topic_id)
+                        log.info("topic id %s was deleted during maintenance", topic.topic_id)
                     except psycopg.errors.LockNotAvailable as exc:
                         log.warning(
                             "maintenance of topic id %s waits for a lock: %s (next pass)",
-                            topic_id,
+                            topic.topic_id,
                             str(exc).strip(),
                         )
                 totals["members_expired"] = ops.expire_members(conn)
@@ -110,7 +125,13 @@ class Maintenance:
             finally:
                 if not conn.closed:
                     ops.unlock_pass(conn)
-        report = _report(totals, self._clock() - start)
+            report = _report(totals, self._clock() - start)
+            if purge:
+                begun = self._clock()
+                dropped = self._purge(conn)
+                report = dataclasses.replace(
+                    report, segments_dropped=dropped, purge_duration=self._clock() - begun
+                )
         if report.segments_removed:
             log.info(
                 "maintenance removed %d segment(s), %d event(s)",
@@ -119,8 +140,68 @@ class Maintenance:
             )
         return report
 
-    def _topic(self, conn: psycopg.Connection, topic_id: int, totals: dict[str, int]) -> None:
+    def purge(self) -> int:
+        """Drop the segments retention detached and not dropped yet (of every topic; one purge of a schema
+        at a time: returns 0 at once while another runs). Returns how many were dropped."""
+        with self.client.raw_connection() as conn:
+            self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
+            self._ops.prepare_pass(conn)
+            return self._purge(conn)
+
+    def _purge(self, conn: psycopg.Connection) -> int:
         ops = self._ops
+        if not ops.try_purge_lock(conn):
+            return 0
+        try:
+            todo = ops.detached_segments(conn)
+            if len(todo) <= 1:
+                return self._drop(conn, todo)
+            # deleting files waits on the disk more than on a core: a few connections at once free the
+            # space sooner (measured in docs/benchmarks.md)
+            shares = [todo[i::PURGE_CONNECTIONS] for i in range(min(PURGE_CONNECTIONS, len(todo)))]
+            results: list[int | BaseException] = [0] * len(shares)
+
+            def drop_share(i: int) -> None:
+                try:
+                    if i == 0:
+                        results[i] = self._drop(conn, shares[i])
+                        return
+                    with self.client.raw_connection() as extra:
+                        self.client.store.groups.prepare_member_connection(extra, DETACH_LOCK_TIMEOUT)
+                        ops.prepare_pass(extra)
+                        results[i] = self._drop(extra, shares[i])
+                except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+                    results[i] = exc
+
+            threads = [threading.Thread(target=drop_share, args=(i,), name=f"pgstreams-purge-{i}")
+                       for i in range(1, len(shares))]
+            for t in threads:
+                t.start()
+            drop_share(0)
+            for t in threads:
+                t.join()
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+            return sum(r for r in results if isinstance(r, int))
+        finally:
+            if not conn.closed:
+                ops.purge_unlock(conn)
+
+    def _drop(self, conn: psycopg.Connection, segments: list[tuple[int, int]]) -> int:
+        dropped = 0
+        for topic_id, segment in segments:
+            try:
+                self._ops.drop_detached(conn, topic_id, segment)
+                dropped += 1
+            except psycopg.errors.LockNotAvailable as exc:
+                log.warning("dropping segment %s of topic id %s waits for a lock: %s (next purge)",
+                            segment, topic_id, str(exc).strip())
+        return dropped
+
+    def _topic(self, conn: psycopg.Connection, topic: TopicToCheck, totals: dict[str, int]) -> None:
+        ops = self._ops
+        topic_id = topic.topic_id
         totals["segments_created"] += ops.prepare_segments(conn, topic_id)
         totals["segments_sealed"] += ops.seal_segments(conn, topic_id)
         plan = ops.retention_plan(conn, topic_id)
@@ -141,11 +222,10 @@ class Maintenance:
                     share_lost,
                     topic_id,
                 )
-        else:
-            ops.retention_ran(conn, topic_id)
         for segment in ops.removing_segments(conn, topic_id):
-            ops.remove_segment(conn, topic_id, segment)
+            ops.detach_segment(conn, topic_id, segment)
             totals["segments_removed"] += 1
+        ops.topic_checked(conn, topic)
 
 
 class MaintenanceService(Service):

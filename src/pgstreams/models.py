@@ -21,7 +21,8 @@ class Event:
     unique within the topic; events of a partition are delivered in position order. ``txid`` is the id of
     the transaction that published the event. ``created_at`` is aware, in UTC. ``delivery_count`` is how
     many times a share group has delivered the event, this delivery included (``0`` for stream groups,
-    which have no per-event deliveries).
+    which have no per-event deliveries). ``shard`` is the place of the shard holding the event in a
+    cluster (see :mod:`pgstreams.cluster`; ``0`` on a single server).
     """
 
     topic: str
@@ -37,6 +38,7 @@ class Event:
     created_at: datetime
     txid: int = 0
     delivery_count: int = 0
+    shard: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,12 +61,14 @@ class Message:
 @dataclass(frozen=True)
 class PublishResult:
     """Where a published event was stored. ``duplicate`` is true when its ``event_id`` already existed
-    and this is the first stored copy's location."""
+    and this is the first stored copy's location. ``shard``: the place of the shard holding it in a
+    cluster (``0`` on a single server)."""
 
     topic: str
     partition: int
     position: int
     duplicate: bool = False
+    shard: int = 0
 
 
 @dataclass(frozen=True)
@@ -376,8 +380,11 @@ class RetentionStatus:
 @dataclass(frozen=True)
 class MaintenanceReport:
     """What one maintenance pass did: segments created ahead of publishers, segments sealed (their
-    statistics recorded), segments and events removed by retention, stale members expired, and how long
-    it took (seconds). ``skipped`` is true when another pass of the schema was running (nothing done)."""
+    statistics recorded), segments and events removed by retention (detached from their topic), stale
+    members expired, and how long it took (seconds). ``skipped`` is true when another pass of the schema
+    was running (nothing done). ``segments_dropped`` and ``purge_duration`` (seconds) are those of the
+    purge that followed the pass (dropping detached segments, which frees their space; 0 without one).
+    ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped)."""
 
     segments_created: int = 0
     segments_sealed: int = 0
@@ -386,6 +393,9 @@ class MaintenanceReport:
     members_expired: int = 0
     duration: float = 0.0
     skipped: bool = False
+    segments_dropped: int = 0
+    purge_duration: float = 0.0
+    topics_checked: int = 0
 
 
 @dataclass(frozen=True)

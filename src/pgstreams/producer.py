@@ -12,6 +12,16 @@ session), the outcome is unknown: the publish is retried on a fresh connection (
 partitions above the last position the client knew before the attempt, and stores the event only if it is
 absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
 ``connect(idempotent=False)`` turns the tags off (a retried publish is then stored again: at least once).
+
+A client caches each topic's row (partition count, ``max.message.bytes``), so that a publish costs one round
+trip. A change of the topic in another process (:meth:`pgstreams.Client.alter_topic`) is noticed within
+:data:`TOPIC_CHECK_INTERVAL` seconds of publishing: once per interval and topic, a single publish also
+reads the topic's row in the same round trip (one more statement in its pipeline), and ``publish_many``
+reads it before its batch; a changed row is forgotten, so the next publish reads the topic again and uses
+the new partition count. Publishes inside a caller's transaction (``conn=``) do not check. An event given
+an explicit partition beyond the cached count reads the topic again before it is refused. (Listening for
+a notification of the change instead would cost the server more: PostgreSQL wakes every listening
+session of a database for every notification, and publishers send wake-up notifications all the time.)
 """
 
 from __future__ import annotations
@@ -34,8 +44,12 @@ from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
 from .reconnect import Reconnect, retriable
-from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord
+from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord, TopicVersion
 from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
+
+#: Seconds between two reads of a topic's row by a publishing client, which notice a change made elsewhere
+#: (a partition count raised by :meth:`pgstreams.Client.alter_topic`).
+TOPIC_CHECK_INTERVAL = 0.5
 
 _MESSAGE_FIELDS = frozenset(Message.__dataclass_fields__)
 # Keys repeat: remember recent keys' partitions (murmur2 in Python costs microseconds per key).
@@ -58,6 +72,7 @@ class TopicState:
     copied_lower_bound: int = -1  # a lower bound of the last position publish_many stored (-1: unknown)
     max_bytes: int = int(TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])  # the topic's max.message.bytes
     known: int = 0  # a position handed out already: every publish starting later stores its events above
+    check_at: float = 0.0  # time.monotonic() when a publish next reads the topic's row (see the module)
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
@@ -67,7 +82,12 @@ class TopicState:
                    itertools.count(random.randrange(record.partitions)),
                    max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
                                                    TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])),
-                   known=record.last_position)
+                   known=record.last_position, check_at=time.monotonic() + TOPIC_CHECK_INTERVAL)
+
+    def changed(self, version: TopicVersion | None) -> bool:
+        """Whether the topic's row read now (``None``: the topic is gone) differs from the cached one."""
+        return (version is None or version.partitions != self.partitions
+                or version.config != self.record.config)
 
 
 def event_size(row: EventRow) -> int:
@@ -226,6 +246,8 @@ class Producer:
     connect: Callable[[], psycopg.Connection]
     producer_id: Callable[[], int]
     retry: Reconnect
+    #: forgets the cached state of a topic id (its row changed); default: nothing
+    forget: Callable[[int], None] = field(default=lambda topic_id: None, repr=False)
     idempotent: bool = True
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -251,39 +273,56 @@ class Producer:
         """The producer tag of the next publish."""
         return self._base | (next(self._numbers) & 0xFFFFFFFF)
 
-    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
-                notify: bool = True) -> PublishResult:
-        """Publish one event (see :meth:`pgstreams.Client.publish`)."""
+    def _state(self, topic: str, partition: object) -> TopicState:
+        """The cached state of ``topic``, read again when an explicit ``partition`` lies beyond its cached
+        partition count (the topic may have grown since)."""
         state = self.topic(topic)
-        if conn is not None or not self.idempotent:
-            row = event_row(state, *row_args)
-        else:
-            tag = self._base | (next(self._numbers) & 0xFFFFFFFF)
-            row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
+        if type(partition) is int and partition >= state.partitions:
+            state = self.topic(topic, refresh=True)
+        return state
+
+    def _row(self, state: TopicState, row_args: tuple[Any, ...], tag: int | None) -> EventRow:
+        row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
         if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
             raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
                                   f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
-        events = self.store.events
+        return row
+
+    def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
+                notify: bool = True) -> PublishResult:
+        """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         ex = self.store.executor
         if conn is not None:
+            state = self._state(topic, row_args[3])
+            row = self._row(state, row_args, None)
             if not isinstance(conn, psycopg.Connection):
                 raise InvalidArgument(f"conn must be a psycopg Connection, not {type(conn).__name__}")
+            events = self.store.events
             stored = events.insert(conn, state.id, row)
             if notify:
                 events.notify(conn, self.channel, str(state.id))
-        else:
+            state.segments.ensure_room(ex, stored.position)
+            return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+        lost: _Interrupted | None = None
+        own = self._own_lock.acquire(blocking=False)  # else another thread publishes on the own connection
+        try:
+            state = self._state(topic, row_args[3])
+            tag = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
+            row = self._row(state, row_args, tag)
             floor = state.known  # read before the attempt: its event is stored above it
             try:
-                if self._own_lock.acquire(blocking=False):
-                    try:
-                        stored = self._publish_own(topic, state, row)
-                    finally:
-                        self._own_lock.release()
-                else:  # another thread of this client is publishing on the client's own connection
+                if own:
+                    stored = self._publish_own(topic, state, row)
+                else:
                     stored = self._publish_pooled(topic, state, row)
-            except _Interrupted as lost:
-                stored = self._again(topic, state, row, floor, lost.pid, lost.error)
-            state.known = stored.position
+            except _Interrupted as exc:
+                lost = exc
+        finally:
+            if own:
+                self._own_lock.release()
+        if lost is not None:
+            stored = self._again(topic, state, row, floor, lost.pid, lost.error)
+        state.known = stored.position
         state.segments.ensure_room(ex, stored.position)
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
 
@@ -333,7 +372,11 @@ class Producer:
         """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, with the consumers' wake-up when
         one is due (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
         wake = (self.channel, str(state.id)) if self.claim(state.id) else None
-        stored = self._insert_pooled(c, topic, state, row, wake)
+        if time.monotonic() >= state.check_at:  # read the topic's row too, in the same round trip
+            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+            stored = self._insert_pooled(c, topic, state, row, wake, check=True)
+        else:
+            stored = self._insert_pooled(c, topic, state, row, wake)
         if stored.position >= state.segments.stats_from:
             state.segments.check_stats(self.store.executor, stored.position, c)
         return stored
@@ -379,9 +422,15 @@ class Producer:
         return events.produced(c, state.id, partitions, floor, producer)
 
     def _insert_pooled(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow,
-                       notify: tuple[str, str] | None) -> StoredAt:
+                       notify: tuple[str, str] | None, check: bool = False) -> StoredAt:
         events = self.store.events
         try:
+            if check:
+                def seen(version: TopicVersion | None) -> None:
+                    if state.changed(version):
+                        self.forget(state.id)
+
+                return events.insert_pooled(c, state.id, row, notify, version=seen)
             return events.insert_pooled(c, state.id, row, notify)
         except psycopg.errors.UndefinedTable:
             fresh = self.topic(topic, refresh=True, conn=c)
@@ -394,8 +443,24 @@ class Producer:
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
         state = self.topic(topic)
+        if time.monotonic() >= state.check_at:  # the topic may have changed elsewhere: read its row
+            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+            if state.changed(self.store.events.topic_version(None, state.id)):
+                self.forget(state.id)
+                state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
-        rows, has_ids = event_rows(state, events, producer)
+        if not isinstance(events, (list, tuple)):
+            events = list(events) if isinstance(events, Iterable) and not isinstance(
+                events, (Message, Mapping, str, bytes)) else events
+        try:
+            rows, has_ids = event_rows(state, events, producer)
+        except InvalidArgument:
+            # an explicit partition beyond the cached count: the topic may have grown since it was read
+            fresh = self.topic(topic, refresh=True)
+            if fresh.partitions == state.partitions:
+                raise
+            state = fresh
+            rows, has_ids = event_rows(state, events, producer)
         if not rows:
             return 0
         check_sizes(state, rows)

@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 
 import pgstreams
 from _core_helpers import take, until
+from pgstreams.maintenance import Maintenance
 from pgstreams.topicconfig import TOPIC_CONFIG_DEFAULTS
 
 SEG = 1000  # the smallest segment: tests fill a few
@@ -149,6 +150,99 @@ def test_adding_partitions_keeps_events_and_groups_read_the_new_ones(client: pgs
     } == before
 
 
+# A publisher in a process of its own: publishes key KEY once with the topic's count as it first read it,
+# then, for each line read from stdin, publishes again (single or publish_many) and prints the partition.
+_PUBLISHER = """
+import sys
+import pgstreams
+dsn, topic, key, how = sys.argv[1:5]
+with pgstreams.connect(dsn) as client:
+    print(client.publish(topic, "first", key=key).partition, flush=True)
+    for line in sys.stdin:
+        if how == "single":
+            print(client.publish(topic, line.strip(), key=key).partition, flush=True)
+        else:
+            client.publish_many(topic, [{"value": line.strip(), "key": key}])
+            print("stored", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["single", "many"])
+def test_a_publisher_in_another_process_uses_the_new_partition_count(dsn: str, client: pgstreams.Client,
+                                                                      how: str) -> None:
+    client.create_topic("spread", 2)
+    key = next(k for k in (f"k{i}" for i in range(1000))
+               if pgstreams.partition_for_key(k, 8) >= 2)  # lands on a new partition once there are 8
+    proc = subprocess.Popen([sys.executable, "-c", _PUBLISHER, dsn, "spread", key, how],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert int(proc.stdout.readline()) == pgstreams.partition_for_key(key, 2)  # its cached count: 2
+        client.alter_topic("spread", partitions=8)
+        # the publisher reads the topic's row again within TOPIC_CHECK_INTERVAL of publishing
+        new = pgstreams.partition_for_key(key, 8)
+        sent = 0
+
+        def landed() -> bool:
+            nonlocal sent
+            sent += 1
+            proc.stdin.write(f"after-{sent}\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+            proc.stdout.readline()  # type: ignore[union-attr]
+            return any(e.partition == new for e in _events(client, "spread") if e.value.startswith("after"))
+
+        until(landed, 30, "the publisher in the other process to use 8 partitions")
+        for _ in range(3):  # and it stays there
+            landed()
+        after = [e for e in _events(client, "spread") if e.value.startswith("after")]
+        first_new = min(int(e.value.split("-")[1]) for e in after if e.partition == new)
+        assert all(e.partition == new for e in after if int(e.value.split("-")[1]) >= first_new)
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    assert proc.returncode == 0
+
+
+def test_an_explicit_partition_past_the_cached_count_reads_the_topic_again(dsn: str,
+                                                                          client: pgstreams.Client) -> None:
+    client.create_topic("one", 2)
+    client.create_topic("many", 2)
+    with pgstreams.connect(dsn) as other:
+        # cached with 2 partitions, just read: not read again before TOPIC_CHECK_INTERVAL
+        assert other.topic_state("one").partitions == other.topic_state("many").partitions == 2
+        client.alter_topic("one", partitions=4)
+        client.alter_topic("many", partitions=4)
+        assert other.publish("one", "single", partition=3).partition == 3
+        assert other.publish_many("many", [{"value": "batch", "partition": 3}]) == 1
+        with pytest.raises(pgstreams.InvalidArgument, match="partition 4 out of range"):
+            other.publish("one", "no", partition=4)
+    assert [e.value for e in _events(client, "one") if e.partition == 3] == ["single"]
+    assert [e.value for e in _events(client, "many") if e.partition == 3] == ["batch"]
+
+
+def test_a_publisher_notices_a_lower_max_message_bytes_set_elsewhere(dsn: str,
+                                                                     client: pgstreams.Client) -> None:
+    client.create_topic("limit", 1)
+    with pgstreams.connect(dsn) as other:
+        other.publish("limit", "x" * 200)  # caches the default limit
+        client.alter_topic("limit", {"max.message.bytes": 100})
+        refused: list[int] = []
+
+        def refused_now() -> bool:
+            try:
+                other.publish("limit", "x" * 200)
+            except pgstreams.MessageTooLarge as exc:
+                refused.append(1)
+                assert "max.message.bytes (100)" in str(exc)
+            return bool(refused)
+
+        until(refused_now, 30, "the other client to apply max.message.bytes 100")
+
+
+def _events(client: pgstreams.Client, topic: str) -> list[pgstreams.Event]:
+    return list(pgstreams.Consumer(client, topic, f"look-{time.monotonic_ns()}").poll(10_000, 1))
+
+
 # -- retention ---------------------------------------------------------------------------------------
 def test_retention_by_count_removes_only_whole_segments_past_the_policy(client: pgstreams.Client) -> None:
     client.create_topic("count", 2, config={"segment.events": SEG, "retention.events": 1500})
@@ -229,6 +323,74 @@ def test_a_consumer_reading_ahead_of_retention_loses_nothing(client: pgstreams.C
     _fill(client, "ahead", 10)
     take(c, 10, commit=True)
     assert c.lost_events == 0 and sum(s.lost_events for s in client.describe_group("fast")) == 0
+
+
+def _tables(client: pgstreams.Client, topic: str) -> set[str]:
+    tid = client.topic_record(topic).id
+    with client.connection() as conn:
+        return {r[0] for r in conn.execute(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'pgstreams' AND relkind = 'r' AND relname LIKE %s", (f"topic\\_{tid}\\_s%",))}
+
+
+def test_a_retention_pass_detaches_whole_segments_and_the_purge_drops_them(client: pgstreams.Client) -> None:
+    client.create_topic("purged", 2, config={"segment.events": SEG, "retention.events": SEG})
+    _fill(client, "purged", 4 * SEG + 10)
+    tid = client.topic_record("purged").id
+    report = Maintenance(client).run(purge=False)
+    assert report.segments_removed == 3 and report.segments_dropped == 0
+    # the events are gone from the topic at once, whole segments only; the tables wait for the purge
+    assert _positions(client, "purged")[0] == 3 * SEG
+    assert {f"topic_{tid}_s{s}" for s in range(3)} <= _tables(client, "purged")
+    with client.connection() as conn:
+        detached = conn.execute(
+            "SELECT segment FROM pgstreams.segments WHERE topic_id = %s AND detached_at IS NOT NULL"
+            " ORDER BY segment", (tid,)).fetchall()
+        attached = conn.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass"
+            " AND inhrelid::regclass::text LIKE %s", (f"pgstreams.topic_{tid}", "%\\_s0")).fetchone()
+    assert [r[0] for r in detached] == [0, 1, 2] and attached == (0,)
+    client.publish("purged", "still", key="k")  # publishers and readers go on
+    assert client.consumer("purged", "late", start="latest").poll(10, 0.1) == []
+    assert Maintenance(client).purge() == 3
+    assert not {f"topic_{tid}_s{s}" for s in range(3)} & _tables(client, "purged")
+    assert _segments(client, "purged")[0] == 3
+    # run() purges after its pass by default
+    _fill(client, "purged", 2 * SEG)
+    report = client.maintain()
+    assert report.segments_removed == report.segments_dropped >= 1
+    assert f"topic_{tid}_s3" not in _tables(client, "purged")
+
+
+def test_a_pass_checks_only_topics_whose_state_moved(client: pgstreams.Client) -> None:
+    for i in range(6):
+        client.create_topic(f"idle{i}", 4, config={"segment.events": SEG})
+        _fill(client, f"idle{i}", SEG + 5)
+    first = client.maintain()
+    assert first.topics_checked == 6 and first.segments_sealed == 6
+    assert client.maintain().topics_checked == 0  # nothing moved: every topic skipped
+    status = client.retention_status()
+    assert len(status) == 6 and all(s.retention_ran_at is not None for s in status)  # skipped = checked
+    client.publish("idle3", "new")
+    client.alter_topic("idle4", {"retention.events": 100_000})
+    assert client.maintain().topics_checked == 2
+    assert client.maintain().topics_checked == 0
+    _fill(client, "idle5", SEG)  # fills segment 1: sealed by the next pass, which checks the topic
+    report = client.maintain()
+    assert report.topics_checked == 1 and report.segments_sealed == 1
+
+
+def test_a_topic_is_checked_again_when_retention_by_age_comes_due(client: pgstreams.Client) -> None:
+    client.create_topic("aging", 1, config={"segment.events": SEG, "retention.ms": 3000})
+    _fill(client, "aging", 2 * SEG + 5)
+    sealed_at = time.monotonic()
+    assert client.maintain().segments_sealed == 2
+    early = client.maintain()
+    if time.monotonic() - sealed_at < 2.5:  # nothing can be due yet: skipped
+        assert early.topics_checked == 0 and early.segments_removed == 0
+    # no event arrives; the sealed segments' newest events pass 3 s of age and the topic is checked
+    until(lambda: client.maintain().segments_removed == 2, 30, "retention by age without new events")
+    assert _positions(client, "aging")[0] == 2 * SEG
 
 
 def test_lag_and_counts_come_from_sealed_segments_and_stay_exact(client: pgstreams.Client) -> None:

@@ -316,6 +316,29 @@ def test_transaction_rolls_back_when_a_lock_was_lost(client: pgstreams.Client) -
         assert conn.execute("SELECT count(*) FROM out").fetchone() == (0,)
 
 
+def test_transaction_without_writes_acks_all_or_nothing(client: pgstreams.Client) -> None:
+    """A block that never used ``.connection`` acks as a transaction of its own: when one lock was lost,
+    no event is acked, not even those still held, which are delivered again."""
+    client.create_topic("t", 2)
+    client.publish("t", "x", partition=0)
+    a = client.share_consumer("t", "g", lock_timeout=5)
+    b = client.share_consumer("t", "g")
+    with a.transaction() as tx:
+        [x] = tx.poll(1, 1)
+        [taken] = wait_until(lambda: b.poll(1, 0.2), 30, "b to take x over once its lock expired")
+        client.publish("t", "y", partition=1)
+        [y] = tx.poll(1, 5)
+    assert (taken.position, taken.delivery_count) == (x.position, 2)
+    assert not tx.began and not tx.committed and tx.settlement is not None
+    assert tx.settlement.outcome(x) is ShareOutcome.LOST
+    assert tx.settlement.outcome(y) is ShareOutcome.DONE  # its ack took effect, and was rolled back
+    assert not a.holds(x) and not a.holds(y)
+    [again] = wait_until(lambda: b.poll(1, 0.2), 30, "y given back")
+    assert (again.value, again.delivery_count) == ("y", 2)
+    assert b.ack([taken, again]).ok
+    assert state_rows(client, "g", "t") == 0
+
+
 def test_status_counts_acquired_available_and_waiting(client: pgstreams.Client) -> None:
     client.create_topic("t")
     client.publish_many("t", [{"value": i} for i in range(10)])

@@ -14,6 +14,15 @@ from _obs_helpers import samples, value
 from pgstreams.metrics import StatusCollector, WorkerCollector
 
 
+#: Each status test also runs with its read split over two connections (the path of a read with many
+#: topics to read again: sizes and lag sent first on a second connection).
+SPLIT = pytest.mark.parametrize("split", [False, True], ids=["one-connection", "two-connections"])
+
+
+def _split(client: pgstreams.Client, split: bool) -> None:
+    client.store.status.split_from = 1 if split else 1_000_000
+
+
 def _setup(client: pgstreams.Client) -> None:
     client.create_topic("orders", 3)
     client.publish_many("orders", [{"value": i, "key": f"k{i}", "partition": i % 3} for i in range(30)])
@@ -25,8 +34,10 @@ def _setup(client: pgstreams.Client) -> None:
     client.publish("orders.dlt", {"dead": 1})
 
 
-def test_status_reports_every_partition_group_and_dead_letter_topic(dsn: str) -> None:
+@SPLIT
+def test_status_reports_every_partition_group_and_dead_letter_topic(dsn: str, split: bool) -> None:
     with pgstreams.connect(dsn) as client:
+        _split(client, split)
         _setup(client)
         snap = client.status()
         assert {t.topic: (t.partitions, t.dead_letter) for t in snap.topics} == {
@@ -143,8 +154,10 @@ def test_worker_collector_counts_handled_failed_retried_and_dead_lettered(dsn: s
         assert batches is not None and batches >= 1
 
 
-def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str) -> None:
+@SPLIT
+def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str, split: bool) -> None:
     with pgstreams.connect(dsn) as client:
+        _split(client, split)
         client.create_topic("big", 2, segment_size=1000)
         for _ in range(5):
             client.publish_many("big", [{"value": i, "partition": i % 2} for i in range(500)])
@@ -170,11 +183,13 @@ def test_status_counts_match_the_group_status_across_sealed_and_removed_segments
         assert {p: s.events for p, s in parts.items()} == figures
 
 
-def test_status_figures_kept_between_reads_follow_every_change(dsn: str) -> None:
+@SPLIT
+def test_status_figures_kept_between_reads_follow_every_change(dsn: str, split: bool) -> None:
     """A topic's figures are kept from one status read to the next only while nothing can have changed:
     an event published in a transaction still open at one read, new publishes, moved checkpoints and
     sealed segments all show in the next read."""
     with pgstreams.connect(dsn) as client:
+        _split(client, split)
         client.create_topic("kept", 2, segment_size=1000)
         client.publish_many("kept", [{"value": i, "partition": i % 2} for i in range(10)])
         consumer = client.consumer("kept", "g")

@@ -1,6 +1,7 @@
 """The ``pgstreams`` command line.
 
-Commands: ``migrate``, ``topics create|list|describe|alter|delete``, ``produce``, ``consume``,
+Commands: ``migrate``, ``cluster init|describe``, ``topics create|list|describe|alter|delete``,
+``produce``, ``consume``,
 ``groups list|describe|reset|delete``, ``worker``, ``maintain``, ``retention``, ``dlt replay`` and
 ``quickstart``; ``docs/cli.md`` describes each one (``worker``:
 ``docs/workers.md``).
@@ -11,7 +12,8 @@ a bad input line for ``produce``), 1 on other errors (unknown topic or group, ca
 get the traceback instead.
 
 Modules: :mod:`.common` (exit codes, errors and their exit codes, the options every command takes,
-opening the database, parsing option values), :mod:`.output` (everything printed: each model's JSON form
+opening the database, parsing option values), :mod:`.cluster` (the layout of a cluster of shards),
+:mod:`.output` (everything printed: each model's JSON form
 and table), and one module per command group (:mod:`.migrate`, :mod:`.topics`, :mod:`.produce`,
 :mod:`.consume`, :mod:`.groups`, :mod:`.worker`, :mod:`.maintain`, :mod:`.dlt`, :mod:`.quickstart`), each
 with a ``register(app)`` that
@@ -39,6 +41,7 @@ import typer
 import pgstreams
 
 from . import (
+    cluster,
     console,
     consume,
     dlt,
@@ -144,7 +147,7 @@ _HELP = (
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
-for _module in (migrate, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
+for _module in (migrate, cluster, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
                 quickstart, security):
     _module.register(app)
 

@@ -18,6 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 import pgstreams
 from pgstreams.client import resolve_dsn
+from pgstreams.cluster import ClusterClient, split_dsns
 from pgstreams.consumer import Start
 from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 
@@ -41,8 +42,10 @@ EXIT_BROKEN_PIPE = 141
 DEFAULT_SCHEMA: str = str(inspect.signature(pgstreams.connect).parameters["schema"].default)
 
 DsnOption = Annotated[
-    str | None,
-    typer.Option("--dsn", help="PostgreSQL DSN. Default: $PGSTREAMS_DSN, else the embedded PostgreSQL.",
+    list[str] | None,
+    typer.Option("--dsn", help="PostgreSQL DSN; repeat it for the shards of a cluster, in order (commands on "
+                 "topics, produce, consume and cluster). Default: $PGSTREAMS_DSN (several separated by "
+                 "commas), else the embedded PostgreSQL.",
                  show_default=False),
 ]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the pgstreams tables.")]
@@ -85,7 +88,11 @@ def exit_code_of(exc: BaseException) -> tuple[int, str | None]:
     """The exit code for an exception and the message to print (``None``: print nothing), without any
     password of a DSN (see :func:`pgstreams.reconnect.redact`)."""
     code, message = _exit_code_of(exc)
-    return code, None if message is None else redact(message, os.environ.get("PGSTREAMS_DSN"))
+    if message is None:
+        return code, None
+    for dsn in split_dsns(os.environ.get("PGSTREAMS_DSN") or ""):
+        message = redact(message, dsn)
+    return code, redact(message, None)
 
 
 def _exit_code_of(exc: BaseException) -> tuple[int, str | None]:
@@ -127,27 +134,52 @@ def check_dsn(dsn: str | None) -> str | None:
     try:
         conninfo_to_dict(dsn)
     except psycopg.Error as exc:
-        raise usage_error(f"invalid --dsn: {exc}") from None
+        raise usage_error(f"invalid --dsn: {redact(str(exc), dsn)}") from None
     return dsn
 
 
-def resolve(dsn: str | None) -> str:
-    """The DSN to use: ``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server (started on demand)."""
-    given = check_dsn(dsn)
-    if given is None and not os.environ.get("PGSTREAMS_DSN"):
+def given_dsns(dsn: str | Sequence[str] | None) -> list[str]:
+    """The ``--dsn`` values given (each checked, see :func:`check_dsn`); empty when none was."""
+    items = [dsn] if isinstance(dsn, str) else list(dsn or ())
+    return [d for d in (check_dsn(item) for item in items) if d is not None]
+
+
+def resolve(dsn: str | Sequence[str] | None) -> str:
+    """The one server's DSN: ``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server (started on
+    demand). Several DSNs (a cluster) are a usage error: the command works on one server."""
+    given = given_dsns(dsn)
+    env = os.environ.get("PGSTREAMS_DSN")
+    if len(given) > 1 or (not given and env and len(split_dsns(env)) > 1):
+        count = len(given) if given else len(split_dsns(env or ""))
+        raise usage_error(f"this command works on one server, but {count} DSNs (the shards of a cluster) "
+                          "were given: give one --dsn")
+    if not given and not env:
         console = err_console()
         if console.is_terminal:
             with console.status("starting the embedded PostgreSQL..."):
                 return resolve_dsn(None)
-    return resolve_dsn(given)
+    return resolve_dsn(given[0] if given else None)
+
+
+def resolve_all(dsn: str | Sequence[str] | None) -> list[str]:
+    """Every DSN given: the ``--dsn`` values, else those of ``$PGSTREAMS_DSN`` (separated by commas),
+    else the one server :func:`resolve` finds."""
+    given = given_dsns(dsn)
+    if given:
+        return given
+    env = os.environ.get("PGSTREAMS_DSN")
+    if env and len(split_dsns(env)) > 1:
+        return [d for d in (check_dsn(d) for d in split_dsns(env)) if d is not None]
+    return [resolve(None)]
 
 
 @contextmanager
-def open_client(dsn: str | None, schema: str, *, migrate: bool = True) -> Iterator[pgstreams.Client]:
-    """Connect to ``schema`` (applying pending migrations unless ``migrate``, default true, is false) and
-    close on exit."""
+def open_client(dsn: str | Sequence[str] | None, schema: str, *, migrate: bool = True
+                ) -> Iterator[pgstreams.Client]:
+    """Connect to ``schema`` of one server (applying pending migrations unless ``migrate``, default true,
+    is false) and close on exit."""
     check_schema(schema)
-    client = pgstreams.connect(resolve(dsn), schema=schema, migrate=migrate)
+    client = pgstreams.Client(resolve(dsn), schema=schema, migrate=migrate)
     try:
         yield client
     finally:
@@ -155,7 +187,19 @@ def open_client(dsn: str | None, schema: str, *, migrate: bool = True) -> Iterat
 
 
 @contextmanager
-def open_connection(dsn: str | None) -> Iterator[psycopg.Connection]:
+def open_any(dsn: str | Sequence[str] | None, schema: str) -> Iterator[pgstreams.Client | ClusterClient]:
+    """A :class:`pgstreams.Client` for one DSN, a :class:`pgstreams.ClusterClient` for several (the
+    shards of a cluster); closed on exit."""
+    check_schema(schema)
+    client = pgstreams.connect(resolve_all(dsn), schema=schema)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@contextmanager
+def open_connection(dsn: str | Sequence[str] | None) -> Iterator[psycopg.Connection]:
     """A plain autocommit psycopg connection (for commands that must not migrate implicitly)."""
     target = resolve(dsn)
     try:

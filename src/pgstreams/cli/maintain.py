@@ -32,7 +32,8 @@ def _print_report(report: pgstreams.MaintenanceReport, as_json: bool) -> None:
         out_console().print(
             f"maintenance: {report.segments_created} segment(s) created, {report.segments_sealed} sealed, "
             f"{report.segments_removed} removed ({report.events_removed} events), "
-            f"{report.members_expired} stale member(s) expired, {report.duration:.3f} s")
+            f"{report.members_expired} stale member(s) expired, {report.duration:.3f} s; "
+            f"{report.segments_dropped} detached segment(s) dropped in {report.purge_duration:.3f} s")
 
 
 def maintain_command(

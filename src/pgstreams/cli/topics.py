@@ -7,10 +7,11 @@ from typing import Annotated
 import typer
 
 import pgstreams
+from pgstreams.cluster import ClusterTopicDescription
 from pgstreams.names import check_partitions, check_topic
 from pgstreams.topicconfig import TOPIC_CONFIG_DEFAULTS, check_config
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, usage_error
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_any, usage_error
 from .output import (
     config_table,
     out_console,
@@ -60,7 +61,7 @@ def topics_create(
     check_topic(name)
     check_partitions(partitions)
     settings = parse_config(config)
-    with open_client(dsn, schema) as client:
+    with open_any(dsn, schema) as client:
         existed = any(t.name == name for t in client.list_topics())
         info = client.create_topic(name, partitions, segment_size=segment_size,
                                    config=settings if config else None)
@@ -77,7 +78,7 @@ def topics_list(
     as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
 ) -> None:
     """List all topics."""
-    with open_client(dsn, schema) as client:
+    with open_any(dsn, schema) as client:
         topics = client.list_topics()
     print_listing(topics, as_json, topic_json, topics_table, "no topics")
 
@@ -91,15 +92,24 @@ def topics_describe(
 ) -> None:
     """Show a topic with, per partition, its event count and head position."""
     check_topic(name)
-    with open_client(dsn, schema) as client:
-        desc = client.describe_topic(name)
+    with open_any(dsn, schema) as client:
+        found = client.describe_topic(name)
+    shards = found.shards if isinstance(found, ClusterTopicDescription) else (found,)
     if as_json:
-        print_json(topic_description_json(desc))
+        out = topic_description_json(shards[0])
+        if isinstance(found, ClusterTopicDescription):
+            out["events"] = found.events
+            out["span"] = found.span
+            out["shards"] = [topic_description_json(d)["partition_info"] for d in shards]
+        print_json(out)
         return
     console = out_console()
-    console.print(topic_heading(desc))
-    console.print(partitions_table(desc))
-    console.print(config_table(desc))
+    console.print(topic_heading(shards[0]))
+    for i, desc in enumerate(shards):
+        if len(shards) > 1:
+            console.print(f"shard {i}:")
+        console.print(partitions_table(desc))
+    console.print(config_table(shards[0]))
 
 
 @topics_app.command("alter")
@@ -126,8 +136,9 @@ def topics_alter(
         check_partitions(partitions)
     if not settings and not delete_config and partitions is None:
         raise usage_error("nothing to change: give --config, --delete-config or --partitions")
-    with open_client(dsn, schema) as client:
-        desc = client.alter_topic(name, settings, partitions=partitions, delete_config=delete_config or ())
+    with open_any(dsn, schema) as client:
+        altered = client.alter_topic(name, settings, partitions=partitions, delete_config=delete_config or ())
+    desc = altered.shards[0] if isinstance(altered, ClusterTopicDescription) else altered
     if as_json:
         print_json(topic_description_json(desc))
         return
@@ -146,7 +157,7 @@ def topics_delete(
 ) -> None:
     """Delete a topic with all its events and every group checkpoint on it."""
     check_topic(name)
-    with open_client(dsn, schema) as client:
+    with open_any(dsn, schema) as client:
         try:
             client.delete_topic(name)
         except pgstreams.TopicNotFound:

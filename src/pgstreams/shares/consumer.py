@@ -10,12 +10,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
+from psycopg import pq
 
 from ..consumer.reader import Start, check_start, event_of_row
 from ..consumer.wakeup import topic_wakeup
@@ -260,13 +261,18 @@ class ShareConsumer:
     def acquire(self, max_events: int = 500, partitions: Sequence[int] | None = None) -> list[Event]:
         """Acquire up to ``max_events`` events (default 500) of ``partitions`` (default all) now, without
         waiting; events due for the dead-letter topic on the way are sent there first."""
+        return self._acquire(max_events, partitions)
+
+    def _acquire(self, max_events: int, partitions: Sequence[int] | None,
+                 on: psycopg.Connection | None = None) -> list[Event]:
+        """:meth:`acquire`, on connection ``on`` (idle, autocommit) if given, else on a pooled one."""
         now = time.monotonic()
         expired = now >= self._next_expiry_scan
         if expired:
             self._next_expiry_scan = now + min(_EXPIRY_SCAN, self.lock_timeout / 2)
         order = list(self.partitions if partitions is None else partitions)
         turn = self._next_turn(len(order))
-        with self._client.connection() as conn:
+        with nullcontext(on) if on is not None else self._client.connection() as conn:
             rows = self._store.acquire(
                 conn, self.group, self.topic_id, order, owner=self.consumer_id,
                 max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
@@ -333,13 +339,17 @@ class ShareConsumer:
         ``lock_timeout`` seconds and carries its ``delivery_count`` (1 on its first delivery). New events
         wake the consumer through LISTEN/NOTIFY; it polls every ``poll_interval`` as a fallback (events
         released, whose lock expired or whose delay passed are found by those polls)."""
+        return self._poll(max_events, timeout)
+
+    def _poll(self, max_events: int, timeout: float, on: psycopg.Connection | None = None) -> list[Event]:
+        """:meth:`poll`, acquiring on connection ``on`` (idle, autocommit) if given."""
         max_events, timeout = _check_limits(max_events, timeout)
         wake = topic_wakeup(self._client, self.topic_id)
         wake.restart()
         deadline = time.monotonic() + timeout
         while True:
             wake.mark()
-            got = self.acquire(max_events)
+            got = self._acquire(max_events, None, on)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
@@ -538,18 +548,16 @@ class ShareConsumer:
         over meanwhile, everything is rolled back (:attr:`ShareTransaction.settlement` says which) and the
         events are delivered again. An exception rolls back the writes, releases the events (available at
         once) and propagates.
+
+        The transaction begins when ``.connection`` is first used; the acks and the ``COMMIT`` go to the
+        server in one round trip (a block that wrote nothing commits its acks as a transaction of their
+        own: one round trip for the poll, one for the acks).
         """
         with self._client.connection() as conn:
             tx = ShareTransaction(self, conn)
             try:
-                with conn.transaction():
-                    yield tx
-                    if tx.events:
-                        held = self._mine(tx.events)
-                        codes = self._settle(ACK, held, conn)
-                        tx.settlement = self._settlement("ack", codes, held, forget=False)
-                        if not tx.settlement.ok:
-                            raise _RollBack
+                yield tx
+                self._finish(tx, conn)
                 if tx.settlement is not None:
                     self._forget(tx.settlement.outcomes)
             except _RollBack:
@@ -564,12 +572,58 @@ class ShareConsumer:
                     except psycopg.Error:
                         pass  # their locks expire
             except BaseException:
+                end_transaction(conn, b"ROLLBACK")
                 if tx.events and not conn.broken:
                     try:
                         self.release([e for e in tx.events if (e.partition, e.position) in self._held])
                     except psycopg.Error:
                         pass  # the locks expire
                 raise
+
+    def _finish(self, tx: ShareTransaction, conn: psycopg.Connection) -> None:
+        """Ack ``tx``'s events in its transaction and commit, all or nothing (raises :class:`_RollBack`
+        after rolling back when some ack did not take effect)."""
+        if not tx.events:
+            if tx.began:
+                end_transaction(conn, b"COMMIT", check=True)
+            return
+        tx.settlement = self._ack_commit(tx.events, conn, began=tx.began)
+        if not tx.settlement.ok:
+            raise _RollBack
+
+    def _ack_commit(self, events: Sequence[Event], conn: psycopg.Connection, *, began: bool) -> Settlement:
+        """Ack ``events`` in ``conn``'s open transaction (``began``; else as a transaction of their own) and
+        commit it, all or nothing: when some ack does not take effect, the whole transaction is rolled
+        back and the settlement says which failed. Nothing is forgotten here (the caller decides)."""
+        held = self._mine(events)
+        whole = self._whole_batches(held)
+        if sum(len(ps) for ps in whole.values()) == len(held):
+            # the common case: the acks (and the commit) in one round trip
+            if self._store.ack_batches_all(conn, self.group, self.topic_id, self.consumer_id, whole,
+                                           commit=began):
+                return Settlement("ack", {(e.partition, e.position): ShareOutcome.DONE for e, _ in held})
+            end_transaction(conn, b"ROLLBACK")
+            with conn.transaction(force_rollback=True):  # which acks failed
+                codes = self._settle(ACK, held, conn)
+            return self._settlement("ack", codes, held, forget=False)
+        if not began:
+            conn.execute("BEGIN")
+        codes = self._settle(ACK, held, conn)
+        settlement = self._settlement("ack", codes, held, forget=False)
+        end_transaction(conn, b"COMMIT" if settlement.ok else b"ROLLBACK", check=settlement.ok)
+        return settlement
+
+
+def end_transaction(conn: psycopg.Connection, command: bytes, *, check: bool = False) -> None:
+    """End ``conn``'s open transaction (if any: nothing to do on an idle or broken connection) with
+    ``command``; ``check``: raise its error."""
+    if conn.broken or conn.pgconn.transaction_status == pq.TransactionStatus.IDLE:
+        return
+    try:
+        conn.execute(command.decode())
+    except psycopg.Error:
+        if check:
+            raise
 
 
 class _RollBack(Exception):
@@ -583,9 +637,20 @@ class ShareTransaction:
 
     def __init__(self, consumer: ShareConsumer, conn: psycopg.Connection) -> None:
         self._consumer = consumer
-        self.connection = conn
+        self._conn = conn
+        #: whether the transaction has begun (at the first use of :attr:`connection`)
+        self.began = False
         self.events: list[Event] = []
         self.settlement: Settlement | None = None
+
+    @property
+    def connection(self) -> psycopg.Connection:
+        """The connection in the open transaction, for the handler's writes (the transaction begins at
+        its first use)."""
+        if not self.began:
+            self._conn.execute("BEGIN")
+            self.began = True
+        return self._conn
 
     @property
     def committed(self) -> bool:
@@ -595,7 +660,8 @@ class ShareTransaction:
     def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
         """Like :meth:`ShareConsumer.poll` (``max_events`` default 500, ``timeout`` default 1.0 s); the
         events are acked with the transaction."""
-        got = self._consumer.poll(max_events, timeout)
+        # before the transaction begins, acquire on its connection (the acquisition commits at once)
+        got = self._consumer._poll(max_events, timeout, None if self.began else self._conn)
         self.events.extend(got)
         return got
 

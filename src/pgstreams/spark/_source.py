@@ -12,9 +12,10 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from ..errors import InvalidArgument
-from . import _db
+from ..storage import TopicRecord
+from . import _cluster, _db
 from ._batch import BatchReader
-from ._options import read_options, write_options
+from ._options import WriteOptions, read_options, write_options
 from ._stream import StreamReader
 from ._write import BatchWriter, StreamWriter, check_schema
 
@@ -66,17 +67,30 @@ class PgStreamsDataSource(DataSource):
         """The format name: ``pgstreams``."""
         return "pgstreams"
 
+    def _dsns(self, dsn: str) -> list[str]:
+        """The shards' DSNs of option ``dsn`` (one for a single server)."""
+        return _cluster.shard_dsns(dsn)
+
+    def _schema_of(self, dsn: str) -> StructType:
+        return read_schema() if len(self._dsns(dsn)) == 1 else _cluster.cluster_schema(read_schema())
+
     def schema(self) -> StructType:
-        """The read schema, after checking the options and that the topics exist."""
+        """The read schema, after checking the options and that the topics exist (over a cluster of
+        shards: the layout too, and the rows carry a ``shard`` column)."""
         opts = read_options(self.options)
-        with _db.connect(opts.dsn) as conn:
-            _db.ensure_migrated(conn, opts.schema)
-            _db.check_server(conn)
-            _db.topics(conn, opts.schema, opts.topics, "topics" if "topics" in self.options else "topic")
-        return read_schema()
+        dsns = self._dsns(opts.dsn)
+        if len(dsns) > 1:
+            _cluster.check_cluster(dsns, opts.schema)
+        for dsn in dsns:
+            with _db.connect(dsn) as conn:
+                _db.ensure_migrated(conn, opts.schema)
+                _db.check_server(conn)
+                _db.topics(conn, opts.schema, opts.topics, "topics" if "topics" in self.options else "topic")
+        return self._schema_of(opts.dsn)
 
     def _check_read_schema(self, schema: StructType) -> None:
-        if [f.name for f in schema.fields] != [f.name for f in read_schema().fields]:
+        expected = self._schema_of(read_options(self.options).dsn)
+        if [f.name for f in schema.fields] != [f.name for f in expected.fields]:
             raise InvalidArgument("the pgstreams source has a fixed schema (see pgstreams.spark.SCHEMA_DDL); "
                                   "do not call .schema() on the reader, select columns afterwards")
 
@@ -87,6 +101,11 @@ class PgStreamsDataSource(DataSource):
         for name in ("maxEventsPerTrigger",):
             if name in self.options:
                 raise InvalidArgument(f"option {name!r} applies to streaming reads only")
+        dsns = self._dsns(opts.dsn)
+        if len(dsns) > 1:
+            each = max(1, self.default_min_partitions // len(dsns))
+            return _cluster.ClusterBatchReader([BatchReader(o, read_schema(), o.min_partitions or each)
+                                                for o in _cluster.shard_readers(opts, dsns)])
         return BatchReader(opts, read_schema(), opts.min_partitions or self.default_min_partitions)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
@@ -96,6 +115,10 @@ class PgStreamsDataSource(DataSource):
         for name in ("endingOffsets", "endingTimestamp", "minPartitions", "maxRecordsPerPartition"):
             if name in self.options:
                 raise InvalidArgument(f"option {name!r} applies to batch reads only")
+        dsns = self._dsns(opts.dsn)
+        if len(dsns) > 1:
+            return _cluster.ClusterStreamReader([StreamReader(o, read_schema())
+                                                 for o in _cluster.shard_readers(opts, dsns)])
         return StreamReader(opts, read_schema())
 
     def _writer_parts(self, schema: StructType, overwrite: bool) -> tuple:
@@ -109,10 +132,32 @@ class PgStreamsDataSource(DataSource):
             meta = _db.topics(conn, opts.schema, [opts.topic])[0]
         return opts, meta, used
 
+    def _cluster_parts(self, schema: StructType, overwrite: bool
+                       ) -> tuple[list[tuple[WriteOptions, TopicRecord, list[str]]], int] | None:
+        """Over a cluster: each shard's writer arguments (of the topic's span) and the span."""
+        if overwrite:
+            raise InvalidArgument("topics are append-only: write with mode('append')")
+        opts = write_options(self.options)
+        dsns = self._dsns(opts.dsn)
+        if len(dsns) == 1:
+            return None
+        used = check_schema(schema)
+        _cluster.check_cluster(dsns, opts.schema)
+        metas, span = _cluster.topic_span(dsns, opts.schema, opts.topic)
+        return [(o, m, used) for o, m in zip(_cluster.writer_options(opts, dsns), metas, strict=False)], span
+
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        """The batch writer (``mode('append')`` only)."""
+        """The batch writer (``mode('append')`` only); over a cluster, rows go to their keys' shards."""
+        cluster = self._cluster_parts(schema, overwrite)
+        if cluster is not None:
+            parts, span = cluster
+            return _cluster.ClusterBatchWriter([BatchWriter(*p) for p in parts], parts[0][1], span)
         return BatchWriter(*self._writer_parts(schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        """The streaming writer (``outputMode('append')`` only)."""
+        """The streaming writer (``outputMode('append')`` only); over a cluster, by key as :meth:`writer`."""
+        cluster = self._cluster_parts(schema, overwrite)
+        if cluster is not None:
+            parts, span = cluster
+            return _cluster.ClusterStreamWriter([StreamWriter(*p) for p in parts], parts[0][1], span)
         return StreamWriter(*self._writer_parts(schema, overwrite))

@@ -6,7 +6,8 @@
 - :mod:`.naming`: how a topic is stored (:class:`TopicTables`), a schema's notification channel;
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
-  :class:`CheckpointStore`, :class:`GroupStore`, :class:`SinkStore`, :class:`ShareStore`,
+  :class:`CheckpointStore`, :class:`GroupStore`, :class:`ClusterStore`, :class:`SinkStore`,
+  :class:`ShareStore`,
   :class:`OperationsStore`, :class:`StatusStore`, gathered by :class:`Store`;
 - :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING
 from psycopg_pool import ConnectionPool
 
 from .checkpoints import CheckpointStore
-from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt
+from .cluster import ClusterStore, CreatedTopic, ShardLayout
+from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
 from .migrations import CORE, Migration, MigrationSet, MigrationStatus
@@ -40,6 +42,8 @@ __all__ = [
     "EVENT_ID",
     "PARTITION",
     "CheckpointStore",
+    "ClusterStore",
+    "CreatedTopic",
     "Cursor",
     "EventRow",
     "EventStore",
@@ -54,6 +58,7 @@ __all__ = [
     "QuerySet",
     "RemovedSegment",
     "Segments",
+    "ShardLayout",
     "ShareSettings",
     "ShareStore",
     "SinkStore",
@@ -63,6 +68,7 @@ __all__ = [
     "TopicRecord",
     "TopicStore",
     "TopicTables",
+    "TopicVersion",
     "core_query",
     "notification_channel",
     "render_script",
@@ -84,6 +90,7 @@ class Store:
         self.shares = ShareStore(self.executor)
         self.operations = OperationsStore(self.executor)
         self.status = StatusStore(self.executor)
+        self.cluster = ClusterStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

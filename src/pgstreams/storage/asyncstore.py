@@ -178,6 +178,13 @@ class AsyncStore:
                    has_ids: bool) -> int:
         """Store ``rows`` in one transaction with COPY (as ``EventStore.copy``); how many were stored."""
         partitions = sorted({r[PARTITION] for r in rows})
+        if not has_ids and _direct_ok(conn):
+            # the registration and the COPY in one message: one implicit transaction, one round trip
+            fence = statement("join_fence", self.ex.schema, topic_id).text.replace(
+                b"$1", b"'" + int_array(partitions) + b"'")
+            copy = statement("copy_events_tagged", self.ex.schema, topic_id).text
+            await self._direct.copy_in(conn, fence.rstrip().rstrip(b";") + b"; " + copy, _COPY_TYPES, rows)
+            return len(rows)
         async with conn.transaction():
             await self.ex.run("join_fence", (partitions,), conn=conn, topic_id=topic_id)
             cur = conn.cursor()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import psycopg
@@ -69,6 +69,17 @@ def _insert_sql(schema: str, topic_id: int) -> bytes:
 SINGLE_KEY_TOPICS = 1024
 
 
+class TopicVersion(NamedTuple):
+    """What a publishing client compares with its cached row of a topic: the partition count and
+    configuration."""
+
+    partitions: int
+    config: dict[str, Any]
+
+
+_NOTIFY: Final = b"SELECT pg_notify($1, $2)"
+
+
 def _insert_statement(schema: str, topic_id: int) -> Statement:
     """A topic's single-event insert in its own transaction, for libpq."""
     return statement("insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event", schema, topic_id)
@@ -96,16 +107,26 @@ class EventStore:
         return StoredAt(row[PARTITION], int(got[0]))
 
     def insert_pooled(self, conn: psycopg.Connection, topic_id: int, row: EventRow,
-                      notify: tuple[str, str] | None = None) -> StoredAt:
+                      notify: tuple[str, str] | None = None,
+                      version: Callable[[TopicVersion | None], None] | None = None) -> StoredAt:
         """Insert one event on a pooled autocommit connection (its own transaction). With ``notify``
         (channel, payload), also send that notification once the insert committed, in the same round
-        trip (events with an id: in a second one)."""
+        trip (events with an id: in a second one). With ``version``, also read the topic's
+        :class:`TopicVersion` in the same round trip (events with an id: in another one) and pass it to
+        ``version`` (``None``: the topic is gone)."""
         if row[EVENT_ID] is not None:
             stored = self._insert_idempotent(conn, topic_id, row)
             if notify is not None:
                 self.notify(conn, *notify)
+            if version is not None:
+                version(self.topic_version(conn, topic_id))
             return stored
-        return StoredAt(row[PARTITION], self._insert_direct(conn, topic_id, row, notify))
+        return StoredAt(row[PARTITION], self._insert_direct(conn, topic_id, row, notify, version=version))
+
+    def topic_version(self, conn: psycopg.Connection | None, topic_id: int) -> TopicVersion | None:
+        """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
+        got = self.ex.one("topic_version", (topic_id,), conn=conn)
+        return None if got is None else TopicVersion(int(got[0]), json.loads(got[1]) if got[1] else {})
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
@@ -119,8 +140,9 @@ class EventStore:
         return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)
 
     def _insert_direct(self, conn: psycopg.Connection, topic_id: int, row: EventRow,
-                       notify: tuple[str, str] | None = None, retry: bool = True) -> int:
-        """Insert an event without event id; return its position. With ``notify``, see
+                       notify: tuple[str, str] | None = None, retry: bool = True,
+                       version: Callable[[TopicVersion | None], None] | None = None) -> int:
+        """Insert an event without event id; return its position. With ``notify`` and ``version``, see
         :meth:`insert_pooled`.
 
         Straight through libpq: psycopg's query layer (adaptation, prepared-statement bookkeeping) cost
@@ -137,16 +159,31 @@ class EventStore:
             None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
             None if producer is None else b"%d" % producer,
         ]
-        if notify is None:
-            res = conn.pgconn.exec_prepared(st.name, params, _INSERT_FORMATS)  # type: ignore[arg-type]
+        checked: pq.abc.PGresult | None = None
+        if version is not None:
+            after: list[tuple[bytes, Sequence[bytes | None]]] = []
+            if notify is not None:
+                after.append((_NOTIFY, (notify[0].encode(enc), notify[1].encode(enc))))
+            after.append((statement("topic_version", self.ex.schema).text, (b"%d" % topic_id,)))
+            results = self._direct.exec_then(conn, st, params, _INSERT_FORMATS, after)
+            res, checked = results[0], results[-1]
+        elif notify is None:
+            res = self._direct.exec_prepared(conn, st, params, _INSERT_FORMATS)
         else:
             res = self._direct.exec_then_notify(conn, st, params, _INSERT_FORMATS,
                                                 (notify[0].encode(enc), notify[1].encode(enc)))
         if res.status != pq.ExecStatus.TUPLES_OK:
             if retry and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":
                 self._direct.forget(conn)  # the statement was discarded (DISCARD ALL, DEALLOCATE)
-                return self._insert_direct(conn, topic_id, row, notify, retry=False)
+                return self._insert_direct(conn, topic_id, row, notify, retry=False, version=version)
             raise psycopg.errors.error_from_result(res, encoding=enc)
+        if version is not None and checked is not None and checked.status == pq.ExecStatus.TUPLES_OK:
+            if checked.ntuples == 0:
+                version(None)
+            else:
+                config = checked.get_value(0, 1)
+                version(TopicVersion(int(checked.get_value(0, 0)),  # type: ignore[arg-type]
+                                     json.loads(bytes(config).decode(enc)) if config else {}))
         return int(res.get_value(0, 0))  # type: ignore[arg-type]
 
     def copy(self, conn: psycopg.Connection, topic_id: int, rows: Sequence[EventRow], has_ids: bool) -> int:

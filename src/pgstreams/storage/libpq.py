@@ -13,9 +13,10 @@ import asyncio
 import functools
 import hashlib
 import re
+import select
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,23 +44,50 @@ class Statement:
 def statement(query: str, schema: str, topic_id: int | None = None) -> Statement:
     """Core query ``query`` rendered for ``schema`` (and topic) with ``$n`` placeholders: its ``%s``
     parameters in order, or its ``%(name)s`` parameters numbered in order of first appearance."""
-    text = core_query(query, schema, topic_id).as_bytes(None)
+    return statement_of(query, core_query(query, schema, topic_id).as_bytes(None))
+
+
+def statement_of(name: str, text: bytes) -> Statement:
+    """A :class:`Statement` named after ``name`` (and a digest of its text) from a query's text with
+    psycopg placeholders (``%s``, or ``%(name)s`` numbered in order of first appearance; ``%%`` is ``%``)."""
     if b"%s" in text:
         parts = text.split(b"%s")
         text = parts[0] + b"".join(b"$%d" % i + part for i, part in enumerate(parts[1:], 1))
+        text = text.replace(b"%%", b"%")
         digest = hashlib.sha1(text).hexdigest()[:16]
-        return Statement(f"pgstreams_{query}_{digest}".encode(), text, ())
+        return Statement(f"pgstreams_{name}_{digest}".encode(), text, ())
     names: list[str] = []
 
     def number(m: re.Match[bytes]) -> bytes:
-        name = m.group(1).decode()
-        if name not in names:
-            names.append(name)
-        return b"$%d" % (names.index(name) + 1)
+        key = m.group(1).decode()
+        if key not in names:
+            names.append(key)
+        return b"$%d" % (names.index(key) + 1)
 
-    text = _NAMED.sub(number, text)
+    text = _NAMED.sub(number, text).replace(b"%%", b"%")
     digest = hashlib.sha1(text).hexdigest()[:16]
-    return Statement(f"pgstreams_{query}_{digest}".encode(), text, tuple(names))
+    return Statement(f"pgstreams_{name}_{digest}".encode(), text, tuple(names))
+
+
+def text_params(st: Statement, values: Mapping[str, Any], encoding: str) -> list[bytes | None]:
+    """``values`` of ``st``'s named parameters in ``$n`` order, in text form: ``None`` (NULL), booleans,
+    integers, strings and lists of integers."""
+    out: list[bytes | None] = []
+    for name in st.params:
+        v = values[name]
+        if v is None:
+            out.append(None)
+        elif v is True or v is False:
+            out.append(b"t" if v else b"f")
+        elif isinstance(v, int):
+            out.append(b"%d" % v)
+        elif isinstance(v, str):
+            out.append(v.encode(encoding))
+        elif isinstance(v, (list, tuple)):
+            out.append(int_array(v))
+        else:
+            raise TypeError(f"parameter {name!r}: no text form for {type(v).__name__}")
+    return out
 
 
 def int_array(values: Sequence[int]) -> bytes:
@@ -82,6 +110,70 @@ def _check_alive(pg: pq.abc.PGconn) -> None:
     if pg.status != pq.ConnStatus.OK:
         why = pg.error_message.decode("utf-8", "replace").strip()
         raise psycopg.OperationalError(why or "connection lost")
+
+
+#: Seconds of silence from the server, while a result is awaited, after which the server is asked (on a
+#: connection of its own) whether it still runs the session. A statement may rightly run for long (a lock
+#: wait, a synchronous commit waiting for a standby): only a session the server no longer runs, or one it
+#: runs idle, gets no more results (a connection cut without either side seeing it close: a network
+#: partition, a proxy or NAT that dropped it, a server that died while its socket stayed open).
+SILENCE_PROBE = 5.0
+
+
+def _session_state(pg: pq.abc.PGconn) -> str | None:
+    """The state in ``pg_stat_activity`` of ``pg``'s backend, asked on a new connection with the same
+    parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked."""
+    params = {o.keyword.decode(): o.val.decode() for o in pg.info if o.val is not None}
+    params["connect_timeout"] = "5"
+    params["application_name"] = "pgstreams probe"
+    params.pop("replication", None)
+    try:
+        with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as probe:
+            row = probe.execute("SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = %s",
+                                (pg.backend_pid,)).fetchone()
+    except psycopg.Error:
+        return "unknown"
+    return None if row is None else str(row[0])
+
+
+def _readable(fd: int, timeout: float) -> bool:
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(timeout * 1000.0))
+
+
+def _await_input(pg: pq.abc.PGconn) -> None:
+    """Wait until the server sends something on ``pg`` and read it; after :data:`SILENCE_PROBE` seconds of
+    silence, ask the server whether it still runs the session, and if it does not (or runs it idle while
+    nothing arrives), close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries
+    on a new connection instead of waiting forever)."""
+    fd = pg.socket
+    while not _readable(fd, SILENCE_PROBE):
+        state = _session_state(pg)
+        if state == "unknown" or (state is not None and state != "idle"):
+            continue
+        if state == "idle" and _readable(fd, 1.0):
+            break  # its last results were on their way
+        exc = _lost(pg, state)
+        pg.finish()
+        raise exc
+    pg.consume_input()
+
+
+def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
+    pid = pg.backend_pid
+    return psycopg.OperationalError(
+        f"connection lost: the server no longer runs session {pid}, whose results were awaited"
+        if state is None else
+        f"connection lost: session {pid} sits idle on the server while its results were awaited")
+
+
+def _result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
+    """``pg.get_result()``, waiting for the server through :func:`_await_input` (never blocked without a
+    bound in libpq when the connection was cut silently)."""
+    while pg.is_busy():
+        _await_input(pg)
+    return pg.get_result()
 
 
 def usable(conn: psycopg.Connection) -> bool:
@@ -120,7 +212,7 @@ class Direct:
         connection's encoding."""
         s = self._session(conn)
         if st.name not in s.prepared:
-            res = conn.pgconn.prepare(st.name, st.text, types)
+            res = self.exec_prepare(conn.pgconn, st, types)
             # "already exists": the server kept it while this registry forgot it (after a statement that
             # some other one had gone, the registry forgets them all); the name carries the text's digest
             if res.status != pq.ExecStatus.COMMAND_OK and (
@@ -128,6 +220,19 @@ class Direct:
                 raise psycopg.errors.error_from_result(res, encoding=s.encoding)
             s.prepared.add(st.name)
         return s.encoding
+
+    @staticmethod
+    def exec_prepare(pg: pq.abc.PGconn, st: Statement, types: Sequence[int] | None = None) -> pq.abc.PGresult:
+        """Prepare ``st`` (not registered: see :meth:`prepare`); its result."""
+        pg.send_prepare(st.name, st.text, types)
+        return _last(pg)
+
+    @staticmethod
+    def exec_prepared(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+                      formats: Sequence[int] | None = None, result_format: int = 0) -> pq.abc.PGresult:
+        """Run prepared ``st`` (as ``PQexecPrepared``, waiting through :func:`_await_input`); its result."""
+        conn.pgconn.send_query_prepared(st.name, params, formats, result_format)
+        return _last(conn.pgconn)
 
     def forget(self, conn: psycopg.Connection) -> None:
         """The server no longer holds the statements prepared on ``conn`` (psycopg deallocates every
@@ -159,35 +264,81 @@ class Direct:
         return out
 
     @staticmethod
+    def run_then_commit(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None], *,
+                        commit: bool) -> list[tuple[Any, ...]]:
+        """Run ``st``'s text unprepared (nothing to prepare inside a transaction: a failed prepare would abort
+        it) with text ``params``, in one round trip: as a transaction of its own (``conn`` idle in autocommit
+        mode), or with ``commit`` in ``conn``'s open transaction, followed by its ``COMMIT``. Its rows (as
+        text); its error is raised after every result was read, and with ``commit`` leaves the transaction
+        failed, for the caller to roll back."""
+        pg = conn.pgconn
+        pg.enter_pipeline_mode()
+        try:
+            pg.send_query_params(st.text, params)
+            if commit:
+                pg.send_query_params(b"COMMIT", None)
+            pg.pipeline_sync()
+            results: list[pq.abc.PGresult] = []
+            while True:
+                res = _result(pg)
+                if res is None:
+                    _check_alive(pg)
+                    continue
+                if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                    break
+                results.append(res)
+        finally:
+            if pg.status == pq.ConnStatus.OK:
+                pg.exit_pipeline_mode()
+        first = results[0]
+        if first.status not in _OK:
+            raise psycopg.errors.error_from_result(first, encoding=conn.info.encoding)
+        if commit and results[1].status not in _OK:
+            raise psycopg.errors.error_from_result(results[1], encoding=conn.info.encoding)
+        return [tuple(first.get_value(r, c) for c in range(first.nfields)) for r in range(first.ntuples)]
+
+    @staticmethod
     def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                          formats: Sequence[int], notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
         """Run prepared ``st`` (its own transaction, on an autocommit connection), then
         ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a
         libpq pipeline with a sync after each). Returns the statement's result; the notification's is
         dropped (a wake-up hint: consumers poll anyway)."""
+        return Direct.exec_then(conn, st, params, formats, [(_NOTIFY, notify)])[0]
+
+    @staticmethod
+    def exec_then(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+                  formats: Sequence[int], after: Sequence[tuple[bytes, Sequence[bytes | None]]]
+                  ) -> list[pq.abc.PGresult]:
+        """Run prepared ``st`` (its own transaction, on an autocommit connection), then each query of
+        ``after`` (text with ``$n`` placeholders, text parameters) in a transaction of its own, each after
+        the one before committed: one round trip (a libpq pipeline with a sync after each). Returns the
+        first result of each, ``st``'s first (a failed one's error result: the caller raises it)."""
         pg = conn.pgconn
         pg.enter_pipeline_mode()
         try:
             pg.send_query_prepared(st.name, params, formats)
             pg.pipeline_sync()
-            pg.send_query_params(_NOTIFY, notify)
-            pg.pipeline_sync()
-            first: pq.abc.PGresult | None = None
+            for query, values in after:
+                pg.send_query_params(query, values)
+                pg.pipeline_sync()
+            firsts: list[pq.abc.PGresult | None] = [None] * (len(after) + 1)
             syncs = 0
-            while syncs < 2:
-                res = pg.get_result()
+            while syncs < len(firsts):
+                res = _result(pg)
                 if res is None:
                     _check_alive(pg)
                     continue
                 if res.status == pq.ExecStatus.PIPELINE_SYNC:
                     syncs += 1
-                elif first is None:
-                    first = res
+                elif firsts[syncs] is None:
+                    firsts[syncs] = res
         finally:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
-        assert first is not None
-        return first
+        out = [r for r in firsts if r is not None]
+        assert len(out) == len(firsts)
+        return out
 
     @staticmethod
     def copy_in(conn: psycopg.Connection, query: bytes, types: Sequence[str],
@@ -202,7 +353,7 @@ class Direct:
         pg.send_query(query)
         failed: pq.abc.PGresult | None = None
         while True:
-            res = pg.get_result()
+            res = _result(pg)
             if res is None:
                 _check_alive(pg)
                 if failed is not None:
@@ -222,7 +373,7 @@ class Direct:
                     cp.write_row(r)
         finally:
             # the message's end (the implicit transaction's commit, or its rollback after an error)
-            while pg.status == pq.ConnStatus.OK and pg.get_result() is not None:
+            while pg.status == pq.ConnStatus.OK and _result(pg) is not None:
                 pass
 
     @staticmethod
@@ -234,7 +385,7 @@ class Direct:
             pg.pipeline_sync()
             results: list[pq.abc.PGresult] = []
             while True:
-                res = pg.get_result()
+                res = _result(pg)
                 if res is None:
                     _check_alive(pg)
                     continue
@@ -245,6 +396,78 @@ class Direct:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
         return results
+
+
+def _last(pg: pq.abc.PGconn) -> pq.abc.PGresult:
+    """The last result of the command sent on ``pg`` (outside pipeline mode), as ``PQexec`` returns it."""
+    last: pq.abc.PGresult | None = None
+    while (res := _result(pg)) is not None:
+        last = res
+        if res.status in (pq.ExecStatus.COPY_IN, pq.ExecStatus.COPY_OUT, pq.ExecStatus.COPY_BOTH):
+            break
+    if last is None:
+        _check_alive(pg)
+        raise psycopg.OperationalError("the server sent no result")
+    return last
+
+
+def send_statements(conn: psycopg.Connection, steps: Sequence[tuple[Statement, Sequence[bytes | None]]]
+                    ) -> None:
+    """Send the (unprepared) ``steps`` on ``conn`` (idle, autocommit) in one pipeline, without waiting
+    for their results: the server works on them while the caller does something else (on another
+    connection); :func:`collect_statements` reads them."""
+    pg = conn.pgconn
+    pg.enter_pipeline_mode()
+    try:
+        for st, params in steps:
+            pg.send_query_params(st.text, params)
+        pg.pipeline_sync()
+        while pg.flush():
+            _await_writable(pg)
+    except BaseException:
+        conn.close()  # half a pipeline sent: no one may use it again
+        raise
+
+
+def collect_statements(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
+    """The rows of each statement :func:`send_statements` sent on ``conn``; the first error is raised
+    after every result was read."""
+    pg = conn.pgconn
+    results: list[pq.abc.PGresult] = []
+    try:
+        while True:
+            res = _result(pg)
+            if res is None:
+                _check_alive(pg)
+                continue
+            if res.status == pq.ExecStatus.PIPELINE_SYNC:
+                break
+            results.append(res)
+    finally:
+        if pg.status == pq.ConnStatus.OK:
+            pg.exit_pipeline_mode()
+    failed = next((r for r in results if r.status not in _OK), None)
+    if failed is not None:
+        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+    tx = Transformer(conn)
+    out = []
+    for res in results:
+        tx.set_pgresult(res)
+        out.append(tx.load_rows(0, res.ntuples, tuple))
+    return out
+
+
+def _await_writable(pg: pq.abc.PGconn) -> None:
+    poller = select.poll()
+    poller.register(pg.socket, select.POLLOUT | select.POLLERR | select.POLLHUP)
+    poller.poll(1000.0)
+    pg.consume_input()
+
+
+def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
+    """Run ``query`` with text ``params`` (as ``PQexecParams``, waiting through :func:`_await_input`)."""
+    pg.send_query_params(query, params)
+    return _last(pg)
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -266,6 +489,37 @@ async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool = False) 
             loop.remove_writer(fd)
         else:
             loop.remove_reader(fd)
+
+
+async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn, fd: int) -> None:
+    """:func:`_await_input` on the event loop (the server is asked in a thread); the caller closes the
+    connection when it raises."""
+    while not await _ready_within(loop, fd, SILENCE_PROBE):
+        state = await asyncio.to_thread(_session_state, pg)
+        if state == "unknown" or (state is not None and state != "idle"):
+            continue
+        if state == "idle" and await _ready_within(loop, fd, 1.0):
+            break
+        raise _lost(pg, state)
+    pg.consume_input()
+
+
+async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (``True``) or ``timeout`` seconds passed (``False``): a timer on the
+    loop, not ``asyncio.wait_for`` (which makes a task per wait)."""
+    fut: asyncio.Future[bool] = loop.create_future()
+    loop.add_reader(fd, _settle, fut, True)
+    timer = loop.call_later(timeout, _settle, fut, False)
+    try:
+        return await fut
+    finally:
+        loop.remove_reader(fd)
+        timer.cancel()
+
+
+def _settle(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).
@@ -315,8 +569,7 @@ class AsyncDirect:
             i = 0
             while i < len(batches):
                 if pg.is_busy():
-                    await _ready(loop, fd)
-                    pg.consume_input()
+                    await _await_input_async(loop, pg, fd)
                     continue
                 res = pg.get_result()
                 if res is None:
@@ -333,6 +586,56 @@ class AsyncDirect:
             elif not done:
                 await conn.close()
         return out
+
+    @staticmethod
+    async def copy_in(conn: psycopg.AsyncConnection[Any], query: bytes, types: Sequence[str],
+                      rows: Iterable[Sequence[Any]]) -> None:
+        """:meth:`Direct.copy_in` on the event loop: ``query`` (statements, the last a binary ``COPY ... FROM
+        STDIN``) sent as one message, ``rows`` copied; one implicit transaction, one round trip. ``conn``
+        must be idle in autocommit mode, held alone; it is closed if this is interrupted half-way."""
+        pg = conn.pgconn
+        loop = asyncio.get_running_loop()
+        fd = pg.socket
+        done = False
+        try:
+            pg.send_query(query)
+            while pg.flush():
+                await _ready(loop, fd, write=True)
+            failed: pq.abc.PGresult | None = None
+            while True:
+                if pg.is_busy():
+                    await _await_input_async(loop, pg, fd)
+                    continue
+                res = pg.get_result()
+                if res is None:
+                    _check_alive(pg)
+                    if failed is not None:
+                        raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
+                    raise psycopg.ProgrammingError("the query did not start a COPY")
+                if res.status == pq.ExecStatus.COPY_IN:
+                    break
+                if res.status not in _OK and failed is None:
+                    failed = res
+            cur = conn.cursor()
+            cur.adapters.register_dumper(None, BytesBinaryDumper)
+            try:
+                async with psycopg.AsyncCopy(cur, binary=True) as cp:  # ends the COPY; raises its error
+                    cp.set_types(types)
+                    for r in rows:
+                        await cp.write_row(r)
+            finally:
+                # the message's end (the implicit transaction's commit, or its rollback after an error):
+                # then the connection can be used again
+                while pg.status == pq.ConnStatus.OK:
+                    if pg.is_busy():
+                        await _await_input_async(loop, pg, fd)
+                        continue
+                    if pg.get_result() is None:
+                        break
+                done = True
+        finally:
+            if not done and not conn.closed:
+                await conn.close()
 
     def _prepares(self, conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement],
                   types: Sequence[int] | None) -> tuple[list[Send], list[bytes]]:

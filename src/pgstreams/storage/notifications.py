@@ -25,6 +25,7 @@ import psycopg
 from psycopg import pq
 
 from ..services import Service
+from .libpq import exec_params
 from .naming import notification_channel
 
 log = logging.getLogger("pgstreams.notify")
@@ -122,8 +123,8 @@ class Notifier(Service):
             # straight through libpq: psycopg's execute() costs four times the CPU, which a busy
             # producer pays for every notification
             enc = conn.info.encoding
-            res = conn.pgconn.exec_params(
-                b"SELECT pg_notify($1, $2)", [self._channel.encode(enc), payload.encode(enc)])
+            res = exec_params(conn.pgconn, b"SELECT pg_notify($1, $2)",
+                              [self._channel.encode(enc), payload.encode(enc)])
             if res.status != pq.ExecStatus.TUPLES_OK:
                 raise psycopg.OperationalError(
                     (res.error_message or conn.pgconn.error_message).decode(enc, "replace").strip())

@@ -32,6 +32,16 @@ class RemovedSegment:
     events: int
 
 
+@dataclass(frozen=True)
+class TopicToCheck:
+    """A topic a maintenance pass checks: its id, and its last drawn position and configuration when the
+    pass listed it."""
+
+    topic_id: int
+    last_position: int
+    config: dict[str, Any]
+
+
 def _utc(dt: datetime | None) -> datetime | None:
     return None if dt is None else dt.astimezone(timezone.utc)
 
@@ -106,6 +116,18 @@ class OperationsStore:
         """Every topic id."""
         return [int(r[0]) for r in self.ex.all("topic_ids", conn=conn)]
 
+    def topics_to_check(self, conn: psycopg.Connection) -> list[TopicToCheck]:
+        """The topics whose state moved since a pass last checked them (new events, another
+        configuration, segments left to seal or detach, retention by age due, never checked), with their
+        last drawn position and configuration as read now; idle topics are not listed."""
+        return [TopicToCheck(int(t), int(p), dict(c or {}))
+                for t, p, c in self.ex.all("maintenance_topics", conn=conn)]
+
+    def topic_checked(self, conn: psycopg.Connection, topic: TopicToCheck) -> None:
+        """Record that a pass checked ``topic`` (as :meth:`topics_to_check` returned it): retention ran on
+        it, and the next passes skip it while its state does not move."""
+        self.ex.one("topic_checked", (topic.topic_id, topic.last_position, Jsonb(topic.config)), conn=conn)
+
     def prepare_segments(self, conn: psycopg.Connection, topic_id: int) -> int:
         """Create segments ahead of the publishers and give the segment being filled statistics; return the
         number of segments created."""
@@ -140,18 +162,42 @@ class OperationsStore:
         """The segments marked as being removed and not dropped yet."""
         return [int(r[0]) for r in self.ex.all("removing_segments", (topic_id,), conn=conn)]
 
-    def remove_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
+    def detach_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
         """Detach a marked segment without blocking publishers or readers (``DETACH PARTITION ...
-        CONCURRENTLY``, or ``FINALIZE`` of one interrupted), drop it and forget it. ``conn`` must be in
-        autocommit mode."""
+        CONCURRENTLY``, or ``FINALIZE`` of one interrupted) and record it as detached: its events are
+        gone from the topic; :meth:`drop_detached` frees its space. ``conn`` must be in autocommit
+        mode."""
         tables = self.ex.tables(topic_id)
         segment_name = f'"{self.ex.schema}"."{tables.segment_prefix}{int(segment)}"'
         row = self.ex.one("segment_detach_state", (segment_name, tables.table_regclass), conn=conn)
         if row is not None:
             name = "finalize_detach" if row[0] else "detach_segment"
             conn.execute(self._segment_query(name, topic_id, segment))
+        self.ex.run("segment_detached", (topic_id, segment), conn=conn)
+
+    def remove_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
+        """Detach a marked segment (:meth:`detach_segment`), drop it and forget it. ``conn`` must be in
+        autocommit mode."""
+        self.detach_segment(conn, topic_id, segment)
+        self.drop_detached(conn, topic_id, segment)
+
+    def detached_segments(self, conn: psycopg.Connection) -> list[tuple[int, int]]:
+        """The detached segments not dropped yet, as ``(topic id, segment)``, oldest first."""
+        return [(int(t), int(s)) for t, s in self.ex.all("detached_segments", conn=conn)]
+
+    def drop_detached(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
+        """Drop a detached segment's table (it locks nothing the topic's users touch) and forget it."""
         conn.execute(self._segment_query("drop_segment_table", topic_id, segment))
         self.ex.run("forget_segment", (topic_id, segment), conn=conn)
+
+    def try_purge_lock(self, conn: psycopg.Connection) -> bool:
+        """Take the schema's purge lock on ``conn`` (a session lock) if free."""
+        row = self.ex.one("purge_lock", (self.ex.schema,), conn=conn)
+        return bool(row and row[0])
+
+    def purge_unlock(self, conn: psycopg.Connection) -> None:
+        """Release the purge lock held by ``conn``."""
+        self.ex.one("purge_unlock", (self.ex.schema,), conn=conn)
 
     def expire_members(self, conn: psycopg.Connection) -> int:
         """Expire the members of every group that missed their session timeout; return how many."""

@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 
 from ..models import ShareGroupStatus
 from .executor import Executor
+from .libpq import Direct, Statement, Step, statement, statement_of, text_params, usable
 from .naming import TopicTables
 from .queries import QuerySet
 
@@ -30,6 +31,11 @@ def _advance(schema: str, topic_id: int, wait: bool) -> sql.Composed:
     ids = dict(TopicTables(schema, topic_id).identifiers)
     ids["wait"] = sql.SQL("" if wait else "SKIP LOCKED")
     return SHARE_QUERIES.render("share_advance", schema, ids)
+
+@functools.lru_cache(maxsize=1024)
+def _advance_statement(schema: str, topic_id: int, wait: bool) -> Statement:
+    return statement_of("share_advance_wait" if wait else "share_advance", _advance(schema, topic_id, wait)
+                        .as_bytes(None))
 
 #: What :meth:`ShareStore.acquire` returns per event: the columns of a poll's row (see
 #: ``pgstreams.consumer.ROW_FIELDS``), then the delivery count, the state (``"a"`` acquired, ``"d"``
@@ -60,6 +66,7 @@ class ShareStore:
 
     def __init__(self, executor: Executor) -> None:
         self.ex = executor
+        self._direct = Direct()
 
     def upsert_group(self, conn: psycopg.Connection | None, group: str, topic_id: int, *, queue: bool,
                      lock_timeout: float, max_deliveries: int, dead_letter: str | None,
@@ -107,6 +114,8 @@ class ShareStore:
             "group": group, "partitions": list(partitions), "turn": turn, "owner": owner,
             "max": max_events, "lock_ms": round(lock_timeout * 1000), "max_deliveries": max_deliveries,
             "dead_letter": dead_letter, "ordered": ordered, "window": window, "expired": expired}
+        if usable(conn):
+            return self._acquire_direct(conn, topic_id, params, wait)
         with conn.pipeline(), conn.transaction():
             conn.execute(self.ex.query("share_acquisition_settings"))
             due = None
@@ -118,6 +127,25 @@ class ShareStore:
             new.execute(_advance(self.ex.schema, topic_id, wait), params, prepare=True)
         rows: list[AcquiredRow] = due.fetchall() if due is not None else []
         rows += new.fetchall()
+        return rows
+
+    def _acquire_direct(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any], wait: bool
+                        ) -> list[AcquiredRow]:
+        """:meth:`acquire`'s statements straight through libpq, in one round trip and one implicit
+        transaction (``conn`` idle in autocommit mode)."""
+        schema = self.ex.schema
+        enc = conn.info.encoding
+        steps: list[Step] = [(statement("share_acquisition_settings", schema), (), 0)]
+        if not wait:
+            due = statement("share_take_due", schema, topic_id)
+            steps.append((due, text_params(due, params, enc), 1))
+        fences = statement("load_fences", schema, topic_id)
+        steps.append((fences, text_params(fences, params, enc), 0))
+        adv = _advance_statement(schema, topic_id, wait)
+        steps.append((adv, text_params(adv, params, enc), 1))
+        results = self._direct.pipeline(conn, steps)
+        rows: list[AcquiredRow] = results[1] if not wait else []
+        rows += results[-1]
         return rows
 
     def settle(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str, action: str,
@@ -147,12 +175,34 @@ class ShareStore:
                     batches: Mapping[tuple[int, int], Sequence[int]]) -> set[tuple[int, int]]:
         """Ack whole batch rows of ``owner``, given as ``(partition, first position) -> every position``;
         return those acked (the others are no longer held as a batch: settle their events one by one)."""
+        if usable(conn):
+            st = statement("share_ack_batches", self.ex.schema)
+            values = _batch_values(conn.info.encoding, group, topic_id, owner, batches)
+            [got] = self._direct.pipeline(conn, [(st, [values[n] for n in st.params], 0)])
+            return {(int(p), int(pos)) for p, pos in got}
         keys = list(batches)
         rows = self.ex.all("share_ack_batches", {
             "group": group, "topic_id": topic_id, "owner": owner, "partitions": [k[0] for k in keys],
             "firsts": [k[1] for k in keys],
             "batches": ["{" + ",".join(map(str, batches[k])) + "}" for k in keys]}, conn=conn, prepare=True)
         return {(int(p), int(pos)) for p, pos in rows}
+
+    def ack_batches_all(self, conn: psycopg.Connection, group: str, topic_id: int, owner: str,
+                        batches: Mapping[tuple[int, int], Sequence[int]], *, commit: bool) -> bool:
+        """Ack whole batch rows of ``owner`` all or nothing, in one round trip: in ``conn``'s open
+        transaction followed by its ``COMMIT`` (``commit``), or as a transaction of its own (``conn`` idle in
+        autocommit mode). ``True``: every row was acked and the acks (with the transaction) committed.
+        ``False``: some batch was no longer held, nothing was acked, and ``conn``'s transaction (with
+        ``commit``) is left failed for the caller to roll back. Other errors are raised."""
+        st = statement("share_ack_batches_all", self.ex.schema)
+        values = _batch_values(conn.info.encoding, group, topic_id, owner, batches)
+        try:
+            self._direct.run_then_commit(conn, st, [values[n] for n in st.params], commit=commit)
+        except psycopg.Error as exc:
+            if exc.sqlstate == "PSA01":
+                return False
+            raise
+        return True
 
     def count(self, conn: psycopg.Connection, group: str, topic_id: int, partition: int, *,
               too_often: int = 0, rejected: int = 0, dead_lettered: int = 0) -> None:
@@ -183,3 +233,13 @@ class ShareStore:
         return [(r[0], r[1], bool(r[2])) for r in self.ex.all("share_groups_list")]
 
 
+def _batch_values(enc: str, group: str, topic_id: int, owner: str,
+                  batches: Mapping[tuple[int, int], Sequence[int]]) -> dict[str, bytes]:
+    """The parameters (text form) of the batch-row acks: ``(partition, first position) -> positions``."""
+    keys = list(batches)
+    return {
+        "group": group.encode(enc), "topic_id": b"%d" % topic_id, "owner": owner.encode(enc),
+        "partitions": b"{" + b",".join(b"%d" % k[0] for k in keys) + b"}",
+        "firsts": b"{" + b",".join(b"%d" % k[1] for k in keys) + b"}",
+        "batches": b"{" + b",".join(
+            b'"{' + b",".join(b"%d" % p for p in batches[k]) + b'}"' for k in keys) + b"}"}

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from datetime import datetime, timezone
 from typing import Any
 
@@ -20,6 +22,11 @@ from ..models import (
     TopicStatus,
 )
 from .executor import Executor
+from .libpq import collect_statements, send_statements, statement, text_params, usable
+
+#: Topics to read again (plus topics whose lag to read again) from which a status read splits its work
+#: over two connections.
+_SPLIT_FROM = 100
 
 #: The suffix of default dead-letter topics (as :data:`pgstreams.groups.config.DEAD_LETTER_SUFFIX`).
 _DLT_SUFFIX = ".dlt"
@@ -50,6 +57,40 @@ class StatusStore:
         self._kept: dict[int, tuple[tuple[Any, ...], list[tuple[Any, ...]], int,
                                     dict[tuple[str, int, int], tuple[Any, ...]]]] = {}
         self._lock = threading.Lock()
+        #: topics to read again from which a snapshot splits its work over two connections
+        self.split_from = _SPLIT_FROM
+        self._conns: list[psycopg.Connection] = []
+        self._read_lock = threading.Lock()
+
+    @contextmanager
+    def _reading(self) -> Iterator[tuple[psycopg.Connection, Callable[[], AbstractContextManager[
+            psycopg.Connection]]]]:
+        """The connection of a snapshot and a maker of its second one: two connections of the reads' own,
+        made at first use and kept (a connection that has read every segment once has their catalog
+        entries and files at hand: a read on a new one costs a third more), or pooled ones while another
+        thread's read holds those. A read that fails closes them (the next one makes new ones)."""
+        if self.ex.pool is None or not self._read_lock.acquire(blocking=False):
+            with self.ex.connection() as conn:
+                yield conn, self.ex.connection
+            return
+        try:
+            conns = [c for c in self._conns if not c.closed]
+            while len(conns) < 2:
+                conns.append(psycopg.connect(str(self.ex.pool.conninfo), autocommit=True))
+            self._conns = conns
+            try:
+                yield conns[0], lambda: nullcontext(conns[1])
+            except BaseException:
+                self.close()
+                raise
+        finally:
+            self._read_lock.release()
+
+    def close(self) -> None:
+        """Close the connections of the reads' own."""
+        conns, self._conns = self._conns, []
+        for c in conns:
+            c.close()
 
     def browse(self, topic_id: int, partition: int, position: int, limit: int) -> list[tuple[Any, ...]]:
         """Up to ``limit`` committed events of a partition from ``position`` on, as poll rows (see
@@ -68,10 +109,11 @@ class StatusStore:
         included) and each
         topic's marks (``status_marks()``, migration 0014), then, for the topics that may have changed
         since the last snapshot, their partitions, sizes and checkpoints' lag (``status_partitions()``,
-        ``status_bytes``, ``status_checkpoints()``). The figures of a topic whose sequence has not moved
+        ``status_sizes()``, ``status_checkpoints()``; when many topics changed, the sizes and lag on a second
+        connection at the same time as the partitions). The figures of a topic whose sequence has not moved
         since a read that found no registered publisher are kept from that read (see the migration)."""
         started = time.perf_counter()
-        with self.ex.connection() as conn:
+        with self._reading() as (conn, second):
             with conn.pipeline():
                 cursors = [self._send(conn, name, row) for name, row in (
                     ("status_now", tuple_row), ("status_dead_letter_topics", tuple_row),
@@ -93,27 +135,44 @@ class StatusStore:
                 checkpoints.setdefault(int(r["topic_id"]), []).append(r)
             stale = [t for t in topic_rows if int(t["topic_id"]) not in kept]
             lagging = [t for t in topic_rows if self._unknown_lag(checkpoints, kept, int(t["topic_id"]))]
-            with conn.pipeline():
-                ids = [int(t["topic_id"]) for t in stale]
-                pc = self._send(conn, "status_partitions", tuple_row, {
-                    "topic_ids": ids, "from": [int(t["sealed_end"]) for t in stale]})
-                bc = self._send(conn, "status_bytes", tuple_row, {"schema": self.ex.schema, "topic_ids": ids})
-                cc = self._send(conn, "status_checkpoints", dict_row, {
-                    "topic_ids": [int(t["topic_id"]) for t in lagging],
-                    "from": [int(t["sealed_end"]) for t in lagging],
-                    "size": [int(t["segment_size"]) for t in lagging]})
+            ids = [int(t["topic_id"]) for t in stale]
+            froms = [int(t["sealed_end"]) for t in stale]
+            lag = {"lag_ids": [int(t["topic_id"]) for t in lagging],
+                   "from": [int(t["sealed_end"]) for t in lagging],
+                   "size": [int(t["segment_size"]) for t in lagging]}
+            with ExitStack() as stack:
+                # many topics to read again: their sizes and lag on a second connection, sent first, so that
+                # the server reads them while it reads the partitions on this one (two server processes at
+                # work; the partitions take about as long as the other two together)
+                other = None
+                if len(ids) + len(lagging) >= self.split_from and usable(conn):
+                    other = stack.enter_context(second())
+                    enc = other.info.encoding
+                    sizes_of, lag_of = (statement(q, self.ex.schema) for q in ("status_bytes",
+                                                                               "status_checkpoints_of"))
+                    send_statements(other, [(sizes_of, text_params(sizes_of, {"topic_ids": ids}, enc)),
+                                            (lag_of, text_params(lag_of, lag, enc))])
+                with conn.pipeline():
+                    pc = self._send(conn, "status_partitions", tuple_row, {"topic_ids": ids, "from": froms})
+                    if other is None:
+                        bc = self._send(conn, "status_bytes", tuple_row, {"topic_ids": ids})
+                        cc = self._send(conn, "status_checkpoints_of", tuple_row, lag)
+                part_rows = pc.fetchall()
+                if other is not None:
+                    byte_rows, cp_lag_rows = collect_statements(other)
+                else:
+                    byte_rows, cp_lag_rows = bc.fetchall(), cc.fetchall()
             unsealed: dict[int, list[tuple[Any, ...]]] = {tid: entry[0] for tid, entry in kept.items()}
             unsealed.update((tid, []) for tid in ids)
-            for r in pc.fetchall():
+            for r in part_rows:
                 unsealed[int(r[0])].append(r)
             sizes = {tid: entry[1] for tid, entry in kept.items()}
-            sizes.update((int(r[0]), int(r[1] or 0)) for r in bc.fetchall())
+            sizes.update((int(r[0]), int(r[1] or 0)) for r in byte_rows)
             lags: dict[int, dict[tuple[str, int, int], tuple[Any, ...]]] = {
                 tid: dict(entry[2]) for tid, entry in kept.items()}
-            for r in cc.fetchall():
-                at = (r["group"], int(r["partition"]), int(r["checkpoint"]))
-                lags.setdefault(int(r["topic_id"]), {})[at] = (
-                    r["first_unread_at"], int(r["tail"]), int(r["in_segment"]))
+            for group, topic_id, partition, checkpoint, first_unread_at, tail, in_segment in cp_lag_rows:
+                lags.setdefault(int(topic_id), {})[(group, int(partition), int(checkpoint))] = (
+                    first_unread_at, int(tail), int(in_segment))
         with self._lock:
             # kept for the next snapshot: topics kept now, and those read now that no publisher held
             self._kept = {tid: (keys[tid], unsealed[tid], sizes.get(tid, 0), lags.get(tid, {}))

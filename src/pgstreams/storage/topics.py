@@ -58,9 +58,9 @@ class TopicStore:
         rows = self.ex.all("topics_by_names", (list(names),), conn=conn, row=dict_row)
         return {r["name"]: _record(r) for r in rows}
 
-    def all(self) -> list[TopicRecord]:
+    def all(self, conn: psycopg.Connection | None = None) -> list[TopicRecord]:
         """Every topic, by name."""
-        return [_record(r) for r in self.ex.all("list_topics", row=dict_row)]
+        return [_record(r) for r in self.ex.all("list_topics", conn=conn, row=dict_row)]
 
     def create(self, name: str, partitions: int, segment_size: int, config: dict[str, Any]) -> bool:
         """Create the topic and its storage in one transaction; False if a topic of that name exists (its

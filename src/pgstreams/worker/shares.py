@@ -22,6 +22,7 @@ from ..consumer import Wakeup, topic_wakeup
 from ..models import CommitOutcome, Event, ShareOutcome
 from ..services import Service
 from ..shares import ShareConsumer
+from ..shares.consumer import end_transaction
 from .batching import Clock
 from .handlers import call_handler, error_text
 from .runner import _TRANSIENT, WorkerStats
@@ -32,16 +33,14 @@ log = logging.getLogger("pgstreams.worker")
 
 
 class ShareHandlerTransaction:
-    """A handler's transaction on a share group: ``connection`` is in it; the acks of
-    :meth:`ShareSource.commit` made in it are kept only if every one of them took effect."""
+    """A handler's transaction on a share group: ``connection`` is in it; :meth:`ShareSource.commit` acks
+    in it and commits it (with the acks, in one round trip), or rolls everything back if some ack did not
+    take effect."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.connection = conn
-        self.refused = False
-
-
-class _Refused(Exception):
-    """Rolls a handler transaction back after a refused ack."""
+        #: the acks committed the transaction (with the handler's writes), or rolled it back
+        self.ended = False
 
 
 class ShareSource:
@@ -90,18 +89,24 @@ class ShareSource:
     def transaction(self, *, bounded: bool = False) -> Iterator[ShareHandlerTransaction]:
         with self._client.connection() as conn:
             tx = ShareHandlerTransaction(conn)
+            conn.execute("BEGIN")
             try:
-                with conn.transaction():
-                    yield tx
-                    if tx.refused:
-                        raise _Refused
-            except _Refused:
-                pass
+                yield tx
+            except BaseException:
+                end_transaction(conn, b"ROLLBACK")
+                raise
+            if not tx.ended:
+                end_transaction(conn, b"COMMIT", check=True)
 
     def commit(self, events: Sequence[Event], tx: object | None = None) -> Commit:
         """Ack ``events`` (in ``tx`` if given: then they take effect when it commits)."""
-        conn = tx.connection if isinstance(tx, ShareHandlerTransaction) else None
-        settled = self.consumer.ack(events, conn=conn)
+        if isinstance(tx, ShareHandlerTransaction):
+            # the acks and the COMMIT of the handler's transaction in one round trip, all or nothing
+            settled = self.consumer._ack_commit(events, tx.connection, began=True)
+            tx.ended = True
+            self.consumer._forget(settled.outcomes)  # refused: the locks of the others expire
+        else:
+            settled = self.consumer.ack(events)
         outcomes: dict[int, CommitOutcome] = {}
         for (p, _pos), o in settled.outcomes.items():
             if not o.ok:
@@ -109,8 +114,6 @@ class ShareSource:
             else:
                 outcomes.setdefault(p, CommitOutcome.STORED)
         ok = settled.ok
-        if not ok and isinstance(tx, ShareHandlerTransaction):
-            tx.refused = True
         return Commit(CommitOutcome.STORED if ok else CommitOutcome.FENCED, outcomes)
 
     def release(self, events: Sequence[Event]) -> None:

@@ -52,6 +52,26 @@ SELECT pg_advisory_unlock(hashtext('pgstreams.maintenance-leader'), hashtext(%s)
 -- name: topic_ids
 SELECT id FROM {schema}.topics ORDER BY id;
 
+-- name: maintenance_topics
+-- The topics whose state moved since their last check (0017_maintenance_skips_and_purge.sql).
+SELECT topic_id, last_position, config FROM {schema}.maintenance_topics();
+
+-- name: topic_checked
+SELECT {schema}.topic_checked(%s, %s, %s);
+
+-- name: detached_segments
+SELECT topic_id, segment FROM {schema}.detached_segments();
+
+-- name: segment_detached
+UPDATE {schema}.segments SET detached_at = now() WHERE topic_id = %s AND segment = %s;
+
+-- name: purge_lock
+-- One purge of a schema's detached segments at a time (a session lock, tried).
+SELECT pg_try_advisory_lock(hashtext('pgstreams.purge'), hashtext(%s));
+
+-- name: purge_unlock
+SELECT pg_advisory_unlock(hashtext('pgstreams.purge'), hashtext(%s));
+
 -- name: prepare_segments
 SELECT {schema}.prepare_segments(%s);
 
@@ -68,7 +88,9 @@ SELECT {schema}.mark_removing(%s, %s::bigint[], %s, %s);
 SELECT {schema}.retention_ran(%s);
 
 -- name: removing_segments
-SELECT segment FROM {schema}.segments WHERE topic_id = %s AND removing_at IS NOT NULL ORDER BY segment;
+-- Marked for removal and still attached (the detached ones wait for the purge).
+SELECT segment FROM {schema}.segments
+ WHERE topic_id = %s AND removing_at IS NOT NULL AND detached_at IS NULL ORDER BY segment;
 
 -- name: segment_detach_state
 -- Whether a segment is still attached to its topic table, and whether a concurrent detach of it is

@@ -101,3 +101,9 @@ SELECT count(*) FROM {schema}.share_events WHERE group_name = %s AND topic_id = 
 -- name: share_groups_list
 SELECT g.group_name, t.name, g.queue FROM {schema}.share_groups g JOIN {schema}.topics t ON t.id = g.topic_id
  ORDER BY g.group_name, t.name;
+
+-- name: share_ack_batches_all
+-- Ack whole batch rows all or nothing (see share_ack_batches_all(), migration 0020): raises PSA01 unless
+-- every batch row was still held by the owner.
+SELECT {schema}.share_ack_batches_all(%(group)s, %(topic_id)s::int, %(owner)s, %(partitions)s::int[],
+                                      %(firsts)s::bigint[], %(batches)s::text[]);

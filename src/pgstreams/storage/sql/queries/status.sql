@@ -40,10 +40,14 @@ SELECT group_name AS "group", topic_id, partition, checkpoint, first_unread_at, 
   FROM {schema}.status_checkpoints(%(topic_ids)s, %(from)s, %(size)s);
 
 -- name: status_bytes
--- Per given topic: its size on disk (its segments' tables, indexes and TOAST, from the catalog).
-SELECT u.id, (SELECT coalesce(sum(pg_total_relation_size(i.inhrelid)), 0) FROM pg_inherits i
-               WHERE i.inhparent = to_regclass(format('%%I.%%I', %(schema)s::text, 'topic_' || u.id)))
-  FROM unnest(%(topic_ids)s::integer[]) AS u(id);
+-- Per given topic: the size of its segments' data (tables, indexes and TOAST, main forks: status_sizes(),
+-- migration 0021).
+SELECT topic_id, bytes FROM {schema}.status_sizes(%(topic_ids)s::integer[]);
+
+-- name: status_checkpoints_of
+-- status_checkpoints with its topics as lag_ids (beside status_bytes' topic_ids), columns in order.
+SELECT group_name, topic_id, partition, checkpoint, first_unread_at, tail, in_segment
+  FROM {schema}.status_checkpoints(%(lag_ids)s::integer[], %(from)s::bigint[], %(size)s::bigint[]);
 
 -- name: status_checkpoint_positions
 -- Every checkpoint: its position and age (what a kept figure of its lag is keyed by).

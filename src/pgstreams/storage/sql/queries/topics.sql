@@ -12,6 +12,11 @@ SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
        ) AS last_position
   FROM {schema}.topics t WHERE t.name = %(name)s;
 
+-- name: topic_version
+-- What a publishing client compares with its cached row of the topic now and then (pgstreams.producer):
+-- the partition count and configuration.
+SELECT partitions, config::text FROM {schema}.topics WHERE id = %s;
+
 -- name: topics_by_names
 SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
        (SELECT max(hi) FROM {schema}.segments s WHERE s.topic_id = t.id) AS segments_end

@@ -1,0 +1,95 @@
+"""Cluster workers: a group of worker processes leases (shard, partition) pairs on every shard; SIGKILLed
+members' pairs go to the others; every event is handled exactly once (transactional mode), each key's
+events in order."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import psycopg
+import pytest
+
+import pgstreams
+from _cluster_helpers import cluster, run_cluster_worker
+from _core_helpers import SPAWN, until
+from pgstreams.cluster import ClusterWorker
+
+pytestmark = pytest.mark.timeout(600)
+
+TABLE = "handled"
+
+
+def _handled(dsns: list[str]) -> list[tuple[int, str, int, str, int]]:
+    out = []
+    for dsn in dsns:
+        with psycopg.connect(dsn) as conn:
+            out += conn.execute(f"SELECT shard, k, n, member, position FROM {TABLE} ORDER BY id").fetchall()
+    return out
+
+
+def test_a_worker_group_with_sigkills_handles_every_event_once_in_key_order(cluster_dsns: list[str]) -> None:
+    keys = [f"key-{i}" for i in range(30)]
+    rounds = 20
+    for dsn in cluster_dsns:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"CREATE TABLE {TABLE} (id bigserial PRIMARY KEY, shard int, k text, n int, "
+                         "member text, position bigint)")
+    with cluster(cluster_dsns) as client:
+        client.create_topic("work", 2)
+        client.publish_many("work", [{"value": {"k": k, "n": n}, "key": k} for n in range(rounds // 2)
+                                     for k in keys])
+        procs = []
+        for m in range(3):
+            ready = SPAWN.Event()
+            p = SPAWN.Process(target=run_cluster_worker,
+                              args=(cluster_dsns, "work", "g", TABLE, ready, f"m{m}"), daemon=True)
+            p.start()
+            procs.append((p, ready))
+        try:
+            for _, ready in procs:
+                assert ready.wait(120), "a worker did not start"
+            until(lambda: len(_handled(cluster_dsns)) >= len(keys) * 3, 120, "the first events handled")
+            os.kill(procs[0][0].pid, signal.SIGKILL)
+            client.publish_many("work", [{"value": {"k": k, "n": n}, "key": k}
+                                         for n in range(rounds // 2, rounds) for k in keys])
+            until(lambda: len(_handled(cluster_dsns)) >= len(keys) * rounds, 180, "every event handled")
+            os.kill(procs[1][0].pid, signal.SIGKILL)
+            # the last member holds every (shard, partition) once the killed members' sessions expire
+            with pgstreams.connect(cluster_dsns[0]) as one:
+                until(lambda: {s.owner for s in one.describe_group("g", "work")} <= {"m2"}, 120,
+                      "the survivor leasing shard 0's partitions")
+        finally:
+            for p, _ in procs:
+                if p.is_alive():
+                    os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
+    rows = _handled(cluster_dsns)
+    counts = Counter((k, n) for _, k, n, _, _ in rows)
+    assert len(counts) == len(keys) * rounds and max(counts.values()) == 1, counts.most_common(3)
+    last: dict[str, int] = {}
+    for _, k, n, _, _ in rows:  # in the order each shard stored them
+        assert last.get(k, -1) == n - 1, f"{k}: {n} after {last.get(k)}"
+        last[k] = n
+    assert {shard for shard, *_ in rows} == {0, 1, 2}
+
+
+def test_cluster_worker_assignment_covers_every_shard_and_partition(cluster_dsns: list[str]) -> None:
+    with cluster(cluster_dsns) as client:
+        client.create_topic("assign", 2)
+        handled: list[pgstreams.Event] = []
+        worker = ClusterWorker(client, member_id="solo", install_signal_handlers=False, maintenance=None)
+        worker.subscribe("assign", "g", handled.append)
+        with pytest.raises(pgstreams.InvalidArgument):
+            worker.subscribe("assign", "g", handled.append, max_events=0)
+        worker.start()
+        try:
+            until(lambda: set(worker.assignment().get(("g", "assign"), ())) == {
+                (s, p) for s in range(3) for p in range(2)}, 60, "every pair leased")
+            client.publish_many("assign", [{"value": i, "key": f"k{i}"} for i in range(60)])
+            until(lambda: len(handled) >= 60, 60, "every event handled")
+        finally:
+            worker.stop(10)
+        assert sorted(e.value for e in handled) == list(range(60))
+        assert {e.shard for e in handled} == {0, 1, 2}

@@ -9,7 +9,8 @@ autocommit; binary COPY of 1,000-row transactions), then the idempotent client, 
 alternating order from round to round so that neither always runs after the other. Single-event
 ``publish`` from one process and ``publish_many`` of 1,000-event batches, on topics of 4 partitions.
 Reported: the best and the median of the rounds of each, the ratio idempotent / plain of both (the bars:
->= 0.9 for ``publish``, >= 0.95 for ``publish_many``) and each against raw.
+>= 0.9 for ``publish``, >= 0.95 for ``publish_many``) and each against raw, and the ratio of the two
+measurements of each round (taken one after the other) with its median.
 
 Without ``--dsn`` it starts a PostgreSQL of its own with ``fsync`` and ``synchronous_commit`` off, so that
 what the statements cost shows rather than the wait for the WAL flush (which is the same for both and
@@ -133,6 +134,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{statistics.median(tagged1) / statistics.median(plain1):.3f}; publish_many best "
           f"{max(tagged_n) / max(plain_n):.3f}, median "
           f"{statistics.median(tagged_n) / statistics.median(plain_n):.3f}")
+    # the two of a round ran one after the other: their ratio is less exposed to the load's swings
+    pairs1 = [t / p for t, p in zip(tagged1, plain1, strict=True) if p]
+    pairs_n = [t / p for t, p in zip(tagged_n, plain_n, strict=True) if p]
+    print("idempotent / plain per round: publish " + ", ".join(f"{r:.2f}" for r in pairs1)
+          + f" (median {statistics.median(pairs1):.3f}); publish_many "
+          + ", ".join(f"{r:.2f}" for r in pairs_n)
+          + f" (median {statistics.median(pairs_n):.3f})")
     print(f"load average: {' '.join(f'{x:.2f}' for x in load)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
     if args.markdown:

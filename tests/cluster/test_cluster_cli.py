@@ -51,6 +51,10 @@ def test_cluster_init_describe_and_topics_over_repeated_dsns(shard_dsns: list[st
     _ok("produce", "orders", "-k", ":", *_dsn_args(shard_dsns), stdin=lines)
     described = json.loads(_ok("topics", "describe", "orders", "--json", *_dsn_args(shard_dsns)))
     assert described["span"] == 3 and described["events"] == 30 and len(described["shards"]) == 3
+    consumed = [json.loads(line) for line in _ok("consume", "orders", "-g", "cli", *_dsn_args(shard_dsns),
+                                                 "--wait", "30").splitlines()]
+    assert sorted(e["value"] for e in consumed) == sorted(f"v{i}" for i in range(30))
+    assert {e["shard"] for e in consumed} == {0, 1, 2}
     # PGSTREAMS_DSN with the shards separated by commas
     shown = json.loads(_ok("cluster", "describe", "--json", env={"PGSTREAMS_DSN": ",".join(shard_dsns)}))
     assert shown["cluster_id"] == created["cluster_id"]

@@ -56,9 +56,11 @@ def test_per_key_order_and_exactly_once_with_concurrent_producers(cluster_dsns: 
             assert e.shard == shard_for_key(e.key or "", 4, 3)
         # the group's checkpoints live on each shard: a new consumer of the group finds nothing left
         assert client.consumer("orders", "g1").poll(500, 0.2) == []
-        for i, shard in enumerate(client.shards):
-            status = shard.describe_group("g1", "orders")
-            assert all(s.lag == 0 for s in status), (i, status)
+        status = client.describe_group("g1", "orders")
+        assert sorted(status) == [0, 1, 2] and all(len(rows) == 4 for rows in status.values())
+        assert all(s.lag == 0 for rows in status.values() for s in rows), status
+        with pytest.raises(pgstreams.GroupNotFound):
+            client.describe_group("nobody")
 
 
 def test_keyless_events_spread_and_a_batch_is_one_copy_per_shard(cluster_dsns: list[str]) -> None:
@@ -131,8 +133,11 @@ def test_a_shard_stopped_and_started_during_publishing_and_consuming(
                 while not stop.is_set():
                     got = consumer.poll(200, 0.2)
                     if got:
+                        try:
+                            consumer.commit(got)
+                        except pgstreams.ShardUnavailable:
+                            continue  # read again once the shard is back
                         seen.extend(got)
-                        consumer.commit(got)
             except BaseException as exc:  # noqa: BLE001 - reported by the test
                 errors.append(exc)
 
@@ -153,18 +158,21 @@ def test_a_shard_stopped_and_started_during_publishing_and_consuming(
             for k in up_keys:
                 client.publish("faults", {"k": k, "n": 1}, key=k)
                 sent[k] += 1
-            until(lambda: sum(1 for e in seen if e.key in up_keys) >= 2 * len(up_keys) or bool(errors), 60,
-                  "the events of the shards that are up")
+            until(lambda: len({(e.key, e.value["n"]) for e in seen if e.key in up_keys}) >= 2 * len(up_keys)
+                  or bool(errors), 60, "the events of the shards that are up")
             assert not errors, errors
         finally:
             shard_servers[2].start()
         for k in down_keys:
             client.publish("faults", {"k": k, "n": 1}, key=k)
             sent[k] += 1
-        until(lambda: len(seen) >= sum(sent.values()), 60, "every event after the shard came back")
+        until(lambda: len({(e.key, e.value["n"]) for e in seen}) >= sum(sent.values()), 60,
+              "every event after the shard came back")
         stop.set()
         reader.join(10)
         assert not errors, errors
-        assert Counter(e.key for e in seen) == sent
+        # nothing lost, each key in order (a commit whose answer the shard's stop cut off may have been
+        # stored: its events are then read again, at-least-once)
+        assert {(e.key, e.value["n"]) for e in seen} == {(k, n) for k in keys for n in (0, 1)}
         for k in keys:
-            assert [e.value["n"] for e in seen if e.key == k] == [0, 1]
+            assert list(dict.fromkeys(e.value["n"] for e in seen if e.key == k)) == [0, 1]

@@ -1,11 +1,13 @@
 """Cluster workers: a group of worker processes leases (shard, partition) pairs on every shard; SIGKILLed
 members' pairs go to the others; every event is handled exactly once (transactional mode), each key's
-events in order."""
+events in order; while a shard is down the other shards' workers go on, and its worker starts again once
+it is back."""
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections import Counter
 
 import psycopg
@@ -14,7 +16,8 @@ import pytest
 import pgstreams
 from _cluster_helpers import cluster, run_cluster_worker
 from _core_helpers import SPAWN, until
-from pgstreams.cluster import ClusterWorker
+from pgstreams.cluster import ClusterWorker, shard_for_key
+from pgstreams.embedded import TemporaryServer
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -93,3 +96,41 @@ def test_cluster_worker_assignment_covers_every_shard_and_partition(cluster_dsns
             worker.stop(10)
         assert sorted(e.value for e in handled) == list(range(60))
         assert {e.shard for e in handled} == {0, 1, 2}
+
+
+def test_the_other_shards_workers_go_on_while_a_shard_is_down(
+        cluster_dsns: list[str], shard_servers: list[TemporaryServer]) -> None:
+    keys = [f"k{i}" for i in range(60)]
+    with cluster(cluster_dsns, retry_timeout=1.0) as client:
+        client.create_topic("down", 2)
+        down_keys = {k for k in keys if shard_for_key(k, 2, 3) == 2}
+        handled: list[pgstreams.Event] = []
+        lock = threading.Lock()
+
+        def handle(event: pgstreams.Event) -> None:
+            with lock:
+                handled.append(event)
+
+        worker = ClusterWorker(client, member_id="solo", install_signal_handlers=False, maintenance=None)
+        worker.subscribe("down", "g", handle, heartbeat_interval=0.3, session_timeout=3.0)
+        worker.start()
+        try:
+            until(lambda: len(worker.assignment().get(("g", "down"), ())) == 6, 60, "every pair leased")
+            client.publish_many("down", [{"value": {"k": k, "n": 0}, "key": k} for k in keys])
+            until(lambda: len(handled) >= len(keys), 60, "the first events handled")
+            shard_servers[2].stop("immediate")
+            try:
+                up = [k for k in keys if k not in down_keys]
+                client.publish_many("down", [{"value": {"k": k, "n": 1}, "key": k} for k in up])
+                until(lambda: len(handled) >= len(keys) + len(up), 60,
+                      "the events of the shards that are up, handled while shard 2 is down")
+            finally:
+                shard_servers[2].start()
+            client.publish_many("down", [{"value": {"k": k, "n": 1}, "key": k} for k in sorted(down_keys)])
+            until(lambda: len(handled) >= 2 * len(keys), 120, "shard 2's events once it is back")
+        finally:
+            worker.stop(10)
+    counts = Counter((e.value["k"], e.value["n"]) for e in handled)
+    assert set(counts) == {(k, n) for k in keys for n in (0, 1)}
+    for k in keys:
+        assert [e.value["n"] for e in handled if e.key == k][:2] == [0, 1]

@@ -13,7 +13,6 @@ import pgstreams
 from _obs_helpers import samples, value
 from pgstreams.metrics import StatusCollector, WorkerCollector
 
-
 #: Each status test also runs with its read split over two connections (the path of a read with many
 #: topics to read again: sizes and lag sent first on a second connection).
 SPLIT = pytest.mark.parametrize("split", [False, True], ids=["one-connection", "two-connections"])
@@ -155,7 +154,8 @@ def test_worker_collector_counts_handled_failed_retried_and_dead_lettered(dsn: s
 
 
 @SPLIT
-def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str, split: bool) -> None:
+def test_status_counts_match_the_group_status_across_sealed_and_removed_segments(dsn: str, split: bool
+                                                                                ) -> None:
     with pgstreams.connect(dsn) as client:
         _split(client, split)
         client.create_topic("big", 2, segment_size=1000)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 import pgstreams
+from pgstreams.cluster import ClusterClient, ClusterConsumer
 from pgstreams.consumer import Consumer, Start
 from pgstreams.names import check_group, check_topic
 
@@ -18,7 +19,7 @@ from .common import (
     DsnOption,
     SchemaOption,
     StdoutClosed,
-    open_client,
+    open_any,
     parse_start,
     usage_error,
 )
@@ -30,14 +31,35 @@ DEFAULT_CONSUME_BATCH = 500
 DEFAULT_CONSUME_WAIT = 10.0
 
 
-def _catch_up_targets(client: pgstreams.Client, consumer: Consumer) -> dict[int, int]:
-    """Per partition still behind: the head position (last event in read order) as of now."""
+#: A place of the log: (shard, partition); the shard is 0 on a single server.
+Place = tuple[int, int]
+
+
+def _shard_targets(client: pgstreams.Client, consumer: Consumer, shard: int) -> dict[Place, int]:
     statuses = client.describe_group(consumer.group, consumer.topic)
-    return {s.partition: s.head for s in statuses
+    return {(shard, s.partition): s.head for s in statuses
             if s.partition in consumer.partitions and s.lag > 0 and s.head is not None}
 
 
-def _apply_reset(consumer: Consumer, start: Start) -> None:
+def _catch_up_targets(client: pgstreams.Client | ClusterClient, consumer: Consumer | ClusterConsumer
+                      ) -> dict[Place, int]:
+    """Per (shard, partition) still behind: the head position (last event in read order) as of now."""
+    if isinstance(client, ClusterClient) and isinstance(consumer, ClusterConsumer):
+        out: dict[Place, int] = {}
+        for shard, one in enumerate(consumer.consumers):
+            out.update(_shard_targets(client.shards[shard], one, shard))
+        return out
+    assert isinstance(client, pgstreams.Client) and isinstance(consumer, Consumer)
+    return _shard_targets(client, consumer, 0)
+
+
+def _lag(client: pgstreams.Client | ClusterClient, group: str, topic: str, targets: dict[Place, int]) -> int:
+    shards = client.shards if isinstance(client, ClusterClient) else (client,)
+    return sum(s.lag for i, c in enumerate(shards) for s in c.describe_group(group, topic)
+               if (i, s.partition) in targets)
+
+
+def _apply_reset(consumer: Consumer | ClusterConsumer, start: Start) -> None:
     if start == "earliest":
         consumer.seek_to_beginning()
     elif start == "latest":
@@ -85,25 +107,31 @@ def consume(
         raise usage_error(f"--wait must be >= 0, got {wait}")
     if partition is not None and any(p < 0 for p in partition):
         raise usage_error(f"--partition must be >= 0, got {min(partition)}")
-    with open_client(dsn, schema) as client:
-        consumer = Consumer(client, topic, group, start=begin, partitions=partition or None)
+    with open_any(dsn, schema) as client:
+        consumer: Consumer | ClusterConsumer
+        if isinstance(client, ClusterClient):
+            if partition:
+                raise usage_error("--partition reads one server's partitions: give one --dsn")
+            consumer = client.consumer(topic, group, start=begin)
+        else:
+            consumer = Consumer(client, topic, group, start=begin, partitions=partition or None)
         if reset:
             _apply_reset(consumer, begin)
         targets = None if follow else _catch_up_targets(client, consumer)
         timed_out = _consume_loop(consumer, targets, max_events, batch_size, wait)
         if timed_out and targets:
-            lag = sum(s.lag for s in client.describe_group(group, topic) if s.partition in targets)
+            lag = _lag(client, group, topic, targets)
             if lag:
                 err_console().print(
                     f"[yellow]warning:[/] stopped after {wait:g}s without new events; {lag} stored events "
                     "are not readable yet (a write transaction is still open)")
 
 
-def _consume_loop(consumer: Consumer, targets: dict[int, int] | None, max_events: int | None,
-                  batch_size: int, wait: float) -> bool:
+def _consume_loop(consumer: Consumer | ClusterConsumer, targets: dict[Place, int] | None,
+                  max_events: int | None, batch_size: int, wait: float) -> bool:
     """Poll, print and commit until caught up with ``targets`` (``None``: follow forever) or ``max_events``.
 
-    ``targets`` (partition -> head position to reach) shrinks as heads are read. Returns true when it
+    ``targets`` ((shard, partition) -> head position to reach) shrinks as heads are read. Returns true when it
     stopped because nothing arrived for ``wait`` seconds while still behind.
     """
     printed = 0
@@ -119,7 +147,10 @@ def _consume_loop(consumer: Consumer, targets: dict[int, int] | None, max_events
                 return True
             continue
         try:
-            write_stdout("".join(json_line(event_json(ev)) for ev in events))
+            if isinstance(consumer, ClusterConsumer):  # (partition, position) is per shard
+                write_stdout("".join(json_line({**event_json(ev), "shard": ev.shard}) for ev in events))
+            else:
+                write_stdout("".join(json_line(event_json(ev)) for ev in events))
         except BrokenPipeError:
             raise StdoutClosed() from None  # not committed: these events will be read again
         outcome = consumer.commit(events)
@@ -130,8 +161,8 @@ def _consume_loop(consumer: Consumer, targets: dict[int, int] | None, max_events
         printed += len(events)
         if targets is not None:
             for ev in events:
-                if targets.get(ev.partition) == ev.position:
-                    del targets[ev.partition]
+                if targets.get((ev.shard, ev.partition)) == ev.position:
+                    del targets[(ev.shard, ev.partition)]
             deadline = time.monotonic() + wait
         if max_events is not None and printed >= max_events:
             return False

@@ -127,7 +127,8 @@ class ClusterConsumer:
         """Store the position after ``events`` (default: the last poll's) on each of their (shard,
         partition) pairs, on the shards holding them (see :meth:`pgstreams.Consumer.commit`; ``durable``
         default true). Returns the most severe outcome. Raises :class:`pgstreams.ShardUnavailable` when a
-        shard of the events cannot be reached."""
+        shard of the events cannot be reached: that shard's events polled and not committed are then
+        read again (from its checkpoints) once it is back, at-least-once."""
         if events is None:
             if self._last is None:
                 return CommitOutcome.IGNORED
@@ -146,8 +147,13 @@ class ClusterConsumer:
         for shard, chunk in groups.items():
             if not 0 <= shard < len(self.consumers):
                 raise InvalidArgument(f"an event of shard {shard} is no event of this consumer")
-            with self.cluster.on_shard(shard):
-                outcome = self.consumers[shard].commit(chunk, durable=durable)
+            try:
+                with self.cluster.on_shard(shard):
+                    outcome = self.consumers[shard].commit(chunk, durable=durable)
+            except ShardUnavailable:
+                # its uncommitted events are read again from its checkpoints once it is back
+                self.consumers[shard].reader.rewind()
+                raise
             worst = max(worst, outcome, key=lambda o: o.value)
         return worst
 

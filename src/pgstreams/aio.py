@@ -43,7 +43,7 @@ from .models import (
     TopicInfo,
 )
 from .names import check_topic
-from .producer import TopicState, check_sizes, event_row, event_rows, event_size
+from .producer import TOPIC_CHECK_INTERVAL, TopicState, check_sizes, event_row, event_rows, event_size
 from .storage.asyncstore import AsyncStore
 
 __all__ = ["ADMIN_POOL_SIZE", "AsyncClient", "AsyncConsumer", "AsyncConsumerTransaction", "connect"]
@@ -86,6 +86,7 @@ class AsyncClient:
         self._pool = pool
         self.store = AsyncStore(pool, sync.schema)
         self._topics: dict[str, TopicState] = {}
+        self._checks: set[asyncio.Task[None]] = set()  # reads of topic rows in flight (see topic_state)
         self._closed = False
         # single publishes run on a connection of their own when no other task of the client is using it
         # (as the sync producer's): the pool's check-out and return cost an eighth of the client's CPU
@@ -106,6 +107,8 @@ class AsyncClient:
         if self._closed:
             return
         self._closed = True
+        if self._checks:
+            await asyncio.gather(*self._checks, return_exceptions=True)
         if self._own is not None:
             await self._own.close()
             self._own = None
@@ -122,6 +125,11 @@ class AsyncClient:
         """The client's state of topic ``name`` (read once and cached; ``refresh`` reads it again).
         Raises :class:`TopicNotFound`."""
         if not refresh and type(name) is str and (state := self._topics.get(name)) is not None:
+            if time.monotonic() >= state.check_at:  # changed elsewhere? read its row beside the caller
+                state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+                task = asyncio.get_running_loop().create_task(self._check_topic(name, state))
+                self._checks.add(task)
+                task.add_done_callback(self._checks.discard)
             return state
         check_topic(name)
         record = await self.store.topic(name)
@@ -130,6 +138,17 @@ class AsyncClient:
             raise TopicNotFound(f"topic {name!r} does not exist")
         state = self._topics[name] = TopicState.of(record)
         return state
+
+    async def _check_topic(self, name: str, state: TopicState) -> None:
+        """Forget the cached ``state`` of topic ``name`` if its row changed (as the sync producer does
+        within :data:`pgstreams.producer.TOPIC_CHECK_INTERVAL`; here in a task of its own, so that no
+        publish waits for it). A failed read is left to the next check."""
+        try:
+            version = await self.store.topic_version(state.id)
+        except Exception:  # noqa: BLE001 - a lost connection, the pool closing: the next check reads again
+            return
+        if state.changed(version) and self._topics.get(name) is state:
+            del self._topics[name]
 
     # -- administration (the sync client's, in a worker thread) ---------------------------------------
     async def create_topic(self, name: str, partitions: int = 1, **kwargs: Any) -> TopicInfo:
@@ -201,6 +220,8 @@ class AsyncClient:
         if conn is not None and not isinstance(conn, psycopg.AsyncConnection):
             raise InvalidArgument(f"conn must be a psycopg AsyncConnection, not {type(conn).__name__}")
         state = await self.topic_state(topic)
+        if type(partition) is int and partition >= state.partitions:  # the topic may have grown since
+            state = await self.topic_state(topic, refresh=True)
         row = event_row(state, value, key, headers, partition, event_type, event_id, correlation_id,
                         causation_id)
         if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:

@@ -56,9 +56,11 @@ def test_per_key_order_and_exactly_once_with_concurrent_producers(cluster_dsns: 
             assert e.shard == shard_for_key(e.key or "", 4, 3)
         # the group's checkpoints live on each shard: a new consumer of the group finds nothing left
         assert client.consumer("orders", "g1").poll(500, 0.2) == []
-        for i, shard in enumerate(client.shards):
-            status = shard.describe_group("g1", "orders")
-            assert all(s.lag == 0 for s in status), (i, status)
+        status = client.describe_group("g1", "orders")
+        assert sorted(status) == [0, 1, 2] and all(len(rows) == 4 for rows in status.values())
+        assert all(s.lag == 0 for rows in status.values() for s in rows), status
+        with pytest.raises(pgstreams.GroupNotFound):
+            client.describe_group("nobody")
 
 
 def test_keyless_events_spread_and_a_batch_is_one_copy_per_shard(cluster_dsns: list[str]) -> None:

@@ -240,3 +240,29 @@ def test_fast_paths_keep_every_field_and_survive_statements_the_server_dropped(d
     assert first.value == {"n": 1, "s": "é"} and first.key == "ké" and first.headers == {"h": "v"}
     raw = next(e for e in got if e.partition == 1 and e.position == sent[1].position)
     assert raw.value == b"\x00\xff raw"
+
+
+def test_an_async_publisher_uses_a_partition_count_raised_elsewhere(dsn: str) -> None:
+    key = next(k for k in (f"k{i}" for i in range(1000)) if pgstreams.partition_for_key(k, 8) >= 2)
+    new = pgstreams.partition_for_key(key, 8)
+
+    async def main() -> None:
+        async with await aio.connect(dsn) as client:
+            await client.create_topic("grown", 2)
+            await client.create_topic("explicit", 2)
+            old = pgstreams.partition_for_key(key, 2)
+            assert (await client.publish("grown", "first", key=key)).partition == old  # cached: 2
+            await client.publish("explicit", "first")
+            with pgstreams.connect(dsn) as other:  # another client raises the counts
+                other.alter_topic("grown", partitions=8)
+                other.alter_topic("explicit", partitions=4)
+            # an explicit partition past the cached count reads the topic again at once
+            assert (await client.publish("explicit", "p3", partition=3)).partition == 3
+            # keys follow the new count once the client has read the topic's row again (within 0.5 s)
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while (await client.publish("grown", "after", key=key)).partition != new:
+                assert loop.time() < deadline, "the async client kept the old partition count"
+                await asyncio.sleep(0.05)
+
+    run(main)

@@ -36,6 +36,7 @@ from ..client import (
 from ..errors import (
     ConfigurationError,
     ConnectionLost,
+    GroupNotFound,
     InvalidArgument,
     LayoutMismatch,
     ShardUnavailable,
@@ -44,6 +45,7 @@ from ..errors import (
 )
 from ..models import (
     DEFAULT_SEGMENT_SIZE,
+    GroupPartitionStatus,
     MaintenanceReport,
     Message,
     PublishResult,
@@ -128,7 +130,7 @@ class ClusterClient:
 
     def __init__(self, dsns: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> None:
+                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> None:
         dsns = check_dsns(list(dsns) if not isinstance(dsns, str) else dsns)
         _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
         self._dsns = tuple(dsns)
@@ -136,7 +138,8 @@ class ClusterClient:
         self.poll_interval = float(poll_interval)
         clients = _open_all(dsns, lambda dsn: Client(dsn, schema=schema, migrate=migrate, pool_size=pool_size,
                                                      poll_interval=float(poll_interval),
-                                                     retry_timeout=float(retry_timeout)))
+                                                     retry_timeout=float(retry_timeout),
+                                                     idempotent=idempotent))
         try:
             self.layout: ClusterLayout = check_layout(dsns, [c.store.cluster.layout() for c in clients])
         except BaseException:
@@ -429,6 +432,23 @@ class ClusterClient:
             return 0
         by_client = {id(self.shards[i]): parts[i] for i in used}
         return sum(self.each_shard(lambda c: c.publish_many(topic, by_client[id(c)]), used))
+
+    # -- groups --------------------------------------------------------------------------------------
+    def describe_group(self, group: str, topic: str | None = None) -> dict[int, list[GroupPartitionStatus]]:
+        """:meth:`pgstreams.Client.describe_group` on every shard at once: per shard holding checkpoints of
+        ``group`` (on ``topic`` only, if given), its partitions' checkpoint, head, lag and lease owner.
+        Raises ``GroupNotFound`` when no shard has any."""
+        def one(client: Client) -> list[GroupPartitionStatus]:
+            try:
+                return client.describe_group(group, topic)
+            except GroupNotFound:
+                return []
+
+        found = {i: rows for i, rows in enumerate(self.each_shard(one)) if rows}
+        if not found:
+            raise GroupNotFound(f"group {group!r} has no checkpoints on any shard"
+                                + (f" on topic {topic!r}" if topic else ""))
+        return found
 
     # -- consuming -----------------------------------------------------------------------------------
     def consumer(self, topic: str, group: str, *, start: Start = "earliest") -> ClusterConsumer:

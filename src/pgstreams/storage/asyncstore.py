@@ -31,6 +31,7 @@ from .events import (
     Cursor,
     EventRow,
     StoredAt,
+    TopicVersion,
     _insert_statement,
 )
 from .executor import Params, core_query
@@ -112,6 +113,11 @@ class AsyncStore:
         params = {"name": name, "schema": self.schema}
         row = await self.ex.one("topic_by_name", params, conn=conn, row=dict_row)
         return None if row is None else _record(row)
+
+    async def topic_version(self, topic_id: int) -> TopicVersion | None:
+        """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
+        row = await self.ex.one("topic_version", (topic_id,))
+        return None if row is None else TopicVersion(int(row[0]), json.loads(row[1]) if row[1] else {})
 
     async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None
                               ) -> int:

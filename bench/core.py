@@ -82,6 +82,7 @@ class TopicTarget:
     group: str = "bench"
     expected: int = 0  # events a reader stops after
     fast: bool = False  # consume with poll_batch (an EventBatch) instead of poll (Event objects)
+    idempotent: bool = True  # publish with producer tags (connect(idempotent=...))
 
 
 def _messages(n: int, start: int = 0) -> list[pgstreams.Message]:
@@ -92,7 +93,7 @@ def _messages(n: int, start: int = 0) -> list[pgstreams.Message]:
 def publish_many_op(t: TopicTarget) -> Iterator[Callable[[], int]]:
     """Operation: ``publish_many`` of one batch of events."""
     events = _messages(t.batch)
-    with pgstreams.connect(t.dsn, migrate=False, pool_size=2) as client:
+    with pgstreams.connect(t.dsn, migrate=False, pool_size=2, idempotent=t.idempotent) as client:
         yield lambda: client.publish_many(t.topic, events)
 
 
@@ -102,7 +103,7 @@ def publish_op(t: TopicTarget) -> Iterator[Callable[[], int]]:
     import os
 
     events = _messages(t.batch, start=os.getpid())
-    with pgstreams.connect(t.dsn, migrate=False, pool_size=2) as client:
+    with pgstreams.connect(t.dsn, migrate=False, pool_size=2, idempotent=t.idempotent) as client:
         i = 0
 
         def op() -> int:

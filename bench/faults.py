@@ -1,28 +1,28 @@
-"""The fault benchmark: restarts, killed connections and a held snapshot, with counts.
+"""The fault benchmark: restarts and killed connections, with counts.
 
-    python -m bench.faults [--duration 30] [--snapshot 600] [--quick] [--only restart,kill,snapshot]
-                           [--json]
+    python -m bench.faults [--duration 30] [--quick] [--only restart,kill] [--json]
 
 Every scenario runs on a PostgreSQL of its own (``pgstreams.embedded.restartable_server``: fsync off,
 synchronous commit on, so an immediate shutdown loses nothing committed), never the machine's server. The
 workload, in one process: a single-event producer and a batch producer (``publish_many`` of 10) on a topic
-of 4 partitions, a stream-group consumer (poll + commit, at-least-once) and a worker group of two members
-in transactional mode writing each event to a table of handled events. Each client has
-``retry_timeout=60``.
+of 4 partitions, a stream-group consumer (poll + commit, at-least-once), a worker group of two members
+in transactional mode writing each event to a table of handled events, and a worker group of two members
+in at-least-once mode (the default) counting the events it is handed. Each client has
+``retry_timeout=60``; the members heartbeat every 0.5 s with a session timeout of 3 s.
 
 * ``restart``: a fast shutdown at a third of ``--duration`` (default 30 s) and an immediate one at two
   thirds, each down for 1 s. Recovery: from the server accepting connections again to the first event
   published, consumed and handled after it.
 * ``kill``: ``pg_terminate_backend`` of a random session of the database every 200 ms for ``--duration``.
-* ``snapshot``: the workload for ``--snapshot`` s (default 600) while a REPEATABLE READ transaction holds
-  its snapshot (and so the xmin horizon), after the same run without it; the raw PostgreSQL figure of the
-  same machine: single-row INSERT + UPDATE of a one-row offset table per event, in the same conditions.
-  Reported: throughput ratio (events published / s, held / not held), and the dead tuples of pgstreams'
-  frequently updated tables (checkpoints, leases, members) at the end of the held run.
+  Recovery: from the last kill to the first event published, consumed and handled by both worker groups
+  after it.
 
 Counts per scenario: events published (acknowledged), stored (distinct), duplicated (stored more than
-once), lost (acknowledged but not stored), consumed (distinct) and handled (distinct, duplicated: the
-transactional group must handle each exactly once), calls that raised, processes or services that failed.
+once), lost (acknowledged but not stored), consumed (distinct), handled by the transactional group
+(distinct; ``handled_twice``: more than once, which exactly-once forbids) and by the at-least-once group
+(distinct; ``redelivered``: handed again, which at-least-once allows), calls that raised, services that
+failed (a worker's supervisor gave up) and whether a thread of the workload died. The held-snapshot run is
+``python -m bench.snapshot``.
 """
 
 from __future__ import annotations
@@ -46,13 +46,9 @@ from pgstreams.embedded import TemporaryServer, restartable_server
 
 #: Seconds each restart or kill scenario runs.
 DURATION = 30.0
-#: Seconds the held-snapshot run lasts (and the run without it).
-SNAPSHOT_DURATION = 600.0
-#: ``--quick``: seconds per scenario and of each snapshot run.
+#: ``--quick``: seconds per scenario.
 QUICK_DURATION = 8.0
-#: The tables whose dead tuples the held-snapshot scenario reports.
-HOT_TABLES = ("checkpoints", "leases", "members")
-SCENARIOS = ("restart", "kill", "snapshot")
+SCENARIOS = ("restart", "kill")
 
 
 @dataclass
@@ -68,6 +64,9 @@ class Counts:
     consumed: int = 0
     handled: int = 0
     handled_twice: int = 0
+    handled_at_least_once: int = 0
+    redelivered: int = 0
+    lost_by_at_least_once: int = 0
     raised: int = 0
     failed_services: int = 0
     recovery_s: list[float] = field(default_factory=list)
@@ -84,7 +83,8 @@ class Workload:
         self.errors: list[str] = []
         self.acked: list[int] = []
         self.consumed: Counter[int] = Counter()
-        self.last_ok = {"publish": 0.0, "consume": 0.0}
+        self.delivered: Counter[int] = Counter()  # by the at-least-once group
+        self.last_ok = {"publish": 0.0, "consume": 0.0, "at_least_once": 0.0}
         self._next = iter(range(10**9))
         self._lock = threading.Lock()
         with pgstreams.connect(dsn) as c:
@@ -98,12 +98,21 @@ class Workload:
             w.subscribe("t", "workers", self._handle, mode="transactional", heartbeat_interval=0.5,
                         session_timeout=3.0)
             self.workers.append(w)
+        for _ in range(2):
+            w = pgstreams.Worker(pgstreams.connect(dsn, retry_timeout=60))
+            w.subscribe("t", "deliveries", self._deliver, heartbeat_interval=0.5, session_timeout=3.0)
+            self.workers.append(w)
         self.threads = [threading.Thread(target=self._guard(f, until), daemon=True) for f, until in
                         ((self._single, self.stop), (self._batch, self.stop), (self._consume, self.drained))]
 
     @staticmethod
     def _handle(event: pgstreams.Event, conn: psycopg.Connection) -> None:
         conn.execute("INSERT INTO handled VALUES (%s)", (event.value,))
+
+    def _deliver(self, event: pgstreams.Event) -> None:
+        with self._lock:
+            self.delivered[event.value] += 1
+        self.last_ok["at_least_once"] = time.monotonic()
 
     def _values(self, n: int) -> list[int]:
         with self._lock:
@@ -159,7 +168,9 @@ class Workload:
         target = set(self.acked)
         deadline = time.monotonic() + drain
         while time.monotonic() < deadline:
-            if target <= set(self.consumed) and target <= set(self.handled()):
+            with self._lock:
+                delivered = set(self.delivered)
+            if target <= set(self.consumed) and target <= delivered and target <= set(self.handled()):
                 break
             time.sleep(0.2)
         self.drained.set()
@@ -181,6 +192,9 @@ class Workload:
         counts.consumed = len(set(self.consumed) & target)
         counts.handled = len(set(handled) & target)
         counts.handled_twice = sum(n - 1 for n in handled.values() if n > 1)
+        counts.handled_at_least_once = len(set(self.delivered) & target)
+        counts.redelivered = sum(n - 1 for n in self.delivered.values() if n > 1)
+        counts.lost_by_at_least_once = len(target - set(self.delivered))
         counts.raised = len(self.errors)
         if self.errors:
             counts.extra["errors"] = self.errors[:5]
@@ -203,7 +217,8 @@ def _recovery(w: Workload, back: float, timeout: float = 60.0) -> float:
     base = len(w.handled())
     deadline = back + timeout
     while time.monotonic() < deadline:
-        if w.last_ok["publish"] > back and w.last_ok["consume"] > back and len(w.handled()) > base:
+        if (w.last_ok["publish"] > back and w.last_ok["consume"] > back and w.last_ok["at_least_once"] > back
+                and len(w.handled()) > base):
             return time.monotonic() - back
         time.sleep(0.05)
     return float("inf")
@@ -236,72 +251,14 @@ def kill(server: TemporaryServer, duration: float) -> Counts:
             killed += bool(row and row[0])
             time.sleep(0.2)
     counts.extra["sessions_killed"] = killed
+    counts.recovery_s.append(round(_recovery(w, time.monotonic()), 3))
     return w.finish(counts)
-
-
-def _raw_rate(dsn: str, seconds: float) -> float:
-    """Raw PostgreSQL: single-row INSERT + UPDATE of a one-row offset per event (autocommit), per second."""
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE IF NOT EXISTS raw_events (id bigserial, v bytea)")
-        conn.execute("CREATE TABLE IF NOT EXISTS raw_offset (id int PRIMARY KEY, pos bigint)")
-        conn.execute("INSERT INTO raw_offset VALUES (1, 0) ON CONFLICT DO NOTHING")
-        n = 0
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            conn.execute("INSERT INTO raw_events (v) VALUES (%s)", (b"x" * 100,))
-            conn.execute("UPDATE raw_offset SET pos = pos + 1 WHERE id = 1")
-            n += 1
-        return n / seconds
-
-
-def _dead_tuples(dsn: str) -> dict[str, int]:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        rows = conn.execute("SELECT relname, n_dead_tup FROM pg_stat_user_tables "
-                            "WHERE schemaname = 'pgstreams' AND relname = ANY(%s)",
-                            (list(HOT_TABLES),)).fetchall()
-    return {r[0]: int(r[1]) for r in rows}
-
-
-def snapshot(server: TemporaryServer, duration: float) -> Counts:
-    """The workload without, then with, a held REPEATABLE READ snapshot; throughput ratio, dead tuples."""
-    counts = Counts("snapshot", duration)
-    rates: dict[str, float] = {}
-    raws: dict[str, float] = {}
-    for held in (False, True):
-        dsn = _database(server)
-        holder = None
-        if held:
-            holder = psycopg.connect(dsn)
-            holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
-            holder.execute("SELECT count(*) FROM pg_class").fetchone()  # takes the snapshot
-        w = Workload(dsn)
-        w.start()
-        time.sleep(duration)
-        part = w.finish(Counts("snapshot"))
-        rates["held" if held else "free"] = part.published / duration
-        raws["held" if held else "free"] = _raw_rate(dsn, min(5.0, duration))
-        for k in ("published", "stored", "duplicated", "lost", "consumed", "handled", "handled_twice",
-                  "raised", "failed_services"):
-            setattr(counts, k, getattr(counts, k) + getattr(part, k))
-        if held:
-            time.sleep(1.5)  # statistics are flushed at most once a second
-            counts.extra["dead_tuples"] = _dead_tuples(dsn)
-            assert holder is not None
-            holder.rollback()
-            holder.close()
-    counts.extra["events_per_s"] = {k: round(v, 1) for k, v in rates.items()}
-    counts.extra["ratio"] = round(rates["held"] / rates["free"], 3) if rates["free"] else None
-    counts.extra["raw_per_s"] = {k: round(v, 1) for k, v in raws.items()}
-    counts.extra["raw_ratio"] = round(raws["held"] / raws["free"], 3) if raws["free"] else None
-    return counts
 
 
 def main(argv: list[str] | None = None) -> list[Counts]:
     ap = argparse.ArgumentParser(prog="python -m bench.faults", description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=DURATION,
                     help=f"seconds of each restart / kill scenario (default {DURATION:g})")
-    ap.add_argument("--snapshot", type=float, default=SNAPSHOT_DURATION,
-                    help=f"seconds of each held-snapshot run (default {SNAPSHOT_DURATION:g})")
     ap.add_argument("--quick", action="store_true", help=f"{QUICK_DURATION:g} s for everything")
     ap.add_argument("--only", default=",".join(SCENARIOS), help="scenarios to run (comma separated)")
     ap.add_argument("--json", action="store_true", help="print the counts as JSON")
@@ -311,13 +268,12 @@ def main(argv: list[str] | None = None) -> list[Counts]:
     if bad:
         ap.error(f"unknown scenario(s) {sorted(bad)}; choose from {', '.join(SCENARIOS)}")
     duration = QUICK_DURATION if args.quick else args.duration
-    held = QUICK_DURATION if args.quick else args.snapshot
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
     out = []
     with restartable_server({"fsync": "off"}) as server:
         for name in only:
-            fn = {"restart": restart, "kill": kill, "snapshot": snapshot}[name]
-            counts = fn(server, held if name == "snapshot" else duration)
+            fn = {"restart": restart, "kill": kill}[name]
+            counts = fn(server, duration)
             out.append(counts)
             print(json.dumps(asdict(counts)) if args.json else _line(counts), flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
@@ -327,7 +283,9 @@ def main(argv: list[str] | None = None) -> list[Counts]:
 def _line(c: Counts) -> str:
     return (f"{c.scenario}: {c.seconds:g} s, published {c.published}, stored {c.stored}, duplicated "
             f"{c.duplicated}, lost {c.lost}, consumed {c.consumed}, handled {c.handled} (twice: "
-            f"{c.handled_twice}), calls raised {c.raised}, failed services {c.failed_services}"
+            f"{c.handled_twice}), handled at least once {c.handled_at_least_once} (redelivered "
+            f"{c.redelivered}, lost {c.lost_by_at_least_once}), calls raised {c.raised}, failed services "
+            f"{c.failed_services}"
             + (f", recovery {c.recovery_s} s" if c.recovery_s else "")
             + (f", {json.dumps(c.extra)}" if c.extra else ""))
 

@@ -136,6 +136,7 @@ def connect(
     pool_size: int = DEFAULT_POOL_SIZE,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+    idempotent: bool = True,
 ) -> Any:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager), or, given
     several DSNs, a :class:`pgstreams.ClusterClient` over the shards of a cluster (docs/shards.md).
@@ -152,10 +153,17 @@ def connect(
     publish, poll, commit or other call keeps being retried on fresh connections after the connection
     broke or the server restarted, before it raises :class:`pgstreams.ConnectionLost` (see
     :mod:`pgstreams.reconnect`).
+    ``idempotent`` (default true): publishes are tagged with the client's producer id and number, so that a
+    publish retried after its outcome was lost is stored once (see :mod:`pgstreams.producer`); false stores
+    no tag and draws no producer id: a publish retried after a connection broke during its commit may then
+    be stored twice (events with an ``event_id`` never are). It exists to measure what idempotence costs
+    (``python -m bench.idempotence``) and for callers who deduplicate themselves.
     """
     _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+    _check_idempotent(idempotent)
     options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
-                               "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout)}
+                               "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
+                               "idempotent": idempotent}
     if isinstance(dsn, (list, tuple)):
         from .cluster.layout import check_dsns
 
@@ -181,6 +189,12 @@ def _cluster_or_client(dsns: list[str], options: dict[str, Any]) -> Client | Clu
     from .cluster import ClusterClient
 
     return ClusterClient(dsns, **options)
+
+
+def _check_idempotent(idempotent: object) -> None:
+    """Refuse an ``idempotent`` option that is not a bool (``"no"`` would be truthy)."""
+    if not isinstance(idempotent, bool):
+        raise InvalidArgument(f"idempotent must be True or False, not {idempotent!r}")
 
 
 def _check_options(schema: object, migrate: object, pool_size: object, poll_interval: object,
@@ -246,7 +260,7 @@ class Client:
 
     Prefer :func:`connect`, which resolves the DSN and validates arguments. The arguments and their
     defaults are those of :func:`connect` (``schema="pgstreams"``, ``migrate=True``, ``pool_size=10``,
-    ``poll_interval=0.25``, ``retry_timeout=30``), except that ``dsn`` is required.
+    ``poll_interval=0.25``, ``retry_timeout=30``, ``idempotent=True``), except that ``dsn`` is required.
 
     ``store`` is the storage layer of the client's schema (:class:`pgstreams.storage.Store`), for
     pgstreams' own modules and extensions.
@@ -255,11 +269,12 @@ class Client:
     def __init__(
         self, dsn: str, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise InvalidArgument("dsn must be a non-empty string")
         _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+        _check_idempotent(idempotent)
         self._dsn = dsn
         self.schema = schema
         self.poll_interval = float(poll_interval)
@@ -291,7 +306,7 @@ class Client:
         self.listener = Listener(self.raw_connection, schema)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
                                   channel(schema), self.raw_connection, self._new_producer_id, self.retry,
-                                  forget=self._forget_id)
+                                  forget=self._forget_id, idempotent=idempotent)
         self._closed = False
 
     # -- plumbing -----------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ session), the outcome is unknown: the publish is retried on a fresh connection (
 ``retry_timeout``), which first waits until the broken session ended, then looks for the tag in the event's
 partitions above the last position the client knew before the attempt, and stores the event only if it is
 absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
+``connect(idempotent=False)`` turns the tags off (a retried publish is then stored again: at least once).
 
 A client caches each topic's row (partition count, ``max.message.bytes``), so that a publish costs one round
 trip. A change of the topic in another process (:meth:`pgstreams.Client.alter_topic`) is noticed within
@@ -234,7 +235,8 @@ class Producer:
     makes the producer's own autocommit connection. Single publishes use that connection (one thread at a
     time; concurrent ones take pooled connections): the pool's check-out and return cost a sixth of the
     client's CPU per publish. ``producer_id`` draws the client's producer id (once, at its first
-    publish); ``retry`` is its retry rule (see the module docstring)."""
+    publish); ``retry`` is its retry rule (see the module docstring). ``idempotent`` (default true) false:
+    no producer tag (and no producer id): a publish retried after an unknown outcome is stored again."""
 
     store: Store
     topic: Callable[..., TopicState]
@@ -246,6 +248,7 @@ class Producer:
     retry: Reconnect
     #: forgets the cached state of a topic id (its row changed); default: nothing
     forget: Callable[[int], None] = field(default=lambda topic_id: None, repr=False)
+    idempotent: bool = True
     _own: psycopg.Connection | None = field(default=None, init=False, repr=False)
     _own_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -304,7 +307,8 @@ class Producer:
         own = self._own_lock.acquire(blocking=False)  # else another thread publishes on the own connection
         try:
             state = self._state(topic, row_args[3])
-            row = self._row(state, row_args, self._base | (next(self._numbers) & 0xFFFFFFFF))
+            tag = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
+            row = self._row(state, row_args, tag)
             floor = state.known  # read before the attempt: its event is stored above it
             try:
                 if own:
@@ -444,7 +448,7 @@ class Producer:
             if state.changed(self.store.events.topic_version(None, state.id)):
                 self.forget(state.id)
                 state = self.topic(topic)
-        producer = self._base | (next(self._numbers) & 0xFFFFFFFF)
+        producer = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
         if not isinstance(events, (list, tuple)):
             events = list(events) if isinstance(events, Iterable) and not isinstance(
                 events, (Message, Mapping, str, bytes)) else events
@@ -476,7 +480,7 @@ class Producer:
         return stored
 
     def _copy_again(self, state: TopicState, rows: list[EventRow], has_ids: bool, floor: int,
-                    pid: int | None, producer: int, first: BaseException) -> int:
+                    pid: int | None, producer: int | None, first: BaseException) -> int:
         """``publish_many`` again after its attempt failed with ``first`` (retriable): the batch is stored
         once (all or none), whether or not that attempt committed. Returns what the committed attempt
         stored (for a batch with event ids that committed before, the events found: at least one)."""
@@ -484,12 +488,13 @@ class Producer:
 
         def attempt(c: psycopg.Connection) -> int:
             found = self._settled(c, state, partitions, floor, pid, producer)
-            if found is not None:
+            if found is not None and producer is not None:
                 return len(rows) if not has_ids else self.store.events.count_produced(
                     c, state.id, partitions, floor, producer)
             return self._copy(c, state, rows, has_ids)
 
         return self.retry.again(attempt, first)
+
     def _copy(self, conn: psycopg.Connection, state: TopicState, rows: list[EventRow], has_ids: bool) -> int:
         # Reading the sequence to keep segments ahead costs a round trip: do it once every 1/16 segment
         # of events; if other clients' events outran it, the COPY fails (no segment for a position)

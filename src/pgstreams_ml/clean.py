@@ -16,13 +16,14 @@ once.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from . import events
 from .domain import DEVICES, SLOTS
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
     from .config import Topology
@@ -150,33 +151,36 @@ def deduplicate(parsed: DataFrame, window: str = "10 minutes") -> DataFrame:
     )
 
 
-def clean_rows(parsed: DataFrame) -> DataFrame:
-    """The clean topic's rows (``value``, ``key``, ``headers``, ``event_type``, ``event_id``) of the valid
-    rows of ``parsed``."""
+#: The columns of an output row, in order (the event fields the topics take).
+OUTPUT_FIELDS = ("value", "key", "headers", "event_type", "event_id")
+
+
+def _clean_fields() -> list[Column]:
+    """:data:`OUTPUT_FIELDS` of a valid row: the normalised event as JSON, keyed by user (the impression
+    for events without one), the raw coordinates as headers, the event's own type and id."""
     from pyspark.sql import functions as F
 
-    ok = parsed.filter(F.col("reason").isNull())
     body = F.struct("event_id", "type", "ts", "user_id", "ad_id", "impression_id", "slot", "device", "value")
-    return ok.select(
-        F.to_json(body, JSON_TS_OPTIONS).alias("value"),
-        F.coalesce(F.col("user_id"), F.col("impression_id")).alias("key"),
+    return [
+        F.to_json(body, JSON_TS_OPTIONS),
+        F.coalesce(F.col("user_id"), F.col("impression_id")),
         F.create_map(
             F.lit("raw_partition"),
             F.col("raw_partition").cast("string"),
             F.lit("raw_position"),
             F.col("raw_position").cast("string"),
-        ).alias("headers"),
-        F.col("type").alias("event_type"),
+        ),
+        F.col("type"),
         F.col("event_id"),
-    )
+    ]
 
 
-def quarantine_rows(parsed: DataFrame) -> DataFrame:
-    """The quarantine topic's rows of the rejected rows of ``parsed``: the value holds ``reason``,
-    ``detail``, the raw text and coordinates; headers are the raw headers plus ``reason``."""
+def _quarantine_fields() -> list[Column]:
+    """:data:`OUTPUT_FIELDS` of a rejected row: ``reason``, ``detail``, the raw text and coordinates as
+    JSON, no key, the raw headers plus ``reason``, the reason as event type, ``q:<topic>:<partition>:
+    <position>`` as event id."""
     from pyspark.sql import functions as F
 
-    bad = parsed.filter(F.col("reason").isNotNull())
     body = F.struct(
         "reason",
         "detail",
@@ -188,14 +192,14 @@ def quarantine_rows(parsed: DataFrame) -> DataFrame:
         "raw_text",
     )
     raw_headers = F.coalesce(F.col("raw_headers"), F.create_map().cast("map<string,string>"))
-    return bad.select(
-        F.to_json(body, JSON_TS_OPTIONS).alias("value"),
-        F.lit(None).cast("string").alias("key"),
+    return [
+        F.to_json(body, JSON_TS_OPTIONS),
+        F.lit(None).cast("string"),
         F.map_concat(
             F.map_filter(raw_headers, lambda k, _v: k != "reason"),
             F.create_map(F.lit("reason"), F.col("reason")),
-        ).alias("headers"),
-        F.col("reason").alias("event_type"),
+        ),
+        F.col("reason"),
         F.concat(
             F.lit("q:"),
             F.col("raw_topic"),
@@ -203,12 +207,80 @@ def quarantine_rows(parsed: DataFrame) -> DataFrame:
             F.col("raw_partition").cast("string"),
             F.lit(":"),
             F.col("raw_position").cast("string"),
-        ).alias("event_id"),
+        ),
+    ]
+
+
+def clean_rows(parsed: DataFrame) -> DataFrame:
+    """The clean topic's rows (``value``, ``key``, ``headers``, ``event_type``, ``event_id``) of the valid
+    rows of ``parsed``."""
+    from pyspark.sql import functions as F
+
+    ok = parsed.filter(F.col("reason").isNull())
+    return ok.select(*[c.alias(n) for c, n in zip(_clean_fields(), OUTPUT_FIELDS, strict=True)])
+
+
+def quarantine_rows(parsed: DataFrame) -> DataFrame:
+    """The quarantine topic's rows of the rejected rows of ``parsed``: the value holds ``reason``,
+    ``detail``, the raw text and coordinates; headers are the raw headers plus ``reason``."""
+    from pyspark.sql import functions as F
+
+    bad = parsed.filter(F.col("reason").isNotNull())
+    return bad.select(*[c.alias(n) for c, n in zip(_quarantine_fields(), OUTPUT_FIELDS, strict=True)])
+
+
+def output_rows(parsed: DataFrame, topo: Topology) -> DataFrame:
+    """Both outputs of ``parsed`` in one projection (one pass over the micro-batch): per row the topic it
+    goes to (``out_topic``: the clean topic, or the quarantine topic for a rejected record), its
+    ``reason`` (``None`` when clean) and the fields of :func:`clean_rows` or :func:`quarantine_rows`."""
+    from pyspark.sql import functions as F
+
+    ok = F.col("reason").isNull()
+    return parsed.select(
+        F.when(ok, F.lit(topo.clean_topic)).otherwise(F.lit(topo.quarantine_topic)).alias("out_topic"),
+        F.col("reason"),
+        *[
+            F.when(ok, c).otherwise(q).alias(n)
+            for c, q, n in zip(_clean_fields(), _quarantine_fields(), OUTPUT_FIELDS, strict=True)
+        ],
     )
 
 
+def publish_partition(
+    dsn: str, pgstreams_schema: str, rows: Iterable[Row]
+) -> Iterator[tuple[str, str | None, int]]:
+    """Publish one task's rows of :func:`output_rows` (runs on an executor): per output topic, one
+    ``publish_many`` (one transaction). Yields ``(out_topic, reason, rows)`` per output and reason. Rows
+    whose event id the topic already holds (a micro-batch replayed after a failure) are not stored again."""
+    import pgstreams
+
+    from .sparkutil import executor_client
+
+    by_topic: dict[str, list[pgstreams.Message]] = {}
+    counts: dict[tuple[str, str | None], int] = {}
+    for r in rows:
+        topic = r["out_topic"]
+        by_topic.setdefault(topic, []).append(
+            pgstreams.Message(
+                value=r["value"],
+                key=r["key"],
+                headers=dict(r["headers"] or {}),
+                event_type=r["event_type"],
+                event_id=r["event_id"],
+            )
+        )
+        counts[(topic, r["reason"])] = counts.get((topic, r["reason"]), 0) + 1
+    if by_topic:
+        client = executor_client(dsn, pgstreams_schema)
+        for topic, msgs in by_topic.items():
+            client.publish_many(topic, msgs)
+    for (topic, reason), n in counts.items():
+        yield topic, reason, n
+
+
 class CleanBatchWriter:
-    """The ``foreachBatch`` function of the clean query: writes both outputs and books the batch."""
+    """The ``foreachBatch`` function of the clean query: one Spark job per micro-batch publishes both
+    outputs from the executors (:func:`publish_partition`), then the batch is booked."""
 
     def __init__(self, dsn: str, topo: Topology) -> None:
         self.dsn = dsn
@@ -221,26 +293,21 @@ class CleanBatchWriter:
         import psycopg
 
         from . import _sql
-        from .sparkutil import write_topic
 
-        batch = batch.persist()
-        try:
-            counts = {
-                r["reason"] or "clean": int(r["count"]) for r in batch.groupBy("reason").count().collect()
-            }
-            if counts.get("clean"):
-                write_topic(clean_rows(batch), self.dsn, self.topo.clean_topic, self.topo.pgstreams_schema)
-            if sum(v for k, v in counts.items() if k != "clean"):
-                write_topic(
-                    quarantine_rows(batch), self.dsn, self.topo.quarantine_topic, self.topo.pgstreams_schema
-                )
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                conn.execute(
-                    _sql.q("record_batch", self.topo.schema),
-                    ("clean", batch_id, sum(counts.values()), json.dumps(counts)),
-                )
-        finally:
-            batch.unpersist()
+        dsn, schema = self.dsn, self.topo.pgstreams_schema
+        published = (
+            output_rows(batch, self.topo)
+            .rdd.mapPartitions(lambda rows: publish_partition(dsn, schema, rows))
+            .collect()
+        )
+        counts: dict[str, int] = {}
+        for _topic, reason, n in published:
+            counts[reason or "clean"] = counts.get(reason or "clean", 0) + int(n)
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(
+                _sql.q("record_batch", self.topo.schema),
+                ("clean", batch_id, sum(counts.values()), json.dumps(counts)),
+            )
 
 
 def build_clean_query(

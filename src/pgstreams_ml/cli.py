@@ -99,9 +99,29 @@ def demo_command(
             "--window", help="Monitoring window, e.g. '15 minutes' (default: a sixteenth of the duration)."
         ),
     ] = None,
-    trigger: TriggerOption = "2 seconds",
+    trigger: Annotated[
+        str, typer.Option("--trigger", help="Spark trigger interval of the join and monitor queries.")
+    ] = "2 seconds",
+    clean_trigger: Annotated[
+        str,
+        typer.Option(
+            "--clean-trigger",
+            help="Spark trigger interval of the clean query (on the serving path). Default: "
+            "pgstreams_ml.demo.CLEAN_TRIGGER.",
+            show_default=False,
+        ),
+    ] = "",
     master: Annotated[
-        str | None, typer.Option("--master", help="Spark master URL (default local[2]).")
+        str | None,
+        typer.Option("--master", help="Spark master URL, e.g. spark://HOST:7077 (default local[2])."),
+    ] = None,
+    checkpoints: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoints",
+            help="Where the Spark queries keep their checkpoints (default: a temporary folder); on a "
+            "cluster of several machines, a location every executor reaches (hdfs://..., a shared mount).",
+        ),
     ] = None,
     max_events: Annotated[
         int, typer.Option("--max-events-per-trigger", min=1, help="Spark admission control per micro-batch.")
@@ -117,7 +137,7 @@ def demo_command(
     """Run the whole ML system: simulator, enrichment, clean/join/monitor Spark pipelines, training, model
     registry, online scoring; print the summary and write plots to the reports folder."""
     _need("pyspark", "pyarrow", "numpy", "matplotlib")
-    from .demo import DemoOptions, run_demo
+    from .demo import CLEAN_TRIGGER, DemoOptions, run_demo
 
     opts = DemoOptions(
         dsn=dsn,
@@ -133,7 +153,9 @@ def demo_command(
         scorers=scorers,
         window=window,
         trigger=trigger,
+        clean_trigger=clean_trigger or CLEAN_TRIGGER,
         master=master,
+        checkpoints=checkpoints,
         max_events_per_trigger=max_events,
         timeout=timeout,
         progress=progress,

@@ -39,7 +39,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 import pgstreams
 from pgstreams.errors import InvalidArgument, PgStreamsError
 
-from . import _sql, audit, report
+from . import _sql, audit, latency, report
 from .config import Topology, setup
 from .simulator import SimConfig, Simulator
 
@@ -50,6 +50,20 @@ class DemoError(PgStreamsError):
     """The demo could not complete (a stage did not finish within the time limit, a worker died, ...)."""
 
 
+#: Failures of a streaming query that restarting it (from its checkpoint: nothing is lost or repeated) gets
+#: past: Spark gives a new Python planner process a fixed few seconds to connect back, which a heavily
+#: loaded machine can miss.
+TRANSIENT_QUERY_FAILURES = ("Python worker failed to connect back",)
+#: How many times the demo restarts a query that failed transiently.
+QUERY_RESTARTS = 5
+#: The clean query's default trigger: the next micro-batch starts as soon as the previous one ended (the
+#: clean query is on the serving path: impression -> clean -> prediction; see docs/ml-system.md).
+CLEAN_TRIGGER = "0 seconds"
+#: The Spark scheduler pool of the clean query (the session schedules pools fairly, so the clean query's
+#: short jobs do not queue behind the join's, the monitor's and training's).
+SERVING_POOL = "serving"
+
+
 @dataclass(frozen=True)
 class DemoOptions:
     """Options of :func:`run_demo` (the ``pgstreams demo`` options).
@@ -58,9 +72,12 @@ class DemoOptions:
     ``reports``); ``seed`` (7); simulated ``duration`` (4 h), impression ``rate`` per simulated second (3),
     ``speed`` (simulated seconds per wall second, 240); ``drift`` (true: at half time); ``users`` (2000),
     ``ads`` (200); topic ``partitions`` (2, also Spark's shuffle partitions); ``scorers`` (1 worker);
-    monitoring ``window`` (``None``: a sixteenth of the duration); Spark ``trigger`` interval
-    (``2 seconds``), ``master`` (``local[2]``) and ``max_events_per_trigger`` (20000); ``timeout`` for the
-    whole run (900 s); ``progress`` bars (true).
+    monitoring ``window`` (``None``: a sixteenth of the duration); Spark ``trigger`` interval of the join
+    and monitor queries (``2 seconds``) and ``clean_trigger`` of the clean query, the one that feeds
+    scoring (:data:`CLEAN_TRIGGER`), ``master`` (``local[2]``) and ``max_events_per_trigger`` (20000);
+    ``checkpoints``, where the queries keep their checkpoints (``None``: a temporary folder of the driver;
+    on a cluster of several machines a location every executor reaches, such as ``hdfs://...``);
+    ``timeout`` for the whole run (900 s); ``progress`` bars (true).
     """
 
     dsn: str | None = None
@@ -76,7 +93,9 @@ class DemoOptions:
     scorers: int = 1
     window: str | None = None
     trigger: str = "2 seconds"
+    clean_trigger: str = CLEAN_TRIGGER
     master: str | None = None
+    checkpoints: str | None = None
     max_events_per_trigger: int = 20000
     timeout: float = 900.0
     progress: bool = True
@@ -135,6 +154,8 @@ class Demo:
         self.gate_v2 = threading.Event()
         self.stop = threading.Event()
         self.queries: dict[str, Any] = {}
+        self.builders: dict[str, Callable[[], Any]] = {}
+        self.restarts: dict[str, int] = {}
         self.workers: list[Any] = []
         self.scorers: list[Any] = []
         self.enrich_counts: Any = None
@@ -148,9 +169,9 @@ class Demo:
     def _check(self) -> None:
         if self.state.error is not None:
             raise DemoError(f"a background part failed: {self.state.error}") from self.state.error
-        for name, q in self.queries.items():
+        for name, q in list(self.queries.items()):
             exc = q.exception()
-            if exc is not None:
+            if exc is not None and not self._restart_if_transient(name, exc):
                 raise DemoError(f"the {name} query failed: {exc}")
         for w in self.workers:
             if w.failure is not None:
@@ -238,7 +259,10 @@ class Demo:
             self.spark = spark_session(
                 opts.master,
                 shuffle_partitions=opts.partitions,
-                conf={"spark.sql.streaming.numRecentProgressUpdates": "100000"},
+                conf={
+                    "spark.sql.streaming.numRecentProgressUpdates": "100000",
+                    "spark.scheduler.mode": "FAIR",
+                },
             )
             return self._run()
         finally:
@@ -277,23 +301,70 @@ class Demo:
             self.scorers.append(sc)
         for w in self.workers:
             w.start()
-        ck = self.tmp / "checkpoints"
+        ck = opts.checkpoints.rstrip("/") if opts.checkpoints else str(self.tmp / "checkpoints")
         mept = opts.max_events_per_trigger
-        self.queries["clean"] = build_clean_query(
-            self.spark, dsn, topo, str(ck / "clean"), trigger=opts.trigger, max_events_per_trigger=mept
-        )
-        self.queries["join"] = build_join_query(
-            self.spark, dsn, topo, str(ck / "join"), trigger=opts.trigger, max_events_per_trigger=mept
-        )
-        self.queries["monitor"] = build_monitor_query(
-            self.spark,
-            dsn,
-            topo,
-            str(ck / "monitor"),
-            trigger=opts.trigger,
-            window=f"{opts.window_seconds} seconds",
-            max_events_per_trigger=mept,
-        )
+        spark = self.spark
+
+        def clean() -> Any:
+            context = spark.sparkContext
+            # a query's jobs run in the scheduler pool set in the thread that starts it
+            context.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
+            try:
+                return build_clean_query(
+                    spark, dsn, topo, f"{ck}/clean", trigger=opts.clean_trigger, max_events_per_trigger=mept
+                )
+            finally:
+                context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
+
+        self.builders = {
+            "clean": clean,
+            "join": lambda: build_join_query(
+                spark, dsn, topo, f"{ck}/join", trigger=opts.trigger, max_events_per_trigger=mept
+            ),
+            "monitor": lambda: build_monitor_query(
+                spark,
+                dsn,
+                topo,
+                f"{ck}/monitor",
+                trigger=opts.trigger,
+                window=f"{opts.window_seconds} seconds",
+                max_events_per_trigger=mept,
+            ),
+        }
+        for name in self.builders:
+            self._start_query(name)
+
+    def _start_query(self, name: str) -> None:
+        """Start query ``name`` and wait until it is past initialising its sources, so that the queries'
+        Python planner processes start one after the other (each must connect back to Spark within a
+        fixed few seconds, which several starting at once on a loaded machine can miss); a transient
+        failure restarts it (:meth:`_restart_if_transient`)."""
+        self.queries[name] = self.builders[name]()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            q = self.queries[name]
+            exc = q.exception()
+            if exc is not None:
+                if not self._restart_if_transient(name, exc):
+                    raise DemoError(f"the {name} query failed: {exc}")
+                continue
+            if q.lastProgress is not None or q.status.get("message") != "Initializing sources":
+                return
+            time.sleep(0.2)
+
+    def _restart_if_transient(self, name: str, exc: Any) -> bool:
+        """Restart query ``name`` (from its checkpoint) when it died of a transient Spark start-up failure
+        (:data:`TRANSIENT_QUERY_FAILURES`), at most :data:`QUERY_RESTARTS` times; return whether it did."""
+        text = str(exc)
+        if self.restarts.get(name, 0) >= QUERY_RESTARTS or not any(
+            t in text for t in TRANSIENT_QUERY_FAILURES
+        ):
+            return False
+        self.restarts[name] = self.restarts.get(name, 0) + 1
+        log.warning("restarting the %s query after: %s", name, text.splitlines()[0])
+        self.queries[name].stop()
+        self.queries[name] = self.builders[name]()
+        return True
 
     def _run(self) -> dict[str, Any]:
         opts, d = self.opts, self.opts.duration
@@ -551,6 +622,8 @@ class Demo:
             "false_alarms": false_alarms,
         }
         summary["quality"] = self._quality(summary)
+        lat = latency.measure(client, topo)
+        summary["latency"] = lat.to_json()
         oracle = audit.oracle_by_window(client, topo)
         plots = [
             report.plot_online(
@@ -562,6 +635,7 @@ class Demo:
                 opts.reports / "online_metrics.png",
             ),
             report.plot_reliability(self.state.models, opts.reports / "calibration.png"),
+            report.plot_latency(lat.samples, opts.reports / "latency.png"),
         ]
         summary["plots"] = [str(p) for p in plots]
         summary["windows"] = [

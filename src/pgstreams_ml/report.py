@@ -113,6 +113,19 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         )
     console.print(t)
 
+    lat = summary.get("latency")
+    if lat:
+        t = Table(
+            title="Latency (s) from the events' timestamps: impression stored in the raw topic -> clean "
+            "topic -> prediction",
+            title_justify="left",
+        )
+        for c in ("stage", "impressions", "p50", "p95", "p99", "max"):
+            t.add_column(c, justify="left" if c == "stage" else "right")
+        for stage, st in lat.items():
+            t.add_row(stage, f"{st['count']:,}", _f(st["p50"]), _f(st["p95"]), _f(st["p99"]), _f(st["max"]))
+        console.print(t)
+
     d = summary["drift"]
     console.print(
         f"Drift injected at: {d['injected_at'] or 'never'}; detected: {_f(d['detected'])}"
@@ -236,6 +249,50 @@ def plot_reliability(models: list[dict[str, Any]], out: Path) -> Path:
     ax.set_title("Holdout calibration")
     ax.legend()
     ax.grid(alpha=0.3)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def plot_latency(samples: list[Any], out: Path, bucket: float = 5.0) -> Path:
+    """Plot the latency of every scored impression over the run (``samples``: :class:`ImpressionTimes` of
+    :mod:`pgstreams_ml.latency`): end to end per impression as dots, and per ``bucket`` seconds (default
+    5) of wall time the p50 and p99 of each stage; return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .latency import STAGES, percentile
+
+    fig, ax = plt.subplots(figsize=(10, 5))
+    if samples:
+        t0 = samples[0].raw
+        xs = [(s.raw - t0).total_seconds() for s in samples]
+        e2e = [(s.prediction - s.raw).total_seconds() for s in samples]
+        ax.scatter(xs, e2e, s=2, alpha=0.25, color="gray", label="raw -> prediction, per impression")
+        buckets: dict[int, list[Any]] = {}
+        for x, s in zip(xs, samples, strict=True):
+            buckets.setdefault(int(x // bucket), []).append(s)
+        keys = sorted(buckets)
+        mids = [(k + 0.5) * bucket for k in keys]
+        for (name, a, b), color in zip(STAGES, ("tab:blue", "tab:green", "black"), strict=True):
+            for q, style in ((50, "-"), (99, "--")):
+                ys = [
+                    percentile(sorted((getattr(s, b) - getattr(s, a)).total_seconds() for s in buckets[k]), q)
+                    or 0.0
+                    for k in keys
+                ]
+                ax.plot(mids, ys, style, color=color, linewidth=1.2, label=f"{name} p{q}")
+    ax.axhline(1.0, color="red", linestyle=":", linewidth=1, label="1 s")
+    ax.set_xlabel(f"wall seconds since the first scored impression (percentiles per {bucket:g} s)")
+    ax.set_ylabel("seconds")
+    ax.set_yscale("log")
+    ax.set_title("Latency of the serving path over the run")
+    ax.legend(fontsize=7, loc="upper right", ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -198,3 +198,21 @@ def read_topic_local(
             )
         )
     return spark.createDataFrame(rows, TOPIC_DDL)
+
+
+_EXECUTOR_CLIENTS: dict[tuple[str, str], Any] = {}
+
+
+def executor_client(dsn: str, pgstreams_schema: str = "pgstreams") -> Any:
+    """A :class:`pgstreams.Client` for code running in Spark tasks: one per Python worker process, DSN and
+    schema, created on first use from the arguments alone (nothing of the driver's process) and kept for
+    the worker's later tasks (Spark reuses its Python workers), so a micro-batch does not pay for new
+    connections. It does not migrate (the driver did) and pools at most 2 connections."""
+    key = (dsn, pgstreams_schema)
+    client = _EXECUTOR_CLIENTS.get(key)
+    if client is None:
+        import pgstreams
+
+        client = pgstreams.connect(dsn, schema=pgstreams_schema, migrate=False, pool_size=2)
+        _EXECUTOR_CLIENTS[key] = client
+    return client

@@ -300,10 +300,15 @@ def train_and_register(
             "features": list(FEATURE_NAMES),
             "source_table": f"{schema}.training_examples",
         }
-        with tempfile.TemporaryDirectory(prefix="pgstreams-ml-model-") as tmp:
-            mdir = os.path.join(tmp, "model")
-            model.write().overwrite().save(mdir)
-            blob = registry.pack_artefact(mdir, scorer.intercept, coef)
+        if (spark.sparkContext.master or "").startswith("local"):
+            with tempfile.TemporaryDirectory(prefix="pgstreams-ml-model-") as tmp:
+                mdir = os.path.join(tmp, "model")
+                model.write().overwrite().save(mdir)
+                blob = registry.pack_artefact(mdir, scorer.intercept, coef)
+        else:
+            # MLlib's writer saves from the executors, to paths on their own machines, which the driver
+            # cannot zip: on a cluster the artefact holds model.json (all that scoring reads) only
+            blob = registry.pack_artefact(None, scorer.intercept, coef)
         with client.connection() as conn:
             current = registry.deployed(conn, schema, topo.model_name)
             model_id = registry.register(

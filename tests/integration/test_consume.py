@@ -264,3 +264,33 @@ def test_draining_a_backlog_in_batches_with_seeks_between_skips_and_repeats_noth
         seen.extend(batch.values)
         c.commit(batch)
     assert sorted(seen) == list(range(300))
+
+
+def test_a_checkpoint_stored_by_another_session_or_rolled_back_is_not_found_by_a_stale_row_hint(
+        client: pgstreams.Client, dsn: str) -> None:
+    """store_checkpoint() looks first where the session left the row's current version (0019): a version
+    another session replaced, or one of a transaction that rolled back, must not be taken for it."""
+    client.create_topic("t", 1)
+    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+        (topic_id,) = a.execute("SELECT id FROM pgstreams.topics WHERE name = 't'").fetchone() or (None,)
+
+        def store(conn: psycopg.Connection, position: int, expected: int) -> int:
+            row = conn.execute("SELECT pgstreams.store_checkpoint('g', %s, 0, %s, %s)",
+                               (topic_id, position, expected)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        assert store(a, 10, 0) == 1  # created: a's hint points at it
+        assert store(a, 12, 10) == 1
+        assert store(b, 20, 12) == 1  # b replaces the version a's hint points at
+        assert store(a, 30, 12) == 2  # a sees b's 20: further than it expected
+        assert store(a, 30, 20) == 1
+        with a.transaction():
+            assert store(a, 40, 30) == 1  # the hint moves to a version that is rolled back
+            raise psycopg.Rollback()
+        assert store(b, 45, 40) == 3  # still 30: older than b expected
+        assert store(a, 40, 30) == 1  # a's hint is back on 30's version
+        assert store(b, 45, 40) == 1
+        assert store(a, 50, 40) == 2
+        row = a.execute("SELECT position FROM pgstreams.checkpoints WHERE group_name = 'g'").fetchall()
+        assert row == [(45,)]

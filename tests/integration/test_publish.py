@@ -327,3 +327,31 @@ def test_a_client_draws_its_producer_id_at_its_first_publish_only(dsn: str) -> N
         writer.publish_many("t", [{"value": "y"}])
         assert drawn() == before + 1
         assert writer.producer_id > 0
+
+
+def test_a_client_connected_with_idempotent_false_stores_no_producer_tag_and_draws_no_producer_id(
+        dsn: str) -> None:
+    def drawn() -> int:
+        with psycopg.connect(dsn) as c:
+            row = c.execute("SELECT last_value + CASE WHEN is_called THEN 1 ELSE 0 END"
+                            " FROM pgstreams.producer_ids").fetchone()
+            assert row is not None
+            return int(row[0])
+
+    with pgstreams.connect(dsn) as admin:
+        admin.create_topic("t", 2)
+    before = drawn()
+    with pgstreams.connect(dsn, idempotent=False) as plain:
+        plain.publish("t", "one")
+        assert plain.publish_many("t", [{"value": "two"}, {"value": "three"}]) == 2
+    assert drawn() == before
+    with pgstreams.connect(dsn) as tagged:
+        tagged.publish("t", "four")
+        tagged.publish_many("t", [{"value": "five"}])
+    with psycopg.connect(dsn) as c:
+        (topic_id,) = c.execute("SELECT id FROM pgstreams.topics WHERE name = 't'").fetchone() or (None,)
+        rows = c.execute(f"SELECT convert_from(value, 'UTF8'), producer IS NOT NULL"
+                         f" FROM pgstreams.topic_{topic_id} ORDER BY position").fetchall()
+    assert rows == [("one", False), ("two", False), ("three", False), ("four", True), ("five", True)]
+    with pytest.raises(pgstreams.InvalidArgument, match="idempotent must be True or False"):
+        pgstreams.connect(dsn, idempotent="no")  # type: ignore[arg-type]

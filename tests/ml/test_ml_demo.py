@@ -95,3 +95,19 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     for p in summary["plots"]:
         assert Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["pipelines"]["clean"]["rows"] >= rec["raw"]
+    # latency per stage from the events' timestamps, and the same figures computed independently from the
+    # topics (Spark batch reads, bench/ml_latency.py --from-topics)
+    lat = summary["latency"]
+    assert set(lat) == {"raw -> clean", "clean -> prediction", "raw -> prediction"}
+    e2e = lat["raw -> prediction"]
+    assert e2e["count"] > 500
+    for st in lat.values():
+        assert st["count"] == e2e["count"] and 0 <= st["p50"] <= st["p95"] <= st["p99"] <= st["max"]
+    assert any(p.endswith("latency.png") for p in summary["plots"])
+    from bench.ml_latency import from_topics
+
+    again = from_topics(dsn)
+    for stage, st in lat.items():
+        assert again[stage]["count"] == st["count"], stage
+        for k in ("p50", "p95", "p99", "max"):
+            assert abs(again[stage][k] - st[k]) < 1e-3, (stage, k, again[stage][k], st[k])

@@ -130,7 +130,7 @@ class ClusterClient:
 
     def __init__(self, dsns: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT) -> None:
+                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> None:
         dsns = check_dsns(list(dsns) if not isinstance(dsns, str) else dsns)
         _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
         self._dsns = tuple(dsns)
@@ -138,7 +138,8 @@ class ClusterClient:
         self.poll_interval = float(poll_interval)
         clients = _open_all(dsns, lambda dsn: Client(dsn, schema=schema, migrate=migrate, pool_size=pool_size,
                                                      poll_interval=float(poll_interval),
-                                                     retry_timeout=float(retry_timeout)))
+                                                     retry_timeout=float(retry_timeout),
+                                                     idempotent=idempotent))
         try:
             self.layout: ClusterLayout = check_layout(dsns, [c.store.cluster.layout() for c in clients])
         except BaseException:

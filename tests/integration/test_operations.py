@@ -563,6 +563,9 @@ def test_sql_maintain_applies_retention_in_one_transaction(client: pgstreams.Cli
         summary = conn.execute("SELECT pgstreams.maintain()").fetchone()
     assert summary is not None and summary[0]["segments_removed"] == 2
     assert _positions(client, "sqlret")[0] == 2 * SEG
+    with psycopg.connect(dsn, autocommit=True) as conn:  # nothing moved since: the topic is skipped
+        again = conn.execute("SELECT pgstreams.maintain()").fetchone()
+    assert again is not None and again[0]["topics_checked"] == 0
 
 
 def test_sql_publish_enforces_max_message_bytes_and_stores_nothing(client: pgstreams.Client) -> None:

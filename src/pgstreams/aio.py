@@ -45,6 +45,7 @@ from .models import (
 from .names import check_topic
 from .producer import TOPIC_CHECK_INTERVAL, TopicState, check_sizes, event_row, event_rows, event_size
 from .storage.asyncstore import AsyncStore
+from .storage.executor import configure_session_async
 
 __all__ = ["ADMIN_POOL_SIZE", "AsyncClient", "AsyncConsumer", "AsyncConsumerTransaction", "connect"]
 
@@ -66,6 +67,7 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
                                    pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval)
     pool = AsyncConnectionPool(resolved, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+                               configure=configure_session_async,
                                open=False, name="pgstreams-aio")
     try:
         await pool.open(wait=True, timeout=30)
@@ -245,7 +247,9 @@ class AsyncClient:
         transaction, is closed and made again by the next publish)."""
         c = self._own
         if c is None or c.closed:
-            c = self._own = await psycopg.AsyncConnection.connect(self.sync.dsn, autocommit=True)
+            c = await psycopg.AsyncConnection.connect(self.sync.dsn, autocommit=True)
+            await configure_session_async(c)
+            self._own = c
         try:
             stored = await self._insert(c, topic, state, row, notify)
             await self._keep_ahead(c, state, stored.position)

@@ -50,6 +50,7 @@ from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, serv
 from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
 from .shares.consumer import Ordering as ShareOrdering
 from .storage import CORE, Store, TopicRecord
+from .storage.executor import configure_session
 from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
@@ -296,6 +297,7 @@ class Client:
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
             self._pool = ConnectionPool(
                 dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams",
+                configure=configure_session,
                 timeout=max(self.retry_timeout, 1.0),
             )
             self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
@@ -326,7 +328,13 @@ class Client:
 
     def raw_connection(self) -> psycopg.Connection:
         """A new autocommit connection of the client's own, outside the pool (the caller closes it)."""
-        return psycopg.connect(self._dsn, autocommit=True)
+        conn = psycopg.connect(self._dsn, autocommit=True)
+        try:
+            configure_session(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

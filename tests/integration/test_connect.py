@@ -61,3 +61,34 @@ def test_embedded_data_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert home() == tmp_path / "xdg" / "pgstreams"
     monkeypatch.setenv("PGSTREAMS_HOME", str(tmp_path / "mine"))
     assert home() == tmp_path / "mine"  # PGSTREAMS_HOME overrides
+
+
+def test_every_connection_of_a_client_runs_without_jit(dsn: str) -> None:
+    """JIT compilation of a poll's generic plan over many segments cost 60 to 80 ms a poll: pgstreams'
+    connections (pooled, its own, the async client's) have it off."""
+    import asyncio
+
+    from psycopg.conninfo import make_conninfo
+
+    from pgstreams import aio
+
+    dsn = make_conninfo(dsn, options="-c jit=on")  # as a server whose default is on
+    with psycopg.connect(dsn) as plain:
+        assert plain.execute("SHOW jit").fetchone() == ("on",)
+    with pgstreams.connect(dsn) as client:
+        with client.connection() as conn:
+            assert conn.execute("SHOW jit").fetchone() == ("off",)
+        with client.raw_connection() as conn:
+            assert conn.execute("SHOW jit").fetchone() == ("off",)
+
+    async def run() -> tuple[object, object]:
+        async with await aio.connect(dsn) as ac:
+            async with ac.connection() as conn:
+                pooled = await (await conn.execute("SHOW jit")).fetchone()
+            await ac.create_topic("t")
+            await ac.publish("t", 1)  # makes the client's own connection
+            assert ac._own is not None
+            own = await (await ac._own.execute("SHOW jit")).fetchone()
+            return pooled, own
+
+    assert asyncio.run(run()) == (("off",), ("off",))

@@ -21,7 +21,7 @@ from ..models import (
     StatusSnapshot,
     TopicStatus,
 )
-from .executor import Executor
+from .executor import Executor, configure_session
 from .libpq import collect_statements, send_statements, statement, text_params, usable
 
 #: Topics to read again (plus topics whose lag to read again) from which a status read splits its work
@@ -76,7 +76,9 @@ class StatusStore:
         try:
             conns = [c for c in self._conns if not c.closed]
             while len(conns) < 2:
-                conns.append(psycopg.connect(str(self.ex.pool.conninfo), autocommit=True))
+                conn = psycopg.connect(str(self.ex.pool.conninfo), autocommit=True)
+                conns.append(conn)
+                configure_session(conn)
             self._conns = conns
             try:
                 yield conns[0], lambda: nullcontext(conns[1])

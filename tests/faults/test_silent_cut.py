@@ -214,7 +214,13 @@ def test_an_async_wait_on_a_silently_cut_connection_ends_with_a_retriable_error(
             return exc, time.monotonic() - started, conn.closed
         raise AssertionError("the cut connection answered")
 
-    exc, waited, closed = asyncio.run(scenario())
+    # a loop of its own in a thread of its own: the test process may have a loop running already
+    got: list[tuple[BaseException, float, bool]] = []
+    runner = threading.Thread(target=lambda: got.append(asyncio.run(scenario())))
+    runner.start()
+    runner.join(120)
+    assert got, "the scenario did not finish"
+    exc, waited, closed = got[0]
     assert "no longer runs session" in str(exc) and pgstreams.reconnect.retriable(exc)
     assert closed
     assert libpq.SILENCE_PROBE <= waited < libpq.SILENCE_PROBE + 20

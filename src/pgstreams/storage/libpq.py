@@ -148,6 +148,13 @@ def _await_input(pg: pq.abc.PGconn) -> None:
     nothing arrives), close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries
     on a new connection instead of waiting forever)."""
     fd = pg.socket
+    # a connection in non-blocking mode (psycopg's) may still hold part of the query (large parameters):
+    # send the rest first, reading what the server sends meanwhile (it may be waiting for us to read)
+    while pg.flush():
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP)
+        poller.poll(SILENCE_PROBE * 1000.0)
+        pg.consume_input()
     while not _readable(fd, SILENCE_PROBE):
         state = _session_state(pg)
         if state == "unknown" or (state is not None and state != "idle"):

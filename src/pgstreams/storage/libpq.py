@@ -285,15 +285,7 @@ class Direct:
             if commit:
                 pg.send_query_params(b"COMMIT", None)
             pg.pipeline_sync()
-            results: list[pq.abc.PGresult] = []
-            while True:
-                res = _result(pg)
-                if res is None:
-                    _check_alive(pg)
-                    continue
-                if res.status == pq.ExecStatus.PIPELINE_SYNC:
-                    break
-                results.append(res)
+            results = _until_sync(pg)
         finally:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
@@ -390,19 +382,24 @@ class Direct:
             for st, params, fmt in steps:
                 pg.send_query_prepared(st.name, params, None, fmt)
             pg.pipeline_sync()
-            results: list[pq.abc.PGresult] = []
-            while True:
-                res = _result(pg)
-                if res is None:
-                    _check_alive(pg)
-                    continue
-                if res.status == pq.ExecStatus.PIPELINE_SYNC:
-                    break
-                results.append(res)
+            results = _until_sync(pg)
         finally:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
         return results
+
+
+def _until_sync(pg: pq.abc.PGconn) -> list[pq.abc.PGresult]:
+    """The results of a pipeline up to its (one) sync, waiting through :func:`_await_input`."""
+    results: list[pq.abc.PGresult] = []
+    while True:
+        res = _result(pg)
+        if res is None:
+            _check_alive(pg)
+            continue
+        if res.status == pq.ExecStatus.PIPELINE_SYNC:
+            return results
+        results.append(res)
 
 
 def _last(pg: pq.abc.PGconn) -> pq.abc.PGresult:
@@ -440,16 +437,8 @@ def collect_statements(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
     """The rows of each statement :func:`send_statements` sent on ``conn``; the first error is raised
     after every result was read."""
     pg = conn.pgconn
-    results: list[pq.abc.PGresult] = []
     try:
-        while True:
-            res = _result(pg)
-            if res is None:
-                _check_alive(pg)
-                continue
-            if res.status == pq.ExecStatus.PIPELINE_SYNC:
-                break
-            results.append(res)
+        results = _until_sync(pg)
     finally:
         if pg.status == pq.ConnStatus.OK:
             pg.exit_pipeline_mode()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument
 from ..groups import new_member_id
 from ..models import Event
+from ..worker.worker import signals_handled
 from .consumer import SHARD_RETRY_INTERVAL, _tag
 
 if TYPE_CHECKING:
@@ -182,18 +183,12 @@ class ClusterWorker:
         def on_signal(signum: int, frame: FrameType | None) -> None:
             self._stop.set()
 
-        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
+        with signals_handled(on_signal, self.install_signal_handlers, previous):
             self.start()
             while not self._stop.wait(0.1):
                 if until is not None and until.is_set():
                     break
             self.stop()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def __enter__(self) -> ClusterWorker:
         self.start()

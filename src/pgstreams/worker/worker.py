@@ -7,7 +7,8 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -306,18 +307,12 @@ class Worker:
             log.info("%s: signal %d: finishing the batch in hand, then stopping", self.member_id, signum)
             self._stop_requested.set()
 
-        if self.install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                previous[sig] = signal.signal(sig, on_signal)
-        try:
+        with signals_handled(on_signal, self.install_signal_handlers, previous):
             self.start()
             while not self._stop_requested.wait(0.1):
                 if until is not None and until.is_set():
                     break
             self.stop()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         if self.failure is not None:
             raise self.failure
 
@@ -345,3 +340,18 @@ def run_consumer(consumer: Consumer, handler: Handler, *, until: threading.Event
     worker._add(make_subscription(reader.client, consumer.topic, consumer.group, handler, options), reader)
     worker.run(until=until)
     return worker
+
+
+@contextmanager
+def signals_handled(on_signal: Callable[[int, FrameType | None], None], install: bool,
+                    previous: dict[signal.Signals, Any]) -> Iterator[None]:
+    """For the block, ``on_signal`` handles SIGINT and SIGTERM (if ``install`` and in the main thread);
+    the handlers it replaces are kept in ``previous`` and put back afterwards."""
+    if install and threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

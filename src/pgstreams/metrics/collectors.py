@@ -37,15 +37,22 @@ class StatusCollector(Collector):
     per read, never O(events). A read is reused for ``min_interval`` seconds (default
     :data:`DEFAULT_MIN_INTERVAL`): however many scrapers ask, the database is read at most once per
     interval. A failed read is logged and exported as ``pgstreams_up 0`` (the endpoint stays up).
-    ``clock`` (default ``time.monotonic``) times the reuse."""
+    ``clock`` (default ``time.monotonic``) times the reuse.
+
+    ``read_now`` (default true): read the status once when created, so that no scrape pays for a client's
+    first read (it reads every topic; later reads only the topics that changed since, see
+    ``docs/metrics.md``). That read serves the scrapes of the next ``min_interval`` like any other; when
+    it fails, the failure is logged and the first scrape reads again. False: the first scrape reads."""
 
     def __init__(self, client: Client | None = None, *, status: Callable[[], StatusSnapshot] | None = None,
-                 min_interval: float = DEFAULT_MIN_INTERVAL, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+                 min_interval: float = DEFAULT_MIN_INTERVAL, clock: Callable[[], float] = time.monotonic,
+                 read_now: bool = True) -> None:
         if (client is None) == (status is None):
             raise ValueError("pass either a client or a status callable")
         if isinstance(min_interval, bool) or not isinstance(min_interval, int | float) or min_interval < 0:
             raise ValueError(f"min_interval must be a number of seconds >= 0, not {min_interval!r}")
+        if not isinstance(read_now, bool):
+            raise ValueError(f"read_now must be True or False, not {read_now!r}")
         self._status: Callable[[], StatusSnapshot] = status if status is not None else client.status  # type: ignore[union-attr]
         self.min_interval = float(min_interval)
         self._clock = clock
@@ -55,6 +62,8 @@ class StatusCollector(Collector):
         self._ok = False
         self.reads = 0
         self.failures = 0
+        if read_now and self.snapshot() is None:
+            self._read_at = None  # logged; the first scrape reads again (and reports it if it fails too)
 
     def snapshot(self) -> StatusSnapshot | None:
         """The current status: the last read if younger than ``min_interval``, else a new one (``None``

@@ -71,10 +71,25 @@ def test_collector_in_an_application_registry_exports_the_status(dsn: str) -> No
         lag = sum(v for (n, labels), v in samples(text).items() if n == "pgstreams_group_lag_events"
                   and ("group", "billing") in labels)
         assert lag == 26
+        # a topic's size shared among its partitions by stored events (equal here: 10 each)
+        size = value(text, "pgstreams_topic_size_bytes", topic="orders")
+        shares = [value(text, "pgstreams_partition_estimated_size_bytes", topic="orders", partition=str(p))
+                  for p in range(3)]
+        assert size > 0 and sum(shares) == pytest.approx(size)
+        assert shares == pytest.approx([size / 3] * 3)
         # counters grow with publishing
         client.publish("orders", 1, partition=1)
         text = generate_latest(registry).decode()
         assert value(text, "pgstreams_partition_events_published_total", topic="orders", partition="1") == 11
+        size = value(text, "pgstreams_topic_size_bytes", topic="orders")
+        shares = [value(text, "pgstreams_partition_estimated_size_bytes", topic="orders", partition=str(p))
+                  for p in range(3)]
+        assert shares == pytest.approx([size * 10 / 31, size * 11 / 31, size * 10 / 31])
+        client.create_topic("empty", 2)  # no events yet: its size (indexes) shared evenly
+        text = generate_latest(registry).decode()
+        size = value(text, "pgstreams_topic_size_bytes", topic="empty")
+        assert [value(text, "pgstreams_partition_estimated_size_bytes", topic="empty", partition=str(p))
+                for p in range(2)] == pytest.approx([size / 2] * 2)
 
 
 def test_collector_reads_the_database_at_most_once_per_interval_however_many_scrapers(dsn: str) -> None:

@@ -109,6 +109,25 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
+def _partition_sizes(snap: StatusSnapshot) -> dict[tuple[str, int], float]:
+    """Each partition's share of its topic's size, in proportion to the events it stores (evenly while
+    the topic stores none): a topic's segments hold every partition's events, so the catalog knows sizes
+    per topic only, and counting each partition's bytes would read every event. The shares of a topic
+    add up to its size."""
+    stored: dict[str, int] = {}
+    for p in snap.partitions:
+        stored[p.topic] = stored.get(p.topic, 0) + p.events
+    sizes = {t.topic: (t.bytes, t.partitions) for t in snap.topics}
+    out: dict[tuple[str, int], float] = {}
+    for p in snap.partitions:
+        if p.topic not in sizes:
+            continue
+        total, count = sizes[p.topic]
+        events = stored[p.topic]
+        out[(p.topic, p.partition)] = total * p.events / events if events else total / max(1, count)
+    return out
+
+
 def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     parts = _gauge("pgstreams_topic_partitions", "Partitions of a topic", _TOPIC)
     size = _gauge("pgstreams_topic_size_bytes", "Size of a topic on disk (segments, indexes, TOAST)", _TOPIC)
@@ -130,6 +149,10 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     published = CounterMetricFamily("pgstreams_partition_events_published", "Events published to a partition "
                                     "(stored plus removed by retention; its rate is the publish rate)",
                                     labels=list(_PARTITION))
+    part_size = _gauge("pgstreams_partition_estimated_size_bytes", "A topic's size shared among its "
+                       "partitions by their stored events (an estimate: segments hold every partition)",
+                       _PARTITION)
+    estimates = _partition_sizes(snap)
     dead_counts: dict[str, int] = {}
     for p in snap.partitions:
         labels = [p.topic, str(p.partition)]
@@ -137,11 +160,13 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             head.add_metric(labels, p.head)
         events.add_metric(labels, p.events)
         published.add_metric(labels, p.published)
+        if (p.topic, p.partition) in estimates:
+            part_size.add_metric(labels, estimates[(p.topic, p.partition)])
         if p.topic in dlt_topics:
             dead_counts[p.topic] = dead_counts.get(p.topic, 0) + p.events
     for topic, n in sorted(dead_counts.items()):
         dead.add_metric([topic], n)
-    yield from (parts, size, segments, retention, head, events, published, dead)
+    yield from (parts, size, segments, retention, head, events, published, part_size, dead)
     lag = _gauge("pgstreams_group_lag_events", "Events after a group's checkpoint", _GROUP)
     lag_s = _gauge("pgstreams_group_lag_seconds", "Age of a group's first unread event (0: caught up)",
                    _GROUP)

@@ -1,5 +1,6 @@
 """The data the console tests look at: a topic with JSON, text and bytes events, a group behind on it,
-and a dead-letter topic filled by a real worker."""
+a dead-letter topic filled by a real worker, a share group with events in flight, available and
+dead-lettered, and a queue."""
 
 from __future__ import annotations
 
@@ -34,4 +35,14 @@ def fill(dsn: str) -> dict[str, int]:
             until(lambda: worker.stats.dead_lettered == 2, 60, "two dead letters")
         letters = client.read_events("payments.dlt", 0, limit=10)
         assert len(letters) == 2
+        # share group crew on jobs: 2 events in flight (locked for an hour), 1 rejected (dead-lettered to
+        # jobs.dlt), 3 available
+        client.create_topic("jobs", 2)
+        client.publish_many("jobs", [{"value": {"job": i}, "partition": i % 2} for i in range(6)])
+        crew = client.share_consumer("jobs", "crew", lock_timeout=3600, max_deliveries=3)
+        taken = crew.acquire(3)
+        assert len(taken) == 3
+        assert crew.reject(taken[0], "not a job we do").ok
+        client.create_queue("mail")
+        client.publish_many("mail", [{"value": "hello"}, {"value": "again"}])
         return {"first": letters[0].position, "second": letters[1].position}

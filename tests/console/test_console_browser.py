@@ -1,6 +1,6 @@
 """The console in a real browser: headless Chromium (Debian's package) driven by Playwright, against
-``pgstreams console`` as a subprocess, through every page and the replay action, with live updates; a
-screenshot of each page is saved by the run (see ``SCREENSHOTS`` in conftest)."""
+``pgstreams console`` as a subprocess, through every page (a share group's too) and the replay action,
+with live updates; a screenshot of each page is saved by the run (see ``SCREENSHOTS`` in conftest)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,23 @@ def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, scre
         assert lag == 19
         page.screenshot(path=str(screenshots / "group.png"), full_page=True)
 
+        # a share group: listed on the overview, its partitions on its page, which updates itself
+        page.goto(srv.url + "/")
+        assert page.locator("#share-groups tr", has_text="crew").locator("td").nth(2).inner_text() == "2"
+        page.click("#share-groups a:text-is('crew')")
+        page.wait_for_url("**/groups/crew")
+        assert page.inner_text("h1") == "Share group crew"
+        assert [page.inner_text(f"#share-{k}") for k in ("in-flight", "available", "dead-lettered")] == [
+            "2", "3", "1"]
+        assert page.locator("#share-partitions tbody tr").count() == 2
+        assert page.inner_text("#share-oldest-lock").endswith("ago)")
+        page.screenshot(path=str(screenshots / "share-group.png"), full_page=True)
+        with pgstreams.connect(dsn) as client:
+            more = client.share_consumer("jobs", "crew", lock_timeout=3600, max_deliveries=3)
+            assert len(more.acquire(3)) == 3
+        page.wait_for_function("() => document.querySelector('#share-in-flight').innerText === '5'")
+        assert page.inner_text("#share-available") == "0"
+
         # dead letters: the list, one of them, replay it, then all
         page.goto(srv.url + "/dlt/payments.dlt")
         assert page.locator("#dead-letters tr.dead-letter").count() == 2
@@ -85,5 +102,5 @@ def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, scre
                       if "dlt.replayed_from" in e.headers]
         assert len(copies) == 2  # the one replayed first was not published again
         assert errors == []
-        for name in ("overview", "topic", "group", "dead-letters", "dead-letter", "replayed"):
+        for name in ("overview", "topic", "group", "share-group", "dead-letters", "dead-letter", "replayed"):
             assert (screenshots / f"{name}.png").stat().st_size > 1000

@@ -34,6 +34,22 @@ def console(dsn: str, *extra: str, env: dict[str, str] | None = None):
     return server(["console", "--port", "0", "--dsn", dsn, *extra], READY, env=env)
 
 
+def table(page: str, table_id: str) -> list[list[str]]:
+    """The body rows of table ``table_id`` of ``page``, each as its cells' text."""
+    m = re.search(rf'<table[^>]*id="{table_id}"[^>]*>(.*?)</table>', page, re.S)
+    assert m, f"no table {table_id} in the page"
+    body = m.group(1).split("<tbody>", 1)[1]
+    return [[re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", cell)).strip()
+             for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
+            for row in re.findall(r"<tr[^>]*>(.*?)</tr>", body, re.S)]
+
+
+def strong(page: str, element_id: str) -> str:
+    m = re.search(rf'id="{element_id}"[^>]*>(.*?)</', page, re.S)
+    assert m, f"no element {element_id} in the page"
+    return m.group(1).strip()
+
+
 def test_every_route_and_bad_input(dsn: str) -> None:
     where = fill(dsn)
     with console(dsn) as srv:
@@ -58,6 +74,41 @@ def test_every_route_and_bad_input(dsn: str) -> None:
         assert code == 200 and "payments" in page and "No registered members" in page  # the worker left
         code, page = fetch(base + "/dlt/payments.dlt")
         assert code == 200 and "ValueError" in page and "boom is not allowed" in page
+        # share groups: listed on the overview (with the queue), each one's partitions on its page
+        code, page = fetch(base + "/")
+        shares = {row[0]: row for row in table(page, "share-groups")}
+        assert set(shares) == {"crew", "mail queue"}
+        # group, topics, in flight, available, waiting, delivered too often, dead-lettered, oldest lock, state
+        assert shares["crew"][1:7] == ["jobs", "2", "3", "0", "0", "1"]
+        assert shares["crew"][7].endswith(" ago") and shares["crew"][8] == "ok"
+        assert shares["mail queue"][1:8] == ["mail", "0", "2", "0", "0", "0", "none"]
+        assert 'href="/groups/crew"' in page and 'href="/groups/mail"' in page
+        code, page = fetch(base + "/groups/crew")
+        assert code == 200 and "Share group crew" in page
+        assert [strong(page, f"share-{k}") for k in ("in-flight", "available", "waiting", "too-often",
+                                                     "dead-lettered")] == ["2", "3", "0", "0", "1"]
+        lock = strong(page, "share-oldest-lock")
+        assert re.match(r"\d{4}-\d\d-\d\dT[0-9:.]+Z \([0-9.]+ (s|min) ago\)$", lock), lock
+        assert "at most 3 deliveries, locks of 1h" in page and 'href="/dlt/jobs.dlt"' in page
+        rows = table(page, "share-partitions")
+        assert [(r[0], r[1]) for r in rows] == [("jobs", "0"), ("jobs", "1")]
+        with pgstreams.connect(dsn) as client:
+            described = client.describe_share_group("crew")
+        # topic, partition, start, frontier, head, in flight, available, waiting, too often, lock, rejected,
+        # dead-lettered
+        assert [[int(r[i]) for i in (3, 4, 5, 6, 7, 8, 10, 11)] for r in rows] == [
+            [s.frontier, s.head, s.acquired, s.available, s.waiting, s.delivered_too_often, s.rejected,
+             s.dead_lettered] for s in described]
+        assert sum(int(r[5]) for r in rows) == 2 and sum(int(r[6]) for r in rows) == 3
+        assert [bool(r[9]) for r in rows] == [s.oldest_lock is not None for s in described]
+        assert 'id="partitions"' not in page and 'id="members"' not in page  # no stream-group part
+        code, page = fetch(base + "/groups/mail")
+        assert code == 200 and '<span class="tag">queue</span>' in page
+        assert strong(page, "share-available") == "2" and strong(page, "share-oldest-lock") == "none"
+        code, page = fetch(base + "/groups/billing")
+        assert code == 200 and 'id="share-partitions"' not in page  # a stream group only
+        code, page = fetch(base + "/dlt/jobs.dlt")
+        assert code == 200 and "not a job we do" in page
         code, page = fetch(base + f"/dlt/payments.dlt/0/{where['first']}")
         assert code == 200 and "boom is not allowed" in page and 'id="replay-one"' in page
         for path, what in (("/topics/nope", "no topic named 'nope'"),

@@ -58,6 +58,55 @@ def test_a_share_worker_runs_concurrent_handlers_on_one_partition(client: pgstre
     assert client.store.shares.state_rows("g", client.topic_record("t").id) == 0
 
 
+def test_async_handlers_of_a_share_subscription_run_concurrently_and_handle_each_event_once(
+        client: pgstreams.Client) -> None:
+    import asyncio
+    from collections import Counter
+
+    concurrency, rounds = 4, 5
+    client.create_topic("t", 2)
+    client.publish_many("t", [{"value": i, "partition": i % 2} for i in range(concurrency * rounds)])
+    # every handler waits until ``concurrency`` of them are waiting together: run one at a time (or on a
+    # blocked event loop), the first would wait for the others until its deadline and fail
+    barrier = asyncio.Barrier(concurrency)
+    handled: Counter[int] = Counter()
+    met: list[int] = []
+    timeouts: list[int] = []
+    threads: set[str] = set()
+    inside = {"now": 0, "peak": 0}
+
+    async def handle(ev: pgstreams.Event) -> None:
+        threads.add(threading.current_thread().name)
+        inside["now"] += 1
+        inside["peak"] = max(inside["peak"], inside["now"])
+        try:
+            async with asyncio.timeout(30):
+                met.append(await barrier.wait())
+        except TimeoutError:
+            timeouts.append(ev.value)
+            raise
+        finally:
+            inside["now"] -= 1
+        await asyncio.sleep(0)
+        handled[ev.value] += 1
+
+    worker = pgstreams.Worker(client, install_signal_handlers=False, maintenance=None)
+    worker.subscribe("t", "g", handle, share=True, concurrency=concurrency, max_events=1,
+                     retry=pgstreams.RetryPolicy(max_attempts=1))
+    with running(worker):
+        until(lambda: sum(handled.values()) == concurrency * rounds or bool(timeouts), 120,
+              "every event handled")
+        until(lambda: worker.stats.commits == concurrency * rounds or bool(timeouts), 30, "every event acked")
+    assert timeouts == [], "handlers waited alone at the barrier: they did not run concurrently"
+    assert sorted(met) == sorted(list(range(concurrency)) * rounds), "each round met all handlers at once"
+    assert inside["peak"] == concurrency
+    assert threads == {"pgstreams-async-handlers"}, "the coroutines ran on the handlers' event loop"
+    assert handled == Counter(range(concurrency * rounds)), "each event handled exactly once"
+    assert worker.stats.failures == 0 and worker.stats.dead_lettered == 0
+    shares = client.describe_share_group("g")
+    assert sum(s.acquired + s.available + s.waiting for s in shares) == 0
+
+
 def test_a_failing_event_is_retried_with_backoff_then_dead_lettered_while_others_go_on(
         client: pgstreams.Client) -> None:
     client.create_topic("t", 1)

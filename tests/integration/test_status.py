@@ -71,10 +71,25 @@ def test_collector_in_an_application_registry_exports_the_status(dsn: str) -> No
         lag = sum(v for (n, labels), v in samples(text).items() if n == "pgstreams_group_lag_events"
                   and ("group", "billing") in labels)
         assert lag == 26
+        # a topic's size shared among its partitions by stored events (equal here: 10 each)
+        size = value(text, "pgstreams_topic_size_bytes", topic="orders")
+        shares = [value(text, "pgstreams_partition_estimated_size_bytes", topic="orders", partition=str(p))
+                  for p in range(3)]
+        assert size > 0 and sum(shares) == pytest.approx(size)
+        assert shares == pytest.approx([size / 3] * 3)
         # counters grow with publishing
         client.publish("orders", 1, partition=1)
         text = generate_latest(registry).decode()
         assert value(text, "pgstreams_partition_events_published_total", topic="orders", partition="1") == 11
+        size = value(text, "pgstreams_topic_size_bytes", topic="orders")
+        shares = [value(text, "pgstreams_partition_estimated_size_bytes", topic="orders", partition=str(p))
+                  for p in range(3)]
+        assert shares == pytest.approx([size * 10 / 31, size * 11 / 31, size * 10 / 31])
+        client.create_topic("empty", 2)  # no events yet: its size (indexes) shared evenly
+        text = generate_latest(registry).decode()
+        size = value(text, "pgstreams_topic_size_bytes", topic="empty")
+        assert [value(text, "pgstreams_partition_estimated_size_bytes", topic="empty", partition=str(p))
+                for p in range(2)] == pytest.approx([size / 2] * 2)
 
 
 def test_collector_reads_the_database_at_most_once_per_interval_however_many_scrapers(dsn: str) -> None:
@@ -105,6 +120,64 @@ def test_collector_reads_the_database_at_most_once_per_interval_however_many_scr
         now[0] += 0.2
         generate_latest(registry)
         assert len(calls) == 2
+
+
+def test_collector_reads_when_created_so_that_no_scrape_pays_the_first_read(dsn: str) -> None:
+    now = [100.0]
+    with pgstreams.connect(dsn) as client:
+        _setup(client)
+        calls: list[pgstreams.StatusSnapshot] = []
+
+        def status() -> pgstreams.StatusSnapshot:
+            calls.append(client.status())
+            return calls[-1]
+
+        collector = StatusCollector(status=status, clock=lambda: now[0])
+        assert len(calls) == 1 and collector.reads == 1, "read once when created, before any scrape"
+        registry = CollectorRegistry()
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+        assert len(calls) == 1, "the first scrape (within min_interval) used the read made at creation"
+        assert value(text, "pgstreams_up") == 1
+        assert value(text, "pgstreams_partition_events", topic="orders", partition="2") == 10
+        now[0] += collector.min_interval
+        generate_latest(registry)
+        assert len(calls) == 2, "a scrape after min_interval reads again"
+
+        # the client itself: its first read (every topic) is made when the collector is created
+        own = StatusCollector(client, clock=lambda: now[0])
+        assert own.reads == 1 and own.failures == 0
+        registry = CollectorRegistry()
+        registry.register(own)
+        text = generate_latest(registry).decode()
+        assert own.reads == 1 and value(text, "pgstreams_topic_partitions", topic="orders") == 3
+
+        # read_now=False: the first scrape reads
+        calls.clear()
+        lazy = StatusCollector(status=status, clock=lambda: now[0], read_now=False)
+        assert calls == [] and lazy.reads == 0
+        registry = CollectorRegistry()
+        registry.register(lazy)
+        generate_latest(registry)
+        assert len(calls) == 1
+
+        # a failed read at creation is logged; the first scrape reads again instead of reporting it
+        answers: list[Exception | None] = [OSError("connection refused"), None]
+
+        def flaky() -> pgstreams.StatusSnapshot:
+            answer = answers.pop(0)
+            if answer is not None:
+                raise answer
+            return client.status()
+
+        retried = StatusCollector(status=flaky, clock=lambda: now[0])
+        assert (retried.reads, retried.failures) == (1, 1)
+        registry = CollectorRegistry()
+        registry.register(retried)
+        text = generate_latest(registry).decode()
+        assert value(text, "pgstreams_up") == 1 and retried.reads == 2 and answers == []
+    with pytest.raises(ValueError, match="read_now"):
+        StatusCollector(status=lambda: None, read_now="yes")  # type: ignore[arg-type,return-value]
 
 
 def test_collector_reports_a_failed_read_as_down_and_keeps_serving() -> None:

@@ -35,13 +35,9 @@ def metrics_serve(
     from prometheus_client import CollectorRegistry
 
     with open_client(dsn, schema) as client:
-        # a first read before serving: it reads every topic (a later read only the topics that changed
-        # since), so that no scrape pays for it; a failure here is the first scrape's to report
-        try:
-            client.status()
-        except Exception:  # noqa: BLE001 - reported as pgstreams_up 0 by the scrape that meets it
-            pass
         registry = CollectorRegistry()
+        # the collector reads once when created, before serving (read_now): that first read of every
+        # topic is paid by no scrape; a failure there is the first scrape's to report
         registry.register(metrics.StatusCollector(client, min_interval=min_interval))
         server = metrics.serve(registry, host=host, port=port)
         # one line on stderr that scripts (and tests) can read the bound address from

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +23,10 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('pgstreams.console needs its extra: pip install "pgstreams[console]"') from exc
 
+from .. import group_members
 from ..client import Client
 from ..errors import GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
-from ..models import Event, StatusSnapshot
+from ..models import Event, ShareGroupStatus, StatusSnapshot
 from ..names import check_group, check_topic
 from . import render
 from .defaults import DEFAULT_HISTORY_MINUTES, DEFAULT_REFRESH
@@ -116,6 +117,7 @@ class Console:
         env.filters["when"] = render.when
         env.filters["size"] = render.size
         env.filters["duration"] = render.duration
+        env.globals["age"] = render.age
         env.globals["sparkline"] = render.sparkline
         env.globals["value_text"] = render.value_text
 
@@ -151,7 +153,8 @@ class Console:
             row["lag"] += g.lag
             row["stale"] = row["stale"] or g.stale
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
-        return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates)
+        return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
+                         shares=_share_groups(snap.shares))
 
     def topic(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
@@ -195,13 +198,23 @@ class Console:
             rows = self.client.describe_group(name)
         except GroupNotFound:
             rows = []
-        if not rows:
-            raise NotFound(f"there is no group named {name!r} (no checkpoints)")
-        members = self.client.store.groups.members(name, None)
+        try:
+            shares = self.client.describe_share_group(name)
+        except GroupNotFound:
+            shares = []
+        if not rows and not shares:
+            raise NotFound(f"there is no group named {name!r} (no checkpoints, no share group)")
+        members = group_members(self.client, name) if rows else []
         topics = sorted({r.topic for r in rows})
         charts = {t: self.history.lags(name, t) for t in topics}
+        share_topics: dict[str, ShareGroupStatus] = {}
+        for st in shares:  # the group's settings on each topic (the same on every partition)
+            share_topics.setdefault(st.topic, st)
+        backlogs = {t: self.history.backlogs(name, t) for t in share_topics}
         return self.page(request, "group.html", group=name, rows=rows, members=members, topics=topics,
-                         charts=charts, total_lag=sum(r.lag for r in rows))
+                         charts=charts, total_lag=sum(r.lag for r in rows), shares=shares,
+                         share_topics=share_topics, backlogs=backlogs,
+                         share_totals=_share_totals(shares), now=datetime.now(timezone.utc))
 
     def dlt(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
@@ -248,6 +261,29 @@ class Console:
         res = await _threaded(self.client.replay_dead_letters, name)
         msg = f"replayed {res.replayed} dead letter(s) of {res.read} read ({res.skipped} passed over)"
         return RedirectResponse(f"/dlt/{name}?message={_q(msg)}", status_code=303)
+
+
+def _share_totals(shares: list[ShareGroupStatus] | tuple[ShareGroupStatus, ...]) -> dict[str, Any]:
+    """The sums over some partitions of a share group: events in flight, available, waiting, delivered
+    too often; the counters; the oldest lock."""
+    locks = [s.oldest_lock for s in shares if s.oldest_lock is not None]
+    return {"acquired": sum(s.acquired for s in shares), "available": sum(s.available for s in shares),
+            "waiting": sum(s.waiting for s in shares),
+            "delivered_too_often": sum(s.delivered_too_often for s in shares),
+            "rejected": sum(s.rejected for s in shares),
+            "dead_lettered": sum(s.dead_lettered for s in shares),
+            "removed_too_often": sum(s.removed_too_often for s in shares),
+            "lost_events": sum(s.lost_events for s in shares), "oldest_lock": min(locks, default=None),
+            "topics": sorted({s.topic for s in shares}), "partitions": len(shares),
+            "queue": any(s.queue for s in shares)}
+
+
+def _share_groups(shares: tuple[ShareGroupStatus, ...]) -> dict[str, dict[str, Any]]:
+    """The share groups of a status snapshot, each with its totals (see :func:`_share_totals`)."""
+    by_group: dict[str, list[ShareGroupStatus]] = {}
+    for s in shares:
+        by_group.setdefault(s.group, []).append(s)
+    return {g: _share_totals(rows) for g, rows in sorted(by_group.items())}
 
 
 def _q(text: str) -> str:

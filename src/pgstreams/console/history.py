@@ -1,4 +1,5 @@
-"""Status samples of the last minutes, behind the console's charts (publish rate, group lag)."""
+"""Status samples of the last minutes, behind the console's charts (publish rate, group lag, share-group
+backlog)."""
 
 from __future__ import annotations
 
@@ -17,11 +18,13 @@ log = logging.getLogger("pgstreams.console")
 
 @dataclass(frozen=True)
 class Sample:
-    """One status read: when (monotonic seconds), events published per topic, lag per (group, topic)."""
+    """One status read: when (monotonic seconds), events published per topic, lag per (group, topic), and
+    per (share group, topic) its backlog: events in flight, available or waiting."""
 
     at: float
     published: dict[str, int]
     lag: dict[tuple[str, str], int]
+    backlog: dict[tuple[str, str], int]
 
 
 class History:
@@ -64,8 +67,12 @@ class History:
         lag: dict[tuple[str, str], int] = {}
         for g in snap.groups:
             lag[(g.group, g.topic)] = lag.get((g.group, g.topic), 0) + g.lag
+        backlog: dict[tuple[str, str], int] = {}
+        for s in snap.shares:
+            key = (s.group, s.topic)
+            backlog[key] = backlog.get(key, 0) + s.acquired + s.available + s.waiting
         with self._lock:
-            self._samples.append(Sample(time.monotonic(), published, lag))
+            self._samples.append(Sample(time.monotonic(), published, lag, backlog))
 
     def rates(self, topic: str) -> list[float]:
         """Events published per second to ``topic`` between consecutive samples."""
@@ -81,3 +88,9 @@ class History:
         """The lag of ``group`` on ``topic`` (events, all partitions) at each sample."""
         with self._lock:
             return [float(s.lag[(group, topic)]) for s in self._samples if (group, topic) in s.lag]
+
+    def backlogs(self, group: str, topic: str) -> list[float]:
+        """The backlog of share group ``group`` on ``topic`` (events in flight, available or waiting, all
+        partitions) at each sample."""
+        with self._lock:
+            return [float(s.backlog[(group, topic)]) for s in self._samples if (group, topic) in s.backlog]

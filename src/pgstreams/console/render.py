@@ -41,6 +41,19 @@ def size(n: int | None) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def age(since: datetime | None, now: datetime) -> str:
+    """How long before ``now`` ``since`` was, for people: 0.4 s, 12 s, 5 min, 3 h, 2 d (empty for none)."""
+    if since is None:
+        return ""
+    seconds = max(0.0, (now - since).total_seconds())
+    if seconds < 10:
+        return f"{seconds:.1f} s"
+    for unit, length in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 def duration(ms: int | None) -> str:
     """A retention by age (milliseconds) for people: 7d, 12h, 30m, 45s."""
     if ms is None:

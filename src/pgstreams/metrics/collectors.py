@@ -37,15 +37,22 @@ class StatusCollector(Collector):
     per read, never O(events). A read is reused for ``min_interval`` seconds (default
     :data:`DEFAULT_MIN_INTERVAL`): however many scrapers ask, the database is read at most once per
     interval. A failed read is logged and exported as ``pgstreams_up 0`` (the endpoint stays up).
-    ``clock`` (default ``time.monotonic``) times the reuse."""
+    ``clock`` (default ``time.monotonic``) times the reuse.
+
+    ``read_now`` (default true): read the status once when created, so that no scrape pays for a client's
+    first read (it reads every topic; later reads only the topics that changed since, see
+    ``docs/metrics.md``). That read serves the scrapes of the next ``min_interval`` like any other; when
+    it fails, the failure is logged and the first scrape reads again. False: the first scrape reads."""
 
     def __init__(self, client: Client | None = None, *, status: Callable[[], StatusSnapshot] | None = None,
-                 min_interval: float = DEFAULT_MIN_INTERVAL, clock: Callable[[], float] = time.monotonic
-                 ) -> None:
+                 min_interval: float = DEFAULT_MIN_INTERVAL, clock: Callable[[], float] = time.monotonic,
+                 read_now: bool = True) -> None:
         if (client is None) == (status is None):
             raise ValueError("pass either a client or a status callable")
         if isinstance(min_interval, bool) or not isinstance(min_interval, int | float) or min_interval < 0:
             raise ValueError(f"min_interval must be a number of seconds >= 0, not {min_interval!r}")
+        if not isinstance(read_now, bool):
+            raise ValueError(f"read_now must be True or False, not {read_now!r}")
         self._status: Callable[[], StatusSnapshot] = status if status is not None else client.status  # type: ignore[union-attr]
         self.min_interval = float(min_interval)
         self._clock = clock
@@ -55,6 +62,8 @@ class StatusCollector(Collector):
         self._ok = False
         self.reads = 0
         self.failures = 0
+        if read_now and self.snapshot() is None:
+            self._read_at = None  # logged; the first scrape reads again (and reports it if it fails too)
 
     def snapshot(self) -> StatusSnapshot | None:
         """The current status: the last read if younger than ``min_interval``, else a new one (``None``
@@ -100,6 +109,25 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, labels=list(labels))
 
 
+def _partition_sizes(snap: StatusSnapshot) -> dict[tuple[str, int], float]:
+    """Each partition's share of its topic's size, in proportion to the events it stores (evenly while
+    the topic stores none): a topic's segments hold every partition's events, so the catalog knows sizes
+    per topic only, and counting each partition's bytes would read every event. The shares of a topic
+    add up to its size."""
+    stored: dict[str, int] = {}
+    for p in snap.partitions:
+        stored[p.topic] = stored.get(p.topic, 0) + p.events
+    sizes = {t.topic: (t.bytes, t.partitions) for t in snap.topics}
+    out: dict[tuple[str, int], float] = {}
+    for p in snap.partitions:
+        if p.topic not in sizes:
+            continue
+        total, count = sizes[p.topic]
+        events = stored[p.topic]
+        out[(p.topic, p.partition)] = total * p.events / events if events else total / max(1, count)
+    return out
+
+
 def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     parts = _gauge("pgstreams_topic_partitions", "Partitions of a topic", _TOPIC)
     size = _gauge("pgstreams_topic_size_bytes", "Size of a topic on disk (segments, indexes, TOAST)", _TOPIC)
@@ -121,6 +149,10 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     published = CounterMetricFamily("pgstreams_partition_events_published", "Events published to a partition "
                                     "(stored plus removed by retention; its rate is the publish rate)",
                                     labels=list(_PARTITION))
+    part_size = _gauge("pgstreams_partition_estimated_size_bytes", "A topic's size shared among its "
+                       "partitions by their stored events (an estimate: segments hold every partition)",
+                       _PARTITION)
+    estimates = _partition_sizes(snap)
     dead_counts: dict[str, int] = {}
     for p in snap.partitions:
         labels = [p.topic, str(p.partition)]
@@ -128,11 +160,13 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             head.add_metric(labels, p.head)
         events.add_metric(labels, p.events)
         published.add_metric(labels, p.published)
+        if (p.topic, p.partition) in estimates:
+            part_size.add_metric(labels, estimates[(p.topic, p.partition)])
         if p.topic in dlt_topics:
             dead_counts[p.topic] = dead_counts.get(p.topic, 0) + p.events
     for topic, n in sorted(dead_counts.items()):
         dead.add_metric([topic], n)
-    yield from (parts, size, segments, retention, head, events, published, dead)
+    yield from (parts, size, segments, retention, head, events, published, part_size, dead)
     lag = _gauge("pgstreams_group_lag_events", "Events after a group's checkpoint", _GROUP)
     lag_s = _gauge("pgstreams_group_lag_seconds", "Age of a group's first unread event (0: caught up)",
                    _GROUP)

@@ -104,7 +104,8 @@ class Worker:
         ``handler(event)`` (``batch=False``, default) or ``handler(events)`` (``batch=True``); in
         ``mode="transactional"`` it is called as ``handler(event_or_events, conn)`` inside the transaction
         that stores the checkpoint (the default mode, ``"at-least-once"``, commits after it returns). A
-        handler that cannot be called so, or an ``async def`` function, is refused (:class:`InvalidArgument`).
+        handler that cannot be called so is refused (:class:`InvalidArgument`); an ``async def`` handler
+        runs on the process's handler event loop (``concurrency`` coroutines at once for a share group).
         ``min_events`` / ``max_events`` / ``max_wait``: see :class:`BatchConfig` (defaults 1, 100, 1.0 s).
         ``retry``: a :class:`RetryPolicy` (default ``RetryPolicy()``). ``dead_letter``: ``None`` (default)
         for the group's configuration (``"<topic>.dlt"`` unless configured otherwise), ``True`` for

@@ -98,7 +98,7 @@ def test_a_single_key_registration_holds_back_only_its_partition(client: pgstrea
     c = client.consumer("t", "g")
     tid = client.topic_state("t").id
     own = core_query("insert_event_own", "pgstreams", tid)
-    row = (0, 0, "b", None, b"own", None, None, None, None, None, None)
+    row = (0, "b", None, b"own", None, None, None, None, None, None, 0)  # its second partition last
     with psycopg.connect(dsn) as single, psycopg.connect(dsn) as double:
         single.execute(own, row)
         client.publish("t", "two-keys", partition=1, conn=double)

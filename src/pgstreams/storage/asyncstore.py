@@ -23,8 +23,6 @@ from psycopg_pool import AsyncConnectionPool
 from ..models import CommitOutcome
 from .events import (
     _COPY_TYPES,
-    _INSERT_FORMATS,
-    _INSERT_OIDS,
     EVENT_COLUMNS,
     EVENT_ID,
     PARTITION,
@@ -33,6 +31,7 @@ from .events import (
     StoredAt,
     TopicVersion,
     _insert_statement,
+    insert_params,
 )
 from .executor import Params, core_query
 from .libpq import AsyncDirect, int_array, statement
@@ -165,20 +164,12 @@ class AsyncStore:
                 await self.notify(*notify, conn)
             return stored
         enc = self._direct.encoding(conn)
-        p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
-        part = b"%d" % p
-        params: list[bytes | None] = [  # as EventStore._insert_direct
-            part, part, kind.encode(), None if key is None else key.encode(enc), payload,
-            None if hdrs is None else json.dumps(hdrs.obj).encode(enc),
-            None if et is None else et.encode(enc), None,
-            None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
-            None if producer is None else b"%d" % producer,
-        ]
-        st = _insert_statement(self.schema, topic_id)
+        ins = _insert_statement(self.schema, topic_id)
+        params = insert_params(row, enc, ins.own)
         res = await self._direct.run(
-            conn, [(st, params, 0)], types=_INSERT_OIDS, formats=_INSERT_FORMATS,
+            conn, [(ins.statement, params, 0)], types=ins.oids, formats=ins.formats,
             notify=None if notify is None else (notify[0].encode(enc), notify[1].encode(enc)))
-        return StoredAt(p, int(res[0].get_value(0, 0)))  # type: ignore[arg-type]
+        return StoredAt(row[PARTITION], int(res[0].get_value(0, 0)))  # type: ignore[arg-type]
 
     async def copy(self, conn: psycopg.AsyncConnection, topic_id: int, rows: Sequence[EventRow],
                    has_ids: bool) -> int:

@@ -53,9 +53,11 @@ class StoredAt(NamedTuple):
 # text dumper writes exactly it.
 _COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
 # Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
-# (binary), jsonb, text x 4, int8 (the producer tag).
+# (binary), jsonb, text x 4, int8 (the producer tag). insert_event_own takes the second partition last.
 _INSERT_OIDS = (23, 23, 18, 25, 17, 3802, 25, 25, 25, 25, 20)
 _INSERT_FORMATS = (0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
+_OWN_OIDS = (23, 18, 25, 17, 3802, 25, 25, 25, 25, 20, 23)
+_OWN_FORMATS = (0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -80,9 +82,37 @@ class TopicVersion(NamedTuple):
 _NOTIFY: Final = b"SELECT pg_notify($1, $2)"
 
 
-def _insert_statement(schema: str, topic_id: int) -> Statement:
+class InsertStatement(NamedTuple):
+    """A topic's single-event insert in its own transaction, for libpq: the statement, its parameter
+    types and formats, and whether it is insert_event_own (its second partition parameter last)."""
+
+    statement: Statement
+    oids: tuple[int, ...]
+    formats: tuple[int, ...]
+    own: bool
+
+
+@functools.lru_cache(maxsize=1024)
+def _insert_statement(schema: str, topic_id: int) -> InsertStatement:
     """A topic's single-event insert in its own transaction, for libpq."""
-    return statement("insert_event_own" if topic_id < SINGLE_KEY_TOPICS else "insert_event", schema, topic_id)
+    if topic_id < SINGLE_KEY_TOPICS:
+        return InsertStatement(statement("insert_event_own", schema, topic_id), _OWN_OIDS, _OWN_FORMATS, True)
+    return InsertStatement(statement("insert_event", schema, topic_id), _INSERT_OIDS, _INSERT_FORMATS, False)
+
+
+def insert_params(row: EventRow, encoding: str, own: bool) -> list[bytes | None]:
+    """The text (value: binary) parameters of a single-event insert of ``row`` (see
+    :class:`InsertStatement`)."""
+    p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
+    part = b"%d" % p
+    rest: list[bytes | None] = [
+        kind.encode(), None if key is None else key.encode(encoding), payload,
+        None if hdrs is None else json.dumps(hdrs.obj).encode(encoding),
+        None if et is None else et.encode(encoding), None,
+        None if cid is None else cid.encode(encoding), None if sid is None else sid.encode(encoding),
+        None if producer is None else b"%d" % producer,
+    ]
+    return [part, *rest, part] if own else [part, part, *rest]
 
 
 _POLL_CHECKED = ("load_fences", "poll_checked")
@@ -148,29 +178,22 @@ class EventStore:
         Straight through libpq: psycopg's query layer (adaptation, prepared-statement bookkeeping) cost
         twice the client CPU of this whole call. The statement is prepared once per connection.
         """
-        st = _insert_statement(self.ex.schema, topic_id)
-        enc = self._direct.prepare(conn, st, _INSERT_OIDS)
-        p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
-        part = b"%d" % p
-        params: list[bytes | None] = [
-            part, part, kind.encode(), None if key is None else key.encode(enc), payload,
-            None if hdrs is None else json.dumps(hdrs.obj).encode(enc),
-            None if et is None else et.encode(enc), None,
-            None if cid is None else cid.encode(enc), None if sid is None else sid.encode(enc),
-            None if producer is None else b"%d" % producer,
-        ]
+        ins = _insert_statement(self.ex.schema, topic_id)
+        st = ins.statement
+        enc = self._direct.prepare(conn, st, ins.oids)
+        params = insert_params(row, enc, ins.own)
         checked: pq.abc.PGresult | None = None
         if version is not None:
             after: list[tuple[bytes, Sequence[bytes | None]]] = []
             if notify is not None:
                 after.append((_NOTIFY, (notify[0].encode(enc), notify[1].encode(enc))))
             after.append((statement("topic_version", self.ex.schema).text, (b"%d" % topic_id,)))
-            results = self._direct.exec_then(conn, st, params, _INSERT_FORMATS, after)
+            results = self._direct.exec_then(conn, st, params, ins.formats, after)
             res, checked = results[0], results[-1]
         elif notify is None:
-            res = self._direct.exec_prepared(conn, st, params, _INSERT_FORMATS)
+            res = self._direct.exec_prepared(conn, st, params, ins.formats)
         else:
-            res = self._direct.exec_then_notify(conn, st, params, _INSERT_FORMATS,
+            res = self._direct.exec_then_notify(conn, st, params, ins.formats,
                                                 (notify[0].encode(enc), notify[1].encode(enc)))
         if res.status != pq.ExecStatus.TUPLES_OK:
             if retry and res.error_field(pq.DiagnosticField.SQLSTATE) == b"26000":

@@ -14,18 +14,17 @@ RETURNING position;
 
 -- name: insert_event_own
 -- insert_event for a statement that is its own transaction (autocommit): it registers as the publisher
--- of its partition with one single key (0006_single_key_publish.sql), taken before its position is drawn
--- (f is evaluated first: a WITH query calling a volatile function is never merged into the INSERT).
--- Topic ids below 1024 only. Parameters in insert_event's order.
-WITH f AS (
-    SELECT %s::integer AS partition,
-           pg_advisory_xact_lock_shared((7::bigint << 60) | (%s::bigint << 50) | ({topic_id}::bigint << 40)
-                                        | (coalesce(pg_sequence_last_value({seq_name}::regclass), 0)
-                                           & 1099511627775))
-)
-INSERT INTO {table} (partition, position, kind, key, value, headers, event_type, event_id, correlation_id,
+-- of its partition with one single key (0006_single_key_publish.sql), taken before its position is drawn.
+-- The lock is the statement's one-time filter, which the executor evaluates before it produces the row,
+-- and so before the column default draws the position (nextval): one Result node, no CTE or subquery scan
+-- (a tenth fewer server instructions than a WITH query did). Topic ids below 1024 only. Parameters in
+-- insert_event's order without its second partition, which comes last here (the lock's).
+INSERT INTO {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id,
                      causation_id, producer)
-SELECT f.partition, nextval({seq_name}::regclass), %s, %s, %s, %s, %s, %s, %s, %s, %s FROM f
+SELECT %s::integer, %s::"char", %s::text, %s::bytea, %s::jsonb, %s::text, %s::text, %s::text, %s::text, %s::bigint
+ WHERE pg_advisory_xact_lock_shared((7::bigint << 60) | (%s::bigint << 50) | ({topic_id}::bigint << 40)
+                                    | (coalesce(pg_sequence_last_value({seq_name}::regclass), 0)
+                                       & 1099511627775)) IS NOT NULL
 RETURNING position;
 
 -- name: insert_event_idempotent

@@ -353,6 +353,30 @@ def test_status_counts_acquired_available_and_waiting(client: pgstreams.Client) 
         client.describe_share_group("nope")
 
 
+def test_status_shows_the_start_and_events_delivered_too_often_until_they_are_dead_lettered(
+        client: pgstreams.Client) -> None:
+    """A group created at latest shows where it started; an event whose lock expired at its last allowed
+    delivery counts as delivered too often until the next acquisition dead-letters it."""
+    client.create_topic("t")
+    client.publish_many("t", [{"value": i} for i in range(3)])
+    late = client.share_consumer("t", "late", start="latest")
+    [st] = client.describe_share_group("late", "t")
+    assert (st.start, st.head) == (3, 3)
+    a = client.share_consumer("t", "g", lock_timeout=0.05, max_deliveries=1)
+    [first] = a.poll(1, 1)
+    assert first.delivery_count == 1
+    until(lambda: _expired(client), 10, "the lock to expire")
+    [st] = client.describe_share_group("g", "t")
+    assert (st.start, st.delivered_too_often, st.acquired, st.dead_lettered) == (None, 1, 0, 0)
+    got = a.poll(2, 1)  # dead-letters the first event, then acquires others
+    assert got and first.position not in [e.position for e in got]
+    [st] = client.describe_share_group("g", "t")
+    # the new locks may expire meanwhile, but nothing is dead-lettered before the next acquisition
+    assert (st.removed_too_often, st.dead_lettered) == (1, 1)
+    assert [e.value for e in client.consumer("t.dlt", "check").poll(10, 1)] == [first.value]
+    assert late.poll(1, 0.1) == []
+
+
 def test_bad_input_raises_a_clear_error_and_changes_nothing(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("t")
     client.create_topic("u")

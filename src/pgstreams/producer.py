@@ -143,17 +143,23 @@ def choose_partition(state: TopicState, key: str | None, partition: object) -> i
     return next(state.round_robin) % state.partitions
 
 
-def event_row(state: TopicState, value: Any, key: object, headers: object, partition: object,
-              event_type: object, event_id: object, correlation_id: object, causation_id: object,
-              producer: int | None = None) -> EventRow:
-    """Validate and encode one event (raises :class:`InvalidArgument` naming the bad field); ``producer``
-    is its producer tag (default none)."""
-    # runs once per event in publish_many: the checks of absent fields are skipped inline
+def route(state: TopicState, key: object, partition: object) -> int:
+    """Check an event's key and choose its partition (see :func:`choose_partition`)."""
     if key is not None:
         if not isinstance(key, str):
             raise InvalidArgument(f"key must be a string or None, not {type(key).__name__}")
         if why := _bad_text(key):
             raise InvalidArgument(f"key {key!r} {why}")
+        if partition is None:
+            return _key_partition(key, state.partitions)
+    return choose_partition(state, key, partition)
+
+
+def encode_row(p: int, value: Any, key: str | None, headers: object, event_type: object, event_id: object,
+               correlation_id: object, causation_id: object, producer: int | None = None) -> EventRow:
+    """Validate and encode the fields of an event routed to partition ``p`` (its key checked by
+    :func:`route`)."""
+    # runs once per event in publish_many: the checks of absent fields are skipped inline
     hdrs = None if headers is None else check_headers(headers)
     if hdrs:
         for k, v in hdrs.items():
@@ -170,10 +176,6 @@ def event_row(state: TopicState, value: Any, key: object, headers: object, parti
                            ("causation_id", sid)):
             if text is not None and (why := _bad_text(text)):
                 raise InvalidArgument(f"{name} {text!r} {why}")
-    if partition is None and key is not None:
-        p = _key_partition(key, state.partitions)
-    else:
-        p = choose_partition(state, key, partition)
     if type(value) is bytes:
         kind, payload = KIND_BYTES, value
     else:
@@ -184,19 +186,105 @@ def event_row(state: TopicState, value: Any, key: object, headers: object, parti
     return (p, kind, key, payload, Jsonb(hdrs) if hdrs else None, et, eid, cid, sid, producer)
 
 
-def _mapping_row(state: TopicState, ev: object, i: int, producer: int | None) -> EventRow:
-    """:func:`event_row` of a batch's event ``i`` given as a dict (or a Message subclass)."""
+def event_row(state: TopicState, value: Any, key: object, headers: object, partition: object,
+              event_type: object, event_id: object, correlation_id: object, causation_id: object,
+              producer: int | None = None) -> EventRow:
+    """Validate and encode one event (raises :class:`InvalidArgument` naming the bad field); ``producer``
+    is its producer tag (default none)."""
+    p = route(state, key, partition)
+    return encode_row(p, value, key, headers, event_type, event_id,  # type: ignore[arg-type]
+                      correlation_id, causation_id, producer)
+
+
+def _fields(ev: object) -> Mapping[str, Any]:
+    """The fields of a batch's event given as a dict (checked) or a Message subclass."""
     if isinstance(ev, Message):
-        fields: Mapping[str, Any] = ev.__dict__
-    elif isinstance(ev, Mapping):
+        return ev.__dict__
+    if isinstance(ev, Mapping):
         unknown = set(ev) - _MESSAGE_FIELDS
         if unknown:
             raise InvalidArgument(f"unknown field(s) {sorted(unknown)}")
         if "value" not in ev:
             raise InvalidArgument("missing 'value'")
-        fields = ev
-    else:
-        raise InvalidArgument(f"expected a Message or a dict, not {type(ev).__name__}")
+        return ev
+    raise InvalidArgument(f"expected a Message or a dict, not {type(ev).__name__}")
+
+
+class Batch:
+    """A ``publish_many`` batch. Its events are routed when it is made (checked keys and partitions: the
+    publisher's registration names the partitions before the COPY starts); each row is validated, encoded
+    and size-checked when the COPY takes it, so that the server stores the first rows while the client
+    encodes the next ones. Iterating gives the rows in order (encoded once, kept for another attempt); an
+    invalid event raises :class:`InvalidArgument` (or :class:`MessageTooLarge`) naming it, which rolls the
+    COPY back."""
+
+    __slots__ = ("events", "has_ids", "partitions", "producer", "rows", "state")
+
+    def __init__(self, state: TopicState, events: Iterable[Message | Mapping[str, Any]],
+                 producer: int | None = None) -> None:
+        if isinstance(events, (Message, Mapping, str, bytes)) or not isinstance(events, Iterable):
+            raise InvalidArgument(
+                f"events must be an iterable of Message objects or dicts, not {type(events).__name__}")
+        self.state = state
+        self.events = events if isinstance(events, (list, tuple)) else list(events)
+        self.producer = producer
+        self.rows: list[EventRow] = []
+        partitions: list[int] = []
+        has_ids = False
+        for i, ev in enumerate(self.events):
+            try:
+                if type(ev) is Message:  # the common case, without a dict's lookups
+                    partitions.append(route(state, ev.key, ev.partition))
+                    if ev.event_id is not None:
+                        has_ids = True
+                else:
+                    f = _fields(ev)
+                    partitions.append(route(state, f.get("key"), f.get("partition")))
+                    if f.get("event_id") is not None:
+                        has_ids = True
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"event {i}: {exc}") from None
+        self.partitions = partitions
+        self.has_ids = has_ids
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __iter__(self) -> Iterator[EventRow]:
+        rows = self.rows
+        yield from rows[:]
+        events, partitions, producer = self.events, self.partitions, self.producer
+        limit = self.state.max_bytes
+        for i in range(len(rows), len(events)):
+            ev = events[i]
+            try:
+                if type(ev) is Message:
+                    row = encode_row(partitions[i], ev.value, ev.key, ev.headers, ev.event_type, ev.event_id,
+                                     ev.correlation_id, ev.causation_id, producer)
+                else:
+                    f = _fields(ev)
+                    row = encode_row(partitions[i], f["value"], f.get("key"), f.get("headers"),
+                                     f.get("event_type"), f.get("event_id"), f.get("correlation_id"),
+                                     f.get("causation_id"), producer)
+            except InvalidArgument as exc:
+                raise InvalidArgument(f"event {i}: {exc}") from None
+            key = row[2]
+            # exact sizes only when a bound (4 UTF-8 bytes a character) may exceed the limit
+            if (len(row[3]) + (0 if key is None else 4 * len(key)) > limit or row[4] is not None) \
+                    and event_size(row) > limit:
+                raise MessageTooLarge(f"event {i}: {event_size(row)} bytes exceed max.message.bytes "
+                                      f"({limit}) of topic {self.state.name!r}; nothing was stored")
+            rows.append(row)
+            yield row
+
+    def used_partitions(self) -> list[int]:
+        """The partitions of the batch's events, each once, in order."""
+        return sorted(set(self.partitions))
+
+
+def _mapping_row(state: TopicState, ev: object, i: int, producer: int | None) -> EventRow:
+    """:func:`event_row` of a batch's event ``i`` given as a dict (or a Message subclass)."""
+    fields = _fields(ev)
     return event_row(state, fields["value"], fields.get("key"), fields.get("headers"),
                      fields.get("partition"), fields.get("event_type"), fields.get("event_id"),
                      fields.get("correlation_id"), fields.get("causation_id"), producer)
@@ -449,21 +537,17 @@ class Producer:
                 self.forget(state.id)
                 state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
-        if not isinstance(events, (list, tuple)):
-            events = list(events) if isinstance(events, Iterable) and not isinstance(
-                events, (Message, Mapping, str, bytes)) else events
         try:
-            rows, has_ids = event_rows(state, events, producer)
+            rows = Batch(state, events, producer)
         except InvalidArgument:
             # an explicit partition beyond the cached count: the topic may have grown since it was read
             fresh = self.topic(topic, refresh=True)
             if fresh.partitions == state.partitions:
                 raise
             state = fresh
-            rows, has_ids = event_rows(state, events, producer)
-        if not rows:
+            rows = Batch(state, events, producer)
+        if not len(rows):
             return 0
-        check_sizes(state, rows)
         pool = self.store.executor.pool
         assert pool is not None
         floor = state.known
@@ -471,31 +555,32 @@ class Producer:
         try:
             with pool.connection() as conn:
                 pid = _backend_pid(conn)
-                stored = self._copy(conn, state, rows, has_ids)
+                stored = self._copy(conn, state, rows)
         except Exception as exc:
             if not retriable(exc):
                 raise
-            stored = self._copy_again(state, rows, has_ids, floor, pid, producer, exc)
+            stored = self._copy_again(state, rows, floor, pid, producer, exc)
         self.announce(state.id)
         return stored
 
-    def _copy_again(self, state: TopicState, rows: list[EventRow], has_ids: bool, floor: int,
-                    pid: int | None, producer: int | None, first: BaseException) -> int:
+    def _copy_again(self, state: TopicState, rows: Batch, floor: int, pid: int | None, producer: int | None,
+                    first: BaseException) -> int:
         """``publish_many`` again after its attempt failed with ``first`` (retriable): the batch is stored
         once (all or none), whether or not that attempt committed. Returns what the committed attempt
         stored (for a batch with event ids that committed before, the events found: at least one)."""
-        partitions = sorted({r[0] for r in rows})
+        partitions = rows.used_partitions()
+        has_ids = rows.has_ids
 
         def attempt(c: psycopg.Connection) -> int:
             found = self._settled(c, state, partitions, floor, pid, producer)
             if found is not None and producer is not None:
                 return len(rows) if not has_ids else self.store.events.count_produced(
                     c, state.id, partitions, floor, producer)
-            return self._copy(c, state, rows, has_ids)
+            return self._copy(c, state, rows)
 
         return self.retry.again(attempt, first)
 
-    def _copy(self, conn: psycopg.Connection, state: TopicState, rows: list[EventRow], has_ids: bool) -> int:
+    def _copy(self, conn: psycopg.Connection, state: TopicState, rows: Batch) -> int:
         # Reading the sequence to keep segments ahead costs a round trip: do it once every 1/16 segment
         # of events; if other clients' events outran it, the COPY fails (no segment for a position)
         # and is retried once after adding segments.
@@ -507,10 +592,10 @@ class Producer:
             last = segments.ensure_room_after(ex, len(rows), conn)
         state.copies_until_check -= len(rows)
         try:
-            stored = self.store.events.copy(conn, state.id, rows, has_ids)
+            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.used_partitions())
         except psycopg.errors.CheckViolation:
             segments.ensure_room_after(ex, len(rows), conn)
-            stored = self.store.events.copy(conn, state.id, rows, has_ids)
+            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.used_partitions())
         # positions of other clients' events only move the true last position further: this is a lower
         # bound, read again with the segments every 1/16 segment
         if last >= 0:

@@ -170,6 +170,34 @@ def test_outbox_event_is_visible_only_after_commit(client: pgstreams.Client, dsn
     assert [e.value for e in take(consumer, 1)] == ["after"]
 
 
+def test_a_bad_event_found_while_the_copy_runs_stores_nothing_and_holds_nothing_back(
+        client: pgstreams.Client, dsn: str) -> None:
+    """publish_many routes a batch before its COPY starts and validates each row as the COPY takes it:
+    an event found bad half way (a bad header, a value over max.message.bytes) is refused naming it, the
+    rows already sent are rolled back, and the batch's partitions are not held back afterwards."""
+    client.create_topic("t", 3, config={"max.message.bytes": "1000"})
+    consumer = client.consumer("t", "g")
+    before = db_state(dsn)
+    cases: list[tuple[int, dict[str, object], type[Exception], str]] = [
+        (700, {"headers": {"h": "a\x00b"}}, pgstreams.InvalidArgument, "event 700: header 'h'"),
+        (1500, {"value": b"x" * 2000}, pgstreams.MessageTooLarge, "event 1500: 2001 bytes"),
+        (10, {"event_type": 5}, pgstreams.InvalidArgument, "event 10: event_type"),
+    ]
+    for i, bad, error, message in cases:
+        batch = [Message(value=b"v%d" % n, key=f"k{n % 17}") for n in range(2000)]
+        batch[i] = Message(**{"value": b"v", "key": "k", **bad})  # type: ignore[arg-type]
+        with pytest.raises(error, match=message):
+            client.publish_many("t", batch)
+    after = db_state(dsn)
+    changed = {k for k in after if after[k] != before.get(k)}
+    # only positions were used up (and the client drew its producer id at its first publish)
+    assert changed <= {"pgstreams.topic_1_seq", "pgstreams.producer_ids"}, changed
+    assert client.describe_topic("t").events == 0
+    assert client.publish_many("t", [Message(value=b"after", partition=p) for p in range(3)]) == 3
+    got = take(consumer, 3)
+    assert sorted((e.partition, e.value) for e in got) == [(p, b"after") for p in range(3)]
+
+
 def test_publish_many_is_all_or_none(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("t", 2)
     client.publish_many("t", [{"value": i} for i in range(5)])

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Final, NamedTuple, Protocol
 
 import psycopg
 from psycopg import pq
@@ -39,6 +39,14 @@ PARTITION: Final = 0
 EVENT_ID: Final = 6
 #: Where an :data:`EventRow` holds its producer tag.
 PRODUCER: Final = 9
+
+
+class Rows(Protocol):
+    """Event rows to COPY: a list, or rows made as they are iterated (``pgstreams.producer.Batch``)."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[EventRow]: ...
 
 
 class StoredAt(NamedTuple):
@@ -209,10 +217,14 @@ class EventStore:
                                      json.loads(bytes(config).decode(enc)) if config else {}))
         return int(res.get_value(0, 0))  # type: ignore[arg-type]
 
-    def copy(self, conn: psycopg.Connection, topic_id: int, rows: Sequence[EventRow], has_ids: bool) -> int:
+    def copy(self, conn: psycopg.Connection, topic_id: int, rows: Rows, has_ids: bool,
+             partitions: Sequence[int] | None = None) -> int:
         """Store ``rows`` in one transaction with COPY; return how many were stored (events whose id the
-        topic holds already, or that repeat one earlier in ``rows``, are not)."""
-        partitions = sorted({r[PARTITION] for r in rows})
+        topic holds already, or that repeat one earlier in ``rows``, are not). ``partitions``: the rows'
+        partitions (default: read from the rows), given when the rows are made as the COPY takes them
+        (an error raised while iterating them rolls the COPY back and is raised)."""
+        if partitions is None:
+            partitions = sorted({r[PARTITION] for r in rows})
         if not has_ids and usable(conn):
             # the registration and the COPY in one message: one implicit transaction, one round trip
             fence = statement("join_fence", self.ex.schema, topic_id).text.replace(

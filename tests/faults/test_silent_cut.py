@@ -360,3 +360,22 @@ def test_the_client_s_connections_use_keepalives_and_a_tcp_user_timeout(dsn: str
             assert info["keepalives_idle"] == "77" and info["tcp_user_timeout"] == "12000"
             assert info["keepalives_interval"] == "5"
             assert libpq.wait_limit(conn.pgconn) == 12.0
+
+
+def test_a_commit_lost_on_the_way_to_the_server_ends_with_a_retriable_error(dsn: str,
+                                                                            proxy: CuttingProxy) -> None:
+    """What the client sends is dropped while its transaction is open: the server's session waits for the
+    client (idle in transaction, wait event ClientRead) while the client waits for the server. The probe
+    sees it, and the wait ends with a retriable error instead of taking the session for a long statement."""
+    conn = psycopg.connect(proxy.dsn, autocommit=True)
+    st = libpq.Statement(b"pgstreams_test_two", b"SELECT 2", ())
+    conn.execute("BEGIN")
+    conn.execute("SELECT 1")
+    proxy.blackhole(_local_port(conn), to_client=False)
+    started = time.monotonic()
+    with pytest.raises(psycopg.OperationalError, match="waits on the server for the client") as info:
+        libpq.Direct.run_then_commit(conn, st, [], commit=True)
+    waited = time.monotonic() - started
+    assert pgstreams.reconnect.retriable(info.value)
+    assert conn.closed
+    assert libpq.SILENCE_PROBE <= waited < libpq.SILENCE_PROBE + 20

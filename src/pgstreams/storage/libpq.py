@@ -179,10 +179,17 @@ class _Patience:
             "tcp_user_timeout)")
 
 
+#: The session states (of :func:`_session_state`) in which the server waits for the client: while its
+#: results are awaited, what the client sent never arrived (or the results were lost on the way).
+_WAITING_FOR_US = frozenset({"idle", "reading from the client"})
+
+
 def _session_state(pg: pq.abc.PGconn) -> str | None:
     """The state in ``pg_stat_activity`` of ``pg``'s backend, asked on a new connection with the same
     parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked
-    within :data:`PROBE_TIMEOUT` seconds (to connect, then to answer)."""
+    within :data:`PROBE_TIMEOUT` seconds (to connect, then to answer), ``"reading from the client"`` for a
+    session in a transaction or a COPY that waits for the client to send more (``wait_event``
+    ``ClientRead``)."""
     params = {o.keyword.decode(): o.val.decode() for o in pg.info if o.val is not None}
     params["connect_timeout"] = str(int(PROBE_TIMEOUT))
     params["application_name"] = "pgstreams probe"
@@ -190,7 +197,9 @@ def _session_state(pg: pq.abc.PGconn) -> str | None:
     try:
         with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as probe:
             ppg = probe.pgconn
-            ppg.send_query_params(b"SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = $1",
+            ppg.send_query_params(b"SELECT CASE WHEN state <> 'idle' AND wait_event = 'ClientRead' "
+                                  b"THEN 'reading from the client' ELSE coalesce(state, '') END "
+                                  b"FROM pg_stat_activity WHERE pid = $1",
                                   [b"%d" % pg.backend_pid])
             ends = time.monotonic() + PROBE_TIMEOUT
             while (pending := ppg.flush()) or ppg.is_busy():
@@ -244,8 +253,9 @@ def _flush(pg: pq.abc.PGconn, force: bool = False) -> None:
 
 def _await_input(pg: pq.abc.PGconn) -> None:
     """Wait until the server sends something on ``pg`` and read it; after :data:`SILENCE_PROBE` seconds of
-    silence, ask the server whether it still runs the session, and if it does not (or runs it idle while
-    nothing arrives), or it cannot be asked and nothing arrives for the connection's :func:`wait_limit`,
+    silence, ask the server whether it still runs the session, and if it does not (or waits for the client
+    while nothing arrives: idle, or reading from it in a transaction or a COPY: what was sent never
+    arrived), or it cannot be asked and nothing arrives for the connection's :func:`wait_limit`,
     close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries on a new
     connection instead of waiting forever)."""
     _flush(pg)
@@ -261,10 +271,10 @@ def _await_input(pg: pq.abc.PGconn) -> None:
                 raise patience.gone("no answer from the server, and no new connection could ask it about "
                                     "the session")
             continue
-        if state is not None and state != "idle":
+        if state is not None and state not in _WAITING_FOR_US:
             patience.sign()  # the server runs the statement: a long one
             continue
-        if state == "idle" and _readable(fd, 1.0):
+        if state is not None and _readable(fd, 1.0):
             break  # its last results were on their way
         exc = _lost(pg, state)
         pg.finish()
@@ -277,7 +287,8 @@ def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
     return psycopg.OperationalError(
         f"connection lost: the server no longer runs session {pid}, whose results were awaited"
         if state is None else
-        f"connection lost: session {pid} sits idle on the server while its results were awaited")
+        f"connection lost: session {pid} waits on the server for the client ({state}) while its results were "
+        "awaited")
 
 
 def _result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
@@ -546,6 +557,8 @@ class CopyWriter(psycopg.copy.Writer):
     def finish(self, exc: BaseException | None = None) -> None:
         """End the COPY (with an error message when ``exc``: the server cancels it) and read its result."""
         pg = self._pg
+        if exc is not None and pg.status != pq.ConnStatus.OK:
+            return  # the connection is gone (closed by a bounded wait): exc is the error to raise
         message = _copy_end_message(exc, self._encoding)
         while not pg.put_copy_end(message):
             _flush(pg, force=True)
@@ -667,10 +680,10 @@ async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn,
                 raise patience.gone("no answer from the server, and no new connection could ask it about "
                                     "the session")
             continue
-        if state is not None and state != "idle":
+        if state is not None and state not in _WAITING_FOR_US:
             patience.sign()
             continue
-        if state == "idle" and await _ready_within(loop, fd, 1.0):
+        if state is not None and await _ready_within(loop, fd, 1.0):
             break
         raise _lost(pg, state)
     pg.consume_input()
@@ -742,6 +755,8 @@ class AsyncCopyWriter(psycopg.copy.AsyncWriter):
         """End the COPY (with an error message when ``exc``: the server cancels it) and read its result."""
         pg = self._pg
         loop = asyncio.get_running_loop()
+        if exc is not None and pg.status != pq.ConnStatus.OK:
+            return  # the connection is gone (closed by a bounded wait): exc is the error to raise
         fd = pg.socket
         message = _copy_end_message(exc, self._encoding)
         while not pg.put_copy_end(message):

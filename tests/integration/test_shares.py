@@ -567,7 +567,7 @@ def test_a_share_group_ahead_of_retention_loses_nothing_in_either_maintenance_pa
 def test_a_frontier_moved_by_another_session_or_rolled_back_is_not_found_by_a_stale_row_hint(
         client: pgstreams.Client, dsn: str) -> None:
     """An acquisition finds a partition's frontier row where its session left the current version
-    (migration 0022): a version another session replaced since, or one of a transaction that rolled back,
+    (migration 0023): a version another session replaced since, or one of a transaction that rolled back,
     must not be taken for it. Sessions taking turns on one partition acquire every event once, in order."""
     client.create_topic("t", 1)
     client.publish_many("t", [{"value": i} for i in range(40)])

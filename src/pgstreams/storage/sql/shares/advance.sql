@@ -20,7 +20,7 @@ WITH lim AS (
            AS n
 ), f AS MATERIALIZED (
     -- without waiting, each frontier row by its tid (share_frontiers(): the session's hint, else a lookup by
-    -- key; migration 0022), not by key: under a held snapshot the key leads to every dead version of the row
+    -- key; migration 0023), not by key: under a held snapshot the key leads to every dead version of the row
     SELECT sp.partition, sp.frontier, c.fence, c.i, sp.ctid AS at
       FROM unnest(%(partitions)s::int[], {schema}.loaded_fences({topic_id}),
                   {schema}.share_frontiers(%(group)s, {topic_id}, %(partitions)s::int[]))

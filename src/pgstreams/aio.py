@@ -66,7 +66,7 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     resolved = await asyncio.to_thread(resolve_dsn, dsn)
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
                                    pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval)
-    pool = AsyncConnectionPool(resolved, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+    pool = AsyncConnectionPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
                                configure=configure_session_async,
                                open=False, name="pgstreams-aio")
     try:
@@ -247,7 +247,7 @@ class AsyncClient:
         transaction, is closed and made again by the next publish)."""
         c = self._own
         if c is None or c.closed:
-            c = await psycopg.AsyncConnection.connect(self.sync.dsn, autocommit=True)
+            c = await psycopg.AsyncConnection.connect(self.sync.conninfo, autocommit=True)
             await configure_session_async(c)
             self._own = c
         try:

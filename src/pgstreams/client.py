@@ -15,7 +15,6 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import psycopg
-from psycopg_pool import ConnectionPool
 
 from . import topicconfig
 from .errors import (
@@ -50,7 +49,8 @@ from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, serv
 from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
 from .shares.consumer import Ordering as ShareOrdering
 from .storage import CORE, Store, TopicRecord
-from .storage.executor import configure_session
+from .storage.executor import configure_session, session_conninfo
+from .storage.libpq import CheckedPool
 from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
@@ -295,8 +295,10 @@ class Client:
                 if pending:
                     raise MigrationError(
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
-            self._pool = ConnectionPool(
-                dsn, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True, name="pgstreams",
+            self._conninfo = session_conninfo(dsn, probe.pgconn.info, self.retry_timeout)
+            self._pool = CheckedPool(
+                self._conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True,
+                name="pgstreams",
                 configure=configure_session,
                 timeout=max(self.retry_timeout, 1.0),
             )
@@ -326,9 +328,16 @@ class Client:
         """The DSN the client connects with (it may hold a password: never print it; see :attr:`server`)."""
         return self._dsn
 
+    @property
+    def conninfo(self) -> str:
+        """The DSN the client's connections are made with: :attr:`dsn` with the TCP keepalive settings
+        of :func:`pgstreams.storage.executor.session_conninfo` where it sets none (it may hold a password:
+        never print it)."""
+        return self._conninfo
+
     def raw_connection(self) -> psycopg.Connection:
         """A new autocommit connection of the client's own, outside the pool (the caller closes it)."""
-        conn = psycopg.connect(self._dsn, autocommit=True)
+        conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
             configure_session(conn)
         except BaseException:

@@ -172,7 +172,7 @@ class Reconnect:
                 # once the server is back, a connection of this call's own gets on without waiting for it
                 exc = err
                 try:
-                    own = psycopg.connect(self.dsn, autocommit=True,
+                    own = psycopg.connect(str(self.pool.conninfo), autocommit=True,
                                           connect_timeout=max(1, int(self.remaining(deadline))))
                 except psycopg.Error as failed:
                     exc = failed

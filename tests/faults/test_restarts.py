@@ -246,3 +246,39 @@ def test_a_transactional_worker_group_rides_through_a_restart_exactly_once(serve
         values = handled()
         assert sorted(values) == list(range(total))  # exactly once
         assert recovered < 60
+
+
+def test_debug_logs_never_show_the_password_over_a_restart_and_connection_lost(
+        server: TemporaryServer, db: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Every logger (pgstreams', psycopg's, its pool's) at DEBUG over the retries of a restart, the pool's
+    reconnections and a :class:`pgstreams.ConnectionLost`: the DSN's password appears in no record, no
+    formatted traceback."""
+    secret = "L0g-s3cr3t-pw"
+    info = conninfo_to_dict(db)
+    dsn = (f"postgresql://{info.get('user') or 'postgres'}:{secret}@{info.get('host')}:{info.get('port')}/"
+           f"{info['dbname']}")  # the URI form (trust authentication ignores the password)
+    caplog.set_level("DEBUG")
+    with pgstreams.connect(dsn, retry_timeout=30) as client:
+        client.create_topic("t", 2)
+        client.publish("t", "before")
+        consumer = client.consumer("t", "g")
+        consumer.commit(consumer.poll(max_events=10, timeout=5))
+        server.restart("immediate", down=0.5)
+        client.publish("t", "during")  # retried on fresh connections
+        client.publish_many("t", [{"value": i} for i in range(5)])
+        got = consumer.poll(max_events=10, timeout=5)
+        consumer.commit(got)
+    with pgstreams.connect(dsn, retry_timeout=1) as brief:
+        brief.publish("t", "brief")
+        server.stop("fast")
+        try:
+            with pytest.raises(pgstreams.ConnectionLost) as lost:
+                brief.publish("t", "lost")
+            assert secret not in str(lost.value)
+        finally:
+            server.start()
+    assert caplog.records, "nothing was logged"
+    assert any(r.name.startswith("pgstreams") for r in caplog.records)
+    for record in caplog.records:
+        assert secret not in record.getMessage(), record.name
+    assert secret not in caplog.text  # the formatted records, tracebacks included

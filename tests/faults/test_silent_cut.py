@@ -8,7 +8,10 @@ the caller's retry takes a new one.
 
 The cut is made by a TCP proxy of the test's own on loopback, in front of the test server: ``cut(port)``
 closes the server side of the client connection from ``port`` and leaves its client side open and
-silent.
+silent; ``blackhole(...)`` keeps both sides open and drops what the connection carries (one way or both),
+and can drop every new connection too, as a network partition does: the silence probe cannot reach the
+server then, and the wait gives up after the connection's ``tcp_user_timeout`` (the proxy's kernel still
+acknowledges every byte, so only the client's own bound ends the wait, not the kernel's).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ class _Pair:
         self.client, self.server = client, server
         self.port = int(client.getpeername()[1])
         self.cut = False
+        self.dropping: set[socket.socket] = set()  # the sockets whose reads are dropped, not forwarded
 
 
 class CuttingProxy:
@@ -49,7 +53,9 @@ class CuttingProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.dsn = make_conninfo(dsn, host="127.0.0.1", port=self._listener.getsockname()[1])
         self._pairs: list[_Pair] = []
+        self._swallowed: list[socket.socket] = []
         self._lock = threading.Lock()
+        self.drop_new = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -58,6 +64,11 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
+            if self.drop_new:  # accepted, and never answered
+                with self._lock:
+                    self._swallowed.append(client)
+                threading.Thread(target=self._swallow, args=(client,), daemon=True).start()
+                continue
             server = socket.socket(self._family, socket.SOCK_STREAM)
             server.connect(self._address)
             pair = _Pair(client, server)
@@ -67,12 +78,21 @@ class CuttingProxy:
             threading.Thread(target=self._pump, args=(pair, server, client), daemon=True).start()
 
     @staticmethod
+    def _swallow(sock: socket.socket) -> None:
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+
+    @staticmethod
     def _pump(pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
                 if pair.cut:
                     break
-                dst.sendall(data)
+                if src not in pair.dropping:
+                    dst.sendall(data)
         except OSError:
             pass
         if not pair.cut:
@@ -91,12 +111,29 @@ class CuttingProxy:
         pair.server.shutdown(socket.SHUT_RDWR)
         pair.server.close()
 
+    def blackhole(self, client_port: int | None = None, *, to_server: bool = True, to_client: bool = True,
+                  new: bool = False) -> None:
+        """Drop, without closing anything, what the connection from local port ``client_port`` (every
+        connection: ``None``) carries to the server and/or to the client; with ``new``, accept new
+        connections and never answer them."""
+        self.drop_new = self.drop_new or new
+        with self._lock:
+            pairs = [p for p in self._pairs if client_port is None or p.port == client_port]
+        assert pairs, f"no connection from port {client_port}"
+        for p in pairs:
+            if to_server:
+                p.dropping.add(p.client)
+            if to_client:
+                p.dropping.add(p.server)
+
     def close(self) -> None:
         self._listener.close()
         with self._lock:
             for p in self._pairs:
                 for s in (p.client, p.server):
                     s.close()
+            for s in self._swallowed:
+                s.close()
 
 
 @pytest.fixture
@@ -223,4 +260,122 @@ def test_an_async_wait_on_a_silently_cut_connection_ends_with_a_retriable_error(
     exc, waited, closed = got[0]
     assert "no longer runs session" in str(exc) and pgstreams.reconnect.retriable(exc)
     assert closed
+    assert libpq.SILENCE_PROBE <= waited < libpq.SILENCE_PROBE + 20
+
+
+def test_a_publish_whose_result_a_partition_swallowed_is_retried_and_stored_once(
+        dsn: str, proxy: CuttingProxy) -> None:
+    """The network drops everything the server sends back, mid-publish, and every new connection: the
+    insert commits, its result never comes, and the silence probe cannot reach the server. The wait gives
+    up after the connection's ``tcp_user_timeout`` (retriable), and the retry, on a pooled connection that
+    still works, finds the committed event by its producer tag: stored once, the caller sees no error."""
+    with pgstreams.connect(proxy.dsn, retry_timeout=5) as client:
+        client.create_topic("t", 1)
+        client.publish("t", "before")
+        own = client._producer._own  # the producer's own connection, made by the first publish
+        assert own is not None
+        limit = libpq.wait_limit(own.pgconn)
+        assert limit == 10.0  # tcp_user_timeout: retry_timeout, at least MIN_USER_TIMEOUT
+        proxy.blackhole(_local_port(own), to_server=False, new=True)
+        started = time.monotonic()
+        outcome: list[object] = []
+
+        def publish() -> None:
+            try:
+                outcome.append(client.publish("t", "after"))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        t = threading.Thread(target=publish, daemon=True)
+        t.start()
+        t.join(limit + 90)
+        assert not t.is_alive(), "the publish still waits on the blackholed connection"
+        waited = time.monotonic() - started
+        assert len(outcome) == 1 and isinstance(outcome[0], pgstreams.PublishResult), outcome
+        assert limit <= waited < limit + 60
+    with pgstreams.connect(dsn) as c:
+        consumer = c.consumer("t", "count")
+        values = []
+        while got := consumer.poll(max_events=100, timeout=0.2):
+            values += [e.value for e in got]
+    assert values == ["before", "after"]
+
+
+def test_a_poll_during_a_partition_raises_connection_lost_within_a_bound(dsn: str,
+                                                                          proxy: CuttingProxy) -> None:
+    """Every connection, old and new, blackholed: a poll's wait gives up after the connection's
+    ``tcp_user_timeout``, the retry finds no working connection (the pool's check of its idle ones is
+    bounded too) and raises :class:`pgstreams.ConnectionLost` once ``retry_timeout`` has passed."""
+    with pgstreams.connect(proxy.dsn, retry_timeout=1) as client:
+        client.create_topic("t", 1)
+        client.publish("t", "x")
+        consumer = client.consumer("t", "g")
+        assert [e.value for e in consumer.poll(max_events=10, timeout=5)] == ["x"]
+        limit = libpq.DEFAULT_WAIT_LIMIT
+        with client.connection() as conn:
+            limit = libpq.wait_limit(conn.pgconn)
+        assert limit == 10.0
+        proxy.blackhole(new=True)
+        started = time.monotonic()
+        outcome: list[object] = []
+
+        def poll() -> None:
+            try:
+                outcome.append(consumer.poll(max_events=10, timeout=0))
+            except BaseException as exc:  # noqa: BLE001 - asserted below
+                outcome.append(exc)
+
+        t = threading.Thread(target=poll, daemon=True)
+        t.start()
+        t.join(limit + 120)
+        assert not t.is_alive(), "the poll still waits on the blackholed connections"
+        waited = time.monotonic() - started
+        assert len(outcome) == 1 and isinstance(outcome[0], pgstreams.ConnectionLost), outcome
+        assert limit <= waited < limit + 90
+
+
+def test_the_client_s_connections_use_keepalives_and_a_tcp_user_timeout(dsn: str) -> None:
+    """Pooled and own connections carry keepalive settings and ``tcp_user_timeout`` (from
+    ``retry_timeout``), on their sockets too; what the DSN sets itself is kept."""
+    import socket as so
+
+    with pgstreams.connect(dsn, retry_timeout=45) as client:
+        with client.connection() as pooled:
+            conns = [pooled, client.raw_connection()]
+            for conn in conns:
+                info = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+                assert info["keepalives"] == "1" and info["keepalives_idle"] == "10"
+                assert info["tcp_user_timeout"] == "45000"
+                with so.socket(fileno=conn.pgconn.socket) as s:
+                    try:
+                        if s.family == so.AF_INET:
+                            assert s.getsockopt(so.SOL_SOCKET, so.SO_KEEPALIVE) == 1
+                            assert s.getsockopt(so.IPPROTO_TCP, so.TCP_USER_TIMEOUT) == 45000
+                    finally:
+                        s.detach()
+            conns[1].close()
+    with pgstreams.connect(make_conninfo(dsn, keepalives_idle="77", tcp_user_timeout="12000")) as client:
+        with client.connection() as conn:
+            info = {o.keyword.decode(): (o.val or b"").decode() for o in conn.pgconn.info}
+            assert info["keepalives_idle"] == "77" and info["tcp_user_timeout"] == "12000"
+            assert info["keepalives_interval"] == "5"
+            assert libpq.wait_limit(conn.pgconn) == 12.0
+
+
+def test_a_commit_lost_on_the_way_to_the_server_ends_with_a_retriable_error(dsn: str,
+                                                                            proxy: CuttingProxy) -> None:
+    """What the client sends is dropped while its transaction is open: the server's session waits for the
+    client (idle in transaction, wait event ClientRead) while the client waits for the server. The probe
+    sees it, and the wait ends with a retriable error instead of taking the session for a long statement."""
+    conn = psycopg.connect(proxy.dsn, autocommit=True)
+    st = libpq.Statement(b"pgstreams_test_two", b"SELECT 2", ())
+    conn.execute("BEGIN")
+    conn.execute("SELECT 1")
+    proxy.blackhole(_local_port(conn), to_client=False)
+    started = time.monotonic()
+    with pytest.raises(psycopg.OperationalError, match="waits on the server for the client") as info:
+        libpq.Direct.run_then_commit(conn, st, [], commit=True)
+    waited = time.monotonic() - started
+    assert pgstreams.reconnect.retriable(info.value)
+    assert conn.closed
     assert libpq.SILENCE_PROBE <= waited < libpq.SILENCE_PROBE + 20

@@ -3,15 +3,17 @@ with PermissionDenied naming the object, every allowed one works (enforced by Po
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
 from _core_helpers import running, until
@@ -231,3 +233,98 @@ def test_a_share_worker_runs_as_a_consumer_role(client: pgstreams.Client, roles:
             until(lambda: sum(s.dead_lettered for s in client.describe_share_group("workers")) == 1, 60,
                   "the failing event dead-lettered")
     assert [e.value for p in (0, 1) for e in client.read_events("jobs.dlt", p)] == [7]
+
+
+def test_a_password_never_appears_in_the_status_views_or_client_status(
+        dsn: str, client: pgstreams.Client, roles: dict[str, str]) -> None:
+    """An admin role connects over 127.0.0.1 with its password in the DSN (keyword and URI forms), and
+    publishes, reads, commits, acquires from a share group, registers a group member and reads the
+    retention state: no row of the status views, nothing of ``client.status()`` and no session's
+    ``application_name`` holds the password. (Under trust authentication the server never asks for it:
+    then this checks that pgstreams itself never writes it anywhere the server keeps.)"""
+    from pgstreams.groups.members import GroupMember
+
+    role = roles["admin_role"]
+    secret = f"pw-{role}"
+    client.grant(role, admin=True)
+    info = conninfo_to_dict(dsn)
+    uri = f"postgresql://{role}:{secret}@127.0.0.1:{info.get('port') or 5432}/{info['dbname']}"
+    for n, role_dsn in enumerate((roles["admin"], uri)):
+        with pgstreams.connect(role_dsn, migrate=False) as admin:
+            topic = f"orders{n}"
+            admin.create_topic(topic, 2)
+            admin.publish_many(topic, [{"value": i, "key": str(i)} for i in range(6)])
+            admin.publish(topic, {"one": 1})
+            consumer = admin.consumer(topic, "billing")
+            consumer.commit(consumer.poll(max_events=3, timeout=5))
+            shares = admin.share_consumer(topic, "crunch", lock_timeout=600)
+            got = shares.poll(max_events=2, timeout=5)
+            assert got
+            shares.ack(got[:1])
+            member = GroupMember(admin, topic, "billing")
+            try:
+                member.balance()
+                snapshot = admin.status()
+                assert snapshot.groups and snapshot.partitions
+                assert secret not in repr(snapshot)
+                assert secret not in repr(admin.retention_status()) + repr(admin.describe_group("billing"))
+                assert secret not in repr(admin.describe_share_group("crunch"))
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    for view in ("consumer_group_status", "share_group_status", "retention_status",
+                                 "members"):
+                        rows = conn.execute(psycopg.sql.SQL("SELECT t::text FROM pgstreams.{} t").format(
+                            psycopg.sql.Identifier(view))).fetchall()
+                        assert rows, view
+                        assert not [r for r in rows if secret in r[0]], view
+                    apps = conn.execute("SELECT coalesce(application_name, '') || ' ' || coalesce(query, '') "
+                                        "FROM pg_stat_activity WHERE usename = %s", (role,)).fetchall()
+                    assert apps and not [a for a in apps if secret in a[0]]
+            finally:
+                member.close()
+
+
+def test_cli_reads_the_dsn_from_a_service_file_and_a_password_file_and_never_prints_the_password(
+        dsn: str, client: pgstreams.Client, roles: dict[str, str], tmp_path: Path) -> None:
+    """Without ``--dsn`` or ``PGSTREAMS_DSN``, the CLI connects through libpq's own sources: a service file
+    (``PGSERVICEFILE``, ``PGSERVICE``) with the password in it, or in a password file (``PGPASSFILE``). The
+    commands work as the admin role (over 127.0.0.1), and no output, succeeding or failing (an unknown
+    topic, an unreachable server), shows the password."""
+    role = roles["admin_role"]
+    secret = f"pw-{role}"
+    client.grant(role, admin=True)
+    info = conninfo_to_dict(dsn)
+    port, dbname = info.get("port") or "5432", info["dbname"]
+    services = tmp_path / "pg_service.conf"
+    services.write_text(
+        f"[with_password]\nhost=127.0.0.1\nport={port}\ndbname={dbname}\nuser={role}\npassword={secret}\n\n"
+        f"[with_passfile]\nhost=127.0.0.1\nport={port}\ndbname={dbname}\nuser={role}\n\n"
+        f"[unreachable]\nhost=127.0.0.1\nport=1\ndbname={dbname}\nuser={role}\npassword={secret}\n")
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"127.0.0.1:{port}:{dbname}:{role}:{secret}\n")
+    passfile.chmod(0o600)
+
+    def cli(service: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
+        env |= {"PGSERVICEFILE": str(services), "PGSERVICE": service, "PGPASSFILE": str(passfile)}
+        done = subprocess.run([sys.executable, "-m", "pgstreams.cli", *args], capture_output=True, text=True,
+                              timeout=120, env=env)
+        assert secret not in done.stdout + done.stderr, args
+        assert "Traceback" not in done.stderr
+        return done
+
+    for n, service in enumerate(("with_password", "with_passfile")):
+        topic = f"from_service_{n}"
+        done = cli(service, "topics", "create", topic, "--partitions", "2")
+        assert done.returncode == 0, done.stderr
+        done = cli(service, "topics", "list")
+        assert done.returncode == 0 and topic in done.stdout, done.stderr
+        assert cli(service, "topics", "describe", topic, "--json").returncode == 0
+        assert cli(service, "retention").returncode == 0
+        missing = cli(service, "topics", "describe", "no_such_topic")
+        assert missing.returncode != 0 and "no_such_topic" in missing.stderr
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        made = conn.execute("SELECT count(*) FROM pgstreams.topics WHERE name LIKE %s",
+                            ("from_service_%",)).fetchone()
+    assert made == (2,)
+    unreachable = cli("unreachable", "topics", "list")
+    assert unreachable.returncode == 1 and unreachable.stderr.startswith("error:")

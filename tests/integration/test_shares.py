@@ -586,3 +586,36 @@ def test_a_share_group_ahead_of_retention_loses_nothing_in_either_maintenance_pa
                 f"SELECT count(*) FROM pgstreams.topic_{client.topic_record(topic).id}").fetchone()[0]
         # the slow group lost every removed event but the one it holds
         assert sum(s.lost_events for s in slow) == 2 * SEG + 10 - kept - 1
+
+
+def test_a_frontier_moved_by_another_session_or_rolled_back_is_not_found_by_a_stale_row_hint(
+        client: pgstreams.Client, dsn: str) -> None:
+    """An acquisition finds a partition's frontier row where its session left the current version
+    (migration 0023): a version another session replaced since, or one of a transaction that rolled back,
+    must not be taken for it. Sessions taking turns on one partition acquire every event once, in order."""
+    client.create_topic("t", 1)
+    client.publish_many("t", [{"value": i} for i in range(40)])
+    client.share_consumer("t", "g")  # creates the group's rows
+    topic_id = client.topic_record("t").id
+    store = client.store.shares
+
+    def take(conn: psycopg.Connection, owner: str, n: int = 5) -> list[int]:
+        rows = store.acquire(conn, "g", topic_id, [0], owner=owner, max_events=n, lock_timeout=600,
+                             max_deliveries=5, dead_letter=False, ordered=False, window=1000, expired=False)
+        return [int(r[1]) for r in rows]
+
+    with psycopg.connect(dsn, autocommit=True) as a, psycopg.connect(dsn, autocommit=True) as b:
+        taken = [take(a, "a"), take(a, "a")]  # a's hint follows its own updates
+        taken.append(take(b, "b"))  # b replaces the version a's hint points at
+        taken.append(take(a, "a"))  # a finds the current version by key
+        with a.transaction():
+            rolled_back = take(a, "a")  # the hint moves to a version that is rolled back
+            raise psycopg.Rollback()
+        taken.append(take(a, "a"))  # the same events again: the frontier and the hint went back
+        assert taken[-1] == rolled_back
+        taken.append(take(b, "b"))
+        taken.append(take(a, "a"))
+        taken.append(take(a, "a", 100))
+    positions = [p for batch in taken for p in batch]
+    assert positions == sorted(positions) and len(set(positions)) == 40 == len(positions)
+    assert all(len(batch) == 5 for batch in taken[:-1])

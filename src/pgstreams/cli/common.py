@@ -191,7 +191,11 @@ def open_any(dsn: str | Sequence[str] | None, schema: str) -> Iterator[pgstreams
     """A :class:`pgstreams.Client` for one DSN, a :class:`pgstreams.ClusterClient` for several (the
     shards of a cluster); closed on exit."""
     check_schema(schema)
-    client = pgstreams.connect(resolve_all(dsn), schema=schema)
+    dsns = resolve_all(dsn)
+    # one server: its DSN as resolved, which may be libpq's environment (an empty conninfo: PGSERVICE,
+    # PGHOST, ... with the password from the service file or PGPASSFILE), that connect() refuses in a list
+    client = (pgstreams.Client(dsns[0], schema=schema) if len(dsns) == 1
+              else pgstreams.connect(dsns, schema=schema))
     try:
         yield client
     finally:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -125,3 +126,26 @@ def configure_session(conn: psycopg.Connection) -> None:
 async def configure_session_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """:func:`configure_session` for an async connection."""
     await conn.execute(SESSION_SETUP)
+
+
+#: The TCP settings (libpq connection parameters) of the connections a client makes, unless its DSN (or a
+#: service file, or the environment) sets them: keepalives, so that the kernel notices a peer gone while a
+#: connection is idle or awaits results (first probe after 10 s of silence, then every 5 s, 3 unanswered
+#: probes), and ``tcp_user_timeout`` (see :func:`session_conninfo`), so that data the server does not
+#: acknowledge ends the connection instead of waiting for the kernel's retransmissions for many minutes.
+#: They apply to TCP connections only (libpq ignores them on a Unix socket).
+KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5", "keepalives_count": "3"}
+#: The least ``tcp_user_timeout`` of a client's connections, in seconds (a shorter ``retry_timeout`` does not
+#: shorten it: a brief loss of packets must not end connections).
+MIN_USER_TIMEOUT = 10.0
+
+
+def session_conninfo(dsn: str, effective: Sequence[Any], retry_timeout: float) -> str:
+    """``dsn`` with :data:`KEEPALIVES` and ``tcp_user_timeout`` (``retry_timeout``, at least
+    :data:`MIN_USER_TIMEOUT` seconds) added where the connection options in effect (``effective``: a
+    connection's ``pgconn.info``, which shows what the DSN, a service file or the environment set) leave
+    them unset. The waits of :mod:`.libpq` give up after ``tcp_user_timeout`` without a sign of the server."""
+    given = {o.keyword.decode(): o.val for o in effective}
+    wanted = dict(KEEPALIVES, tcp_user_timeout=str(int(max(retry_timeout, MIN_USER_TIMEOUT) * 1000)))
+    missing = {k: v for k, v in wanted.items() if k in given and not given[k]}
+    return make_conninfo(dsn, **missing) if missing else dsn

@@ -15,6 +15,7 @@ import hashlib
 import re
 import select
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
 from psycopg.types.string import BytesBinaryDumper
+from psycopg_pool import ConnectionPool
 
 from .executor import core_query
 
@@ -118,48 +120,161 @@ def _check_alive(pg: pq.abc.PGconn) -> None:
 #: runs idle, gets no more results (a connection cut without either side seeing it close: a network
 #: partition, a proxy or NAT that dropped it, a server that died while its socket stayed open).
 SILENCE_PROBE = 5.0
+#: Seconds the probe of :data:`SILENCE_PROBE` may take (to connect, and to answer).
+PROBE_TIMEOUT = 5.0
+#: Seconds a wait goes on without a sign of the server (bytes received or sent, or a probe that found the
+#: session running) on a connection that sets no ``tcp_user_timeout``: the default ``retry_timeout``. A
+#: client's connections set ``tcp_user_timeout`` from its ``retry_timeout`` (see
+#: :func:`pgstreams.storage.executor.session_conninfo`), and their waits give up after as long.
+DEFAULT_WAIT_LIMIT = 30.0
+#: Seconds a pooled connection's check (:class:`CheckedPool`) waits for the server's answer.
+CHECK_TIMEOUT = 5.0
+
+
+def wait_limit(pg: pq.abc.PGconn) -> float:
+    """Seconds a wait on ``pg`` goes on without a sign of the server: its ``tcp_user_timeout`` (the bound
+    the kernel sets on data the server does not acknowledge), else :data:`DEFAULT_WAIT_LIMIT`."""
+    for o in pg.info:
+        if o.keyword == b"tcp_user_timeout" and o.val:
+            try:
+                ms = int(o.val)
+            except ValueError:
+                break
+            if ms > 0:
+                return ms / 1000.0
+    return DEFAULT_WAIT_LIMIT
+
+
+class _Patience:
+    """When a wait on a connection started to go without a sign of the server, and whether it went so for
+    longer than the connection's :func:`wait_limit` (read once, when first needed: off the fast path)."""
+
+    __slots__ = ("limit", "pg", "since")
+
+    def __init__(self, pg: pq.abc.PGconn) -> None:
+        self.pg = pg
+        self.since = time.monotonic()
+        self.limit: float | None = None
+
+    def sign(self) -> None:
+        """The server showed it is there: the wait starts again."""
+        self.since = time.monotonic()
+
+    def silent_for(self) -> float:
+        """Seconds since the last sign."""
+        return time.monotonic() - self.since
+
+    def exhausted(self) -> bool:
+        """Whether the wait went without a sign for longer than the limit."""
+        if self.limit is None:
+            self.limit = wait_limit(self.pg)
+        return self.silent_for() >= self.limit
+
+    def gone(self, what: str) -> psycopg.OperationalError:
+        """Close the connection; the (retriable) error to raise: ``what`` did not happen in time."""
+        pid = self.pg.backend_pid
+        self.pg.finish()
+        return psycopg.OperationalError(
+            f"connection lost: {what} (session {pid}, for {self.limit:g} s: the connection's "
+            "tcp_user_timeout)")
+
+
+#: The session states (of :func:`_session_state`) in which the server waits for the client: while its
+#: results are awaited, what the client sent never arrived (or the results were lost on the way).
+_WAITING_FOR_US = frozenset({"idle", "reading from the client"})
 
 
 def _session_state(pg: pq.abc.PGconn) -> str | None:
     """The state in ``pg_stat_activity`` of ``pg``'s backend, asked on a new connection with the same
-    parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked."""
+    parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked
+    within :data:`PROBE_TIMEOUT` seconds (to connect, then to answer), ``"reading from the client"`` for a
+    session in a transaction or a COPY that waits for the client to send more (``wait_event``
+    ``ClientRead``)."""
     params = {o.keyword.decode(): o.val.decode() for o in pg.info if o.val is not None}
-    params["connect_timeout"] = "5"
+    params["connect_timeout"] = str(int(PROBE_TIMEOUT))
     params["application_name"] = "pgstreams probe"
     params.pop("replication", None)
     try:
         with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as probe:
-            row = probe.execute("SELECT coalesce(state, '') FROM pg_stat_activity WHERE pid = %s",
-                                (pg.backend_pid,)).fetchone()
+            ppg = probe.pgconn
+            ppg.send_query_params(b"SELECT CASE WHEN state <> 'idle' AND wait_event = 'ClientRead' "
+                                  b"THEN 'reading from the client' ELSE coalesce(state, '') END "
+                                  b"FROM pg_stat_activity WHERE pid = $1",
+                                  [b"%d" % pg.backend_pid])
+            ends = time.monotonic() + PROBE_TIMEOUT
+            while (pending := ppg.flush()) or ppg.is_busy():
+                left = ends - time.monotonic()
+                events = select.POLLIN | (select.POLLOUT if pending else 0)
+                if left <= 0 or not _polled(ppg.socket, left, events):
+                    return "unknown"
+                ppg.consume_input()
+            res = ppg.get_result()
+            while ppg.get_result() is not None:
+                pass
     except psycopg.Error:
         return "unknown"
-    return None if row is None else str(row[0])
+    if res is None or res.status != pq.ExecStatus.TUPLES_OK:
+        return "unknown"
+    if res.ntuples == 0:
+        return None
+    return (res.get_value(0, 0) or b"").decode()
+
+
+def _polled(fd: int, timeout: float, events: int = select.POLLIN) -> bool:
+    """Whether ``fd`` became ready for ``events`` (or failed) within ``timeout`` seconds."""
+    poller = select.poll()
+    poller.register(fd, events | select.POLLERR | select.POLLHUP)
+    return bool(poller.poll(timeout * 1000.0))
 
 
 def _readable(fd: int, timeout: float) -> bool:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN | select.POLLERR | select.POLLHUP)
-    return bool(poller.poll(timeout * 1000.0))
+    return _polled(fd, timeout)
+
+
+def _flush(pg: pq.abc.PGconn, force: bool = False) -> None:
+    """Send what libpq still holds of the messages queued on ``pg`` (a connection in non-blocking mode,
+    psycopg's, may keep part of a large one), reading what the server sends meanwhile (it may be waiting
+    for us to read); if the socket moves nothing for the connection's :func:`wait_limit`, close ``pg`` and
+    raise :class:`psycopg.OperationalError` (retriable). With ``force``, wait for the socket at least once
+    (libpq refused to queue more: its buffer is full)."""
+    if not pg.flush() and not force:
+        return
+    patience = _Patience(pg)
+    fd = pg.socket
+    while True:
+        if _polled(fd, SILENCE_PROBE, select.POLLIN | select.POLLOUT):
+            patience.sign()
+            pg.consume_input()
+        elif patience.exhausted():
+            raise patience.gone("the server accepted nothing sent to it")
+        if not pg.flush():
+            return
 
 
 def _await_input(pg: pq.abc.PGconn) -> None:
     """Wait until the server sends something on ``pg`` and read it; after :data:`SILENCE_PROBE` seconds of
-    silence, ask the server whether it still runs the session, and if it does not (or runs it idle while
-    nothing arrives), close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries
-    on a new connection instead of waiting forever)."""
+    silence, ask the server whether it still runs the session, and if it does not (or waits for the client
+    while nothing arrives: idle, or reading from it in a transaction or a COPY: what was sent never
+    arrived), or it cannot be asked and nothing arrives for the connection's :func:`wait_limit`,
+    close ``pg`` and raise :class:`psycopg.OperationalError` (retriable: a caller retries on a new
+    connection instead of waiting forever)."""
+    _flush(pg)
     fd = pg.socket
-    # a connection in non-blocking mode (psycopg's) may still hold part of the query (large parameters):
-    # send the rest first, reading what the server sends meanwhile (it may be waiting for us to read)
-    while pg.flush():
-        poller = select.poll()
-        poller.register(fd, select.POLLIN | select.POLLOUT | select.POLLERR | select.POLLHUP)
-        poller.poll(SILENCE_PROBE * 1000.0)
-        pg.consume_input()
+    patience: _Patience | None = None
     while not _readable(fd, SILENCE_PROBE):
+        if patience is None:
+            patience = _Patience(pg)
+            patience.since -= SILENCE_PROBE
         state = _session_state(pg)
-        if state == "unknown" or (state is not None and state != "idle"):
+        if state == "unknown":
+            if patience.exhausted():
+                raise patience.gone("no answer from the server, and no new connection could ask it about "
+                                    "the session")
             continue
-        if state == "idle" and _readable(fd, 1.0):
+        if state is not None and state not in _WAITING_FOR_US:
+            patience.sign()  # the server runs the statement: a long one
+            continue
+        if state is not None and _readable(fd, 1.0):
             break  # its last results were on their way
         exc = _lost(pg, state)
         pg.finish()
@@ -172,7 +287,8 @@ def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
     return psycopg.OperationalError(
         f"connection lost: the server no longer runs session {pid}, whose results were awaited"
         if state is None else
-        f"connection lost: session {pid} sits idle on the server while its results were awaited")
+        f"connection lost: session {pid} waits on the server for the client ({state}) while its results were "
+        "awaited")
 
 
 def _result(pg: pq.abc.PGconn) -> pq.abc.PGresult | None:
@@ -366,7 +482,8 @@ class Direct:
         # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
         cur.adapters.register_dumper(None, BytesBinaryDumper)
         try:
-            with psycopg.Copy(cur, binary=True) as cp:  # ends the COPY; raises its error
+            # ends the COPY; raises its error
+            with psycopg.Copy(cur, binary=True, writer=CopyWriter(pg, conn.info.encoding)) as cp:
                 cp.set_types(types)
                 for r in rows:
                     cp.write_row(r)
@@ -387,6 +504,65 @@ class Direct:
             if pg.status == pq.ConnStatus.OK:
                 pg.exit_pipeline_mode()
         return results
+
+
+#: Bytes of COPY data handed to libpq at once (psycopg splits larger buffers likewise).
+_COPY_CHUNK = 128 * 1024
+#: Bytes of COPY data queued in libpq before they are flushed to the server.
+_COPY_FLUSH = 128 * 1024
+
+
+def _copy_end_message(exc: BaseException | None, encoding: str) -> bytes | None:
+    if exc is None:
+        return None
+    return f"error from Python: {type(exc).__qualname__} - {exc}".encode(encoding, "replace")
+
+
+def _copy_end_result(pg: pq.abc.PGconn, res: pq.abc.PGresult | None, message: bytes | None,
+                     encoding: str) -> None:
+    """Raise the error of the COPY's result, unless it is the cancellation ``message`` asked for (the
+    Python error that caused it is the one raised)."""
+    if res is None:
+        _check_alive(pg)
+        raise psycopg.OperationalError("the server sent no result for the COPY")
+    if res.status == pq.ExecStatus.COMMAND_OK:
+        return
+    if message is not None and res.error_field(pq.DiagnosticField.SQLSTATE) == b"57014":
+        return
+    raise psycopg.errors.error_from_result(res, encoding=encoding)
+
+
+class CopyWriter(psycopg.copy.Writer):
+    """psycopg's COPY writer, with every wait bounded as :func:`_flush` and :func:`_await_input` bound
+    theirs (psycopg's own waits for the socket have no bound: a connection cut silently during a COPY
+    would hold it forever)."""
+
+    def __init__(self, pg: pq.abc.PGconn, encoding: str) -> None:
+        self._pg = pg
+        self._encoding = encoding
+        self._queued = 0
+
+    def write(self, data: Any) -> None:
+        """Queue ``data`` (COPY data) in libpq, flushing it to the server every :data:`_COPY_FLUSH` bytes."""
+        view = memoryview(data)
+        for i in range(0, len(view), _COPY_CHUNK):
+            chunk = view[i:i + _COPY_CHUNK]
+            while not self._pg.put_copy_data(chunk):
+                _flush(self._pg, force=True)
+            self._queued += len(chunk)
+            if self._queued >= _COPY_FLUSH:
+                self._queued = 0
+                _flush(self._pg)
+
+    def finish(self, exc: BaseException | None = None) -> None:
+        """End the COPY (with an error message when ``exc``: the server cancels it) and read its result."""
+        pg = self._pg
+        if exc is not None and pg.status != pq.ConnStatus.OK:
+            return  # the connection is gone (closed by a bounded wait): exc is the error to raise
+        message = _copy_end_message(exc, self._encoding)
+        while not pg.put_copy_end(message):
+            _flush(pg, force=True)
+        _copy_end_result(pg, _result(pg), message, self._encoding)
 
 
 def _until_sync(pg: pq.abc.PGconn) -> list[pq.abc.PGresult]:
@@ -426,8 +602,7 @@ def send_statements(conn: psycopg.Connection, steps: Sequence[tuple[Statement, S
         for st, params in steps:
             pg.send_query_params(st.text, params)
         pg.pipeline_sync()
-        while pg.flush():
-            _await_writable(pg)
+        _flush(pg)
     except BaseException:
         conn.close()  # half a pipeline sent: no one may use it again
         raise
@@ -453,11 +628,35 @@ def collect_statements(conn: psycopg.Connection) -> list[list[tuple[Any, ...]]]:
     return out
 
 
-def _await_writable(pg: pq.abc.PGconn) -> None:
-    poller = select.poll()
-    poller.register(pg.socket, select.POLLOUT | select.POLLERR | select.POLLHUP)
-    poller.poll(1000.0)
-    pg.consume_input()
+def check(pg: pq.abc.PGconn, timeout: float = CHECK_TIMEOUT) -> None:
+    """Whether ``pg`` (idle) still reaches its server: an empty query answered within ``timeout`` seconds;
+    else ``pg`` is closed and :class:`psycopg.OperationalError` raised."""
+    pg.send_query(b"")
+    ends = time.monotonic() + timeout
+    while (pending := pg.flush()) or pg.is_busy():
+        left = ends - time.monotonic()
+        if left <= 0 or not _polled(pg.socket, left, select.POLLIN | (select.POLLOUT if pending else 0)):
+            pg.finish()
+            raise psycopg.OperationalError(f"connection check: no answer within {timeout:g} s")
+        pg.consume_input()
+    while (res := pg.get_result()) is not None:
+        if res.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(res)
+    _check_alive(pg)
+
+
+class CheckedPool(ConnectionPool):
+    """psycopg's pool, whose :meth:`check` (after a lost connection: see :mod:`pgstreams.reconnect`) waits
+    :data:`CHECK_TIMEOUT` seconds at most for each connection's answer (psycopg's check waits for it
+    without a bound: one connection cut silently would hold the check forever)."""
+
+    @staticmethod
+    def check_connection(conn: psycopg.Connection) -> None:
+        """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
+        :data:`CHECK_TIMEOUT` seconds."""
+        if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise psycopg.OperationalError("connection check: the connection is not idle")
+        check(conn.pgconn)
 
 
 def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:
@@ -466,56 +665,106 @@ def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None])
     return _last(pg)
 
 
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-async def _ready(loop: asyncio.AbstractEventLoop, fd: int, write: bool = False) -> None:
-    """Wait until ``fd`` is readable (or writable)."""
-    fut = loop.create_future()
-    if write:
-        loop.add_writer(fd, _wake, fut)
-    else:
-        loop.add_reader(fd, _wake, fut)
-    try:
-        await fut
-    finally:
-        if write:
-            loop.remove_writer(fd)
-        else:
-            loop.remove_reader(fd)
-
-
 async def _await_input_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn, fd: int) -> None:
     """:func:`_await_input` on the event loop (the server is asked in a thread); the caller closes the
     connection when it raises."""
+    await _flush_async(loop, pg, fd)
+    patience: _Patience | None = None
     while not await _ready_within(loop, fd, SILENCE_PROBE):
+        if patience is None:
+            patience = _Patience(pg)
+            patience.since -= SILENCE_PROBE
         state = await asyncio.to_thread(_session_state, pg)
-        if state == "unknown" or (state is not None and state != "idle"):
+        if state == "unknown":
+            if patience.exhausted():
+                raise patience.gone("no answer from the server, and no new connection could ask it about "
+                                    "the session")
             continue
-        if state == "idle" and await _ready_within(loop, fd, 1.0):
+        if state is not None and state not in _WAITING_FOR_US:
+            patience.sign()
+            continue
+        if state is not None and await _ready_within(loop, fd, 1.0):
             break
         raise _lost(pg, state)
     pg.consume_input()
 
 
-async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float) -> bool:
-    """Wait until ``fd`` is readable (``True``) or ``timeout`` seconds passed (``False``): a timer on the
-    loop, not ``asyncio.wait_for`` (which makes a task per wait)."""
+async def _flush_async(loop: asyncio.AbstractEventLoop, pg: pq.abc.PGconn, fd: int, force: bool = False
+                       ) -> None:
+    """:func:`_flush` on the event loop."""
+    if not pg.flush() and not force:
+        return
+    patience = _Patience(pg)
+    while True:
+        if await _ready_within(loop, fd, SILENCE_PROBE, write=True):
+            patience.sign()
+            pg.consume_input()
+        elif patience.exhausted():
+            raise patience.gone("the server accepted nothing sent to it")
+        if not pg.flush():
+            return
+
+
+async def _ready_within(loop: asyncio.AbstractEventLoop, fd: int, timeout: float, write: bool = False
+                        ) -> bool:
+    """Wait until ``fd`` is readable (or, with ``write``, readable or writable) (``True``) or ``timeout``
+    seconds passed (``False``): a timer on the loop, not ``asyncio.wait_for`` (which makes a task per
+    wait)."""
     fut: asyncio.Future[bool] = loop.create_future()
     loop.add_reader(fd, _settle, fut, True)
+    if write:
+        loop.add_writer(fd, _settle, fut, True)
     timer = loop.call_later(timeout, _settle, fut, False)
     try:
         return await fut
     finally:
         loop.remove_reader(fd)
+        if write:
+            loop.remove_writer(fd)
         timer.cancel()
 
 
 def _settle(fut: asyncio.Future[bool], value: bool) -> None:
     if not fut.done():
         fut.set_result(value)
+
+
+class AsyncCopyWriter(psycopg.copy.AsyncWriter):
+    """:class:`CopyWriter` on the event loop."""
+
+    def __init__(self, pg: pq.abc.PGconn, encoding: str) -> None:
+        self._pg = pg
+        self._encoding = encoding
+        self._queued = 0
+
+    async def write(self, data: Any) -> None:
+        """Queue ``data`` (COPY data) in libpq, flushing it to the server every :data:`_COPY_FLUSH` bytes."""
+        pg = self._pg
+        loop = asyncio.get_running_loop()
+        view = memoryview(data)
+        for i in range(0, len(view), _COPY_CHUNK):
+            chunk = view[i:i + _COPY_CHUNK]
+            while not pg.put_copy_data(chunk):
+                await _flush_async(loop, pg, pg.socket, force=True)
+            self._queued += len(chunk)
+            if self._queued >= _COPY_FLUSH:
+                self._queued = 0
+                await _flush_async(loop, pg, pg.socket)
+
+    async def finish(self, exc: BaseException | None = None) -> None:
+        """End the COPY (with an error message when ``exc``: the server cancels it) and read its result."""
+        pg = self._pg
+        loop = asyncio.get_running_loop()
+        if exc is not None and pg.status != pq.ConnStatus.OK:
+            return  # the connection is gone (closed by a bounded wait): exc is the error to raise
+        fd = pg.socket
+        message = _copy_end_message(exc, self._encoding)
+        while not pg.put_copy_end(message):
+            await _flush_async(loop, pg, fd, force=True)
+        await _flush_async(loop, pg, fd)
+        while pg.is_busy():
+            await _await_input_async(loop, pg, fd)
+        _copy_end_result(pg, pg.get_result(), message, self._encoding)
 
 
 #: A message a batch of :meth:`AsyncDirect.exchange` sends (a callable given the libpq connection).
@@ -560,8 +809,7 @@ class AsyncDirect:
                 for send in batch:
                     send(pg)
                 pg.pipeline_sync()
-            while pg.flush():
-                await _ready(loop, fd, write=True)
+            await _flush_async(loop, pg, fd)
             i = 0
             while i < len(batches):
                 if pg.is_busy():
@@ -595,8 +843,7 @@ class AsyncDirect:
         done = False
         try:
             pg.send_query(query)
-            while pg.flush():
-                await _ready(loop, fd, write=True)
+            await _flush_async(loop, pg, fd)
             failed: pq.abc.PGresult | None = None
             while True:
                 if pg.is_busy():
@@ -615,7 +862,9 @@ class AsyncDirect:
             cur = conn.cursor()
             cur.adapters.register_dumper(None, BytesBinaryDumper)
             try:
-                async with psycopg.AsyncCopy(cur, binary=True) as cp:  # ends the COPY; raises its error
+                # ends the COPY; raises its error
+                async with psycopg.AsyncCopy(cur, binary=True,
+                                             writer=AsyncCopyWriter(pg, conn.info.encoding)) as cp:
                     cp.set_types(types)
                     for r in rows:
                         await cp.write_row(r)

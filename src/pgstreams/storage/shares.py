@@ -30,6 +30,12 @@ SHARE_QUERIES = QuerySet("pgstreams.storage", "sql", "shares")
 def _advance(schema: str, topic_id: int, wait: bool) -> sql.Composed:
     ids = dict(TopicTables(schema, topic_id).identifiers)
     ids["wait"] = sql.SQL("" if wait else "SKIP LOCKED")
+    # the frontier row by the tid share_frontiers() found (migration 0023), unless waiting for it: a row
+    # another consumer moved meanwhile is then locked in its new version (which the statement's snapshot
+    # does not see, so it is found by key again to be updated), where a tid would pass it over and lock the
+    # next partition's row while still holding it (two consumers waiting so would deadlock)
+    ids["frontier_at"] = sql.SQL("" if wait else "sp.ctid = c.at AND")
+    ids["locked_at"] = sql.SQL("" if wait else "sp.ctid = f.at AND")
     return SHARE_QUERIES.render("share_advance", schema, ids)
 
 @functools.lru_cache(maxsize=1024)

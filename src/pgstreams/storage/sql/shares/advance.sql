@@ -1,5 +1,6 @@
 -- The acquisition of new events of a share group, rendered per topic ({table}, {topic_id}) and per lock
--- mode ({wait}: "SKIP LOCKED", or nothing to wait for a competing consumer): pgstreams.storage.shares
+-- mode ({wait}: "SKIP LOCKED", or nothing to wait for a competing consumer; {frontier_at} and {locked_at}:
+-- the frontier row by tid, without waiting only): pgstreams.storage.shares
 -- renders it with its own query set, as the core query sets have no {wait}. {schema} is the pgstreams
 -- schema; values are always bound parameters. Literal braces are doubled.
 
@@ -18,10 +19,14 @@ WITH lim AS (
     SELECT greatest(0, %(max)s - coalesce(nullif(current_setting('pgstreams.share_due', true), ''), '0')::int)
            AS n
 ), f AS MATERIALIZED (
-    SELECT sp.partition, sp.frontier, c.fence, c.i
-      FROM unnest(%(partitions)s::int[], {schema}.loaded_fences({topic_id})) WITH ORDINALITY AS c(p, fence, i)
+    -- without waiting, each frontier row by its tid (share_frontiers(): the session's hint, else a lookup by
+    -- key; migration 0023), not by key: under a held snapshot the key leads to every dead version of the row
+    SELECT sp.partition, sp.frontier, c.fence, c.i, sp.ctid AS at
+      FROM unnest(%(partitions)s::int[], {schema}.loaded_fences({topic_id}),
+                  {schema}.share_frontiers(%(group)s, {topic_id}, %(partitions)s::int[]))
+           WITH ORDINALITY AS c(p, fence, at, i)
       JOIN {schema}.share_partitions sp
-        ON sp.group_name = %(group)s AND sp.topic_id = {topic_id} AND sp.partition = c.p
+        ON {frontier_at} sp.group_name = %(group)s AND sp.topic_id = {topic_id} AND sp.partition = c.p
      WHERE sp.frontier < c.fence - 1 AND (SELECT n FROM lim) > 0
        AND (SELECT count(*) FROM (
                 SELECT 1 FROM {schema}.share_events w
@@ -73,9 +78,12 @@ WITH lim AS (
      GROUP BY c.partition
     RETURNING partition, position
 ), moved AS (
+    -- the row f locked (without waiting: by its tid); its new tid is the session's hint for the next one
     UPDATE {schema}.share_partitions sp SET frontier = m.top
       FROM (SELECT ev.partition, max(ev.position) AS top FROM ev GROUP BY ev.partition) m
-     WHERE sp.group_name = %(group)s AND sp.topic_id = {topic_id} AND sp.partition = m.partition
+      JOIN f ON f.partition = m.partition
+     WHERE {locked_at} sp.group_name = %(group)s AND sp.topic_id = {topic_id} AND sp.partition = m.partition
+    RETURNING {schema}.share_frontier_moved(%(group)s, {topic_id}, sp.partition, sp.ctid)
 )
 SELECT c.partition, c.position, c.xid::text::bigint, c.created_at - '1970-01-01 00:00:00+00'::timestamptz,
        c.kind, c.key, c.value, c.headers, c.event_type, c.event_id, c.correlation_id, c.causation_id,

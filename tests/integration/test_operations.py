@@ -406,6 +406,59 @@ def test_lag_and_counts_come_from_sealed_segments_and_stay_exact(client: pgstrea
     assert sum(counts) == 4 * SEG + 123
 
 
+def test_lag_of_a_checkpoint_in_a_sealed_segment_counts_at_most_one_bucket(client: pgstreams.Client) -> None:
+    seg = 5000  # buckets of 5 positions (1,024 at most per segment)
+    client.create_topic("buckets", 3, config={"segment.events": seg})
+    _fill(client, "buckets", 2 * seg + 37)
+    assert client.maintain().segments_sealed == 2
+    tid = client.topic_record("buckets").id
+    checkpoints = [0, 1, 2, 4, 5, 6, 9, 10, 11, 2499, 2500, 4994, 4995, 4998, 4999, 5000, 5001, 7777, 9999,
+                   10000, 10010, 10037, 10040]
+    with client.connection() as conn:
+        index = conn.execute(
+            "SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass",
+            (f"pgstreams.topic_{tid}_s0",),
+        ).fetchone()[0]
+        for cp in checkpoints:
+            for p in range(3):
+                read_before = conn.execute(
+                    "SELECT pg_stat_get_xact_tuples_returned(%s)", (index,)).fetchone()[0]
+                lag = conn.execute("SELECT lag FROM pgstreams.partition_progress(%s, %s, %s)",
+                                   (tid, p, cp)).fetchone()[0]
+                read = conn.execute("SELECT pg_stat_get_xact_tuples_returned(%s)", (index,)).fetchone()[0]
+                raw = conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                                   " AND position > %s", (p, cp)).fetchone()[0]
+                assert lag == raw, (cp, p)
+                if cp < seg:  # the segment holding the checkpoint: one bucket of its rows at most
+                    assert read - read_before <= 5, (cp, p, read - read_before)
+        # a segment sealed before its buckets were recorded is counted, exactly
+        conn.execute("UPDATE pgstreams.segment_partitions SET bucket_width = NULL, buckets = NULL,"
+                     " bucket_events = NULL WHERE topic_id = %s AND segment = 0", (tid,))
+        for cp in (0, 7, 2500, 4999):
+            for p in range(3):
+                lag = conn.execute("SELECT lag FROM pgstreams.partition_progress(%s, %s, %s)",
+                                   (tid, p, cp)).fetchone()[0]
+                raw = conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                                   " AND position > %s", (p, cp)).fetchone()[0]
+                assert lag == raw, (cp, p)
+        conn.rollback()
+    c = client.consumer("buckets", "g")
+    for p in c.partitions:
+        c.seek(p, 2501)
+    assert [s.lag for s in client.describe_group("g")] == [
+        n for n in _raw_lags(client, "buckets", 2500)
+    ]
+    assert sum(p.events for p in client.describe_topic("buckets").partition_info) == 2 * seg + 37
+
+
+def _raw_lags(client: pgstreams.Client, topic: str, after: int) -> list[int]:
+    tid = client.topic_record(topic).id
+    with client.connection() as conn:
+        return [conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                             " AND position > %s", (p, after)).fetchone()[0]
+                for p in range(client.topic_record(topic).partitions)]
+
+
 def test_publish_and_poll_go_on_while_retention_runs_in_another_process(
     client: pgstreams.Client, dsn: str
 ) -> None:

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 import pgstreams
@@ -355,11 +356,56 @@ def test_a_retention_pass_detaches_whole_segments_and_the_purge_drops_them(clien
     assert Maintenance(client).purge() == 3
     assert not {f"topic_{tid}_s{s}" for s in range(3)} & _tables(client, "purged")
     assert _segments(client, "purged")[0] == 3
-    # run() purges after its pass by default
+    # run() purges after its pass by default (at least one segment, more while its time budget lasts)
     _fill(client, "purged", 2 * SEG)
     report = client.maintain()
-    assert report.segments_removed == report.segments_dropped >= 1
-    assert f"topic_{tid}_s3" not in _tables(client, "purged")
+    assert report.segments_dropped >= 1
+    assert report.segments_removed == report.segments_dropped + report.segments_to_purge
+    assert f"topic_{tid}_s3" not in _tables(client, "purged")  # oldest first
+
+
+def test_a_purge_budget_leaves_detached_segments_for_the_next_pass_and_nothing_reads_them(
+    client: pgstreams.Client, dsn: str
+) -> None:
+    client.create_topic("budget", 2, config={"segment.events": SEG, "retention.events": SEG})
+    _fill(client, "budget", 5 * SEG + 10)
+    tid = client.topic_record("budget").id
+    c = client.consumer("budget", "g")
+    c.commit(c.poll(10, timeout=1))  # a group behind retention
+    report = client.maintain(purge_budget=0)  # no time left after the pass: the one drop every call makes
+    assert report.segments_removed == 4
+    assert (report.segments_dropped, report.segments_to_purge) == (1, 3)
+    left = [s for s in range(4) if f"topic_{tid}_s{s}" in _tables(client, "budget")]
+    assert left == [1, 2, 3]  # oldest first
+    kept = _positions(client, "budget")
+    assert kept[0] >= 4 * SEG
+    # nothing reads the detached tables: they are locked against any access while the topic is read (a
+    # reader touching one would fail on its lock timeout)
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        for s in left:
+            holder.execute(f"LOCK TABLE pgstreams.topic_{tid}_s{s} IN ACCESS EXCLUSIVE MODE")
+        with pgstreams.connect(make_conninfo(dsn, options="-c lock_timeout=5000")) as reader:
+            got = take(reader.consumer("budget", "late"), len(kept))
+            assert sorted(e.position for e in got) == kept
+            assert sum(s.lag for s in reader.describe_group("g")) == len(kept)
+            assert sum(p.events for p in reader.describe_topic("budget").partition_info) == len(kept)
+            assert reader.retention_status("budget")[0].segments_removed == 4
+            behind = reader.consumer("budget", "g").poll(100, timeout=1)
+            assert behind and behind[0].position == kept[0]  # the group behind continues from the oldest
+        assert holder.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass"
+            " AND inhrelid::regclass::text = ANY(%s)",
+            (f"pgstreams.topic_{tid}", [f"pgstreams.topic_{tid}_s{s}" for s in left]),
+        ).fetchone() == (0,)  # not partitions of the topic any more
+        holder.execute("ROLLBACK")
+    # the next passes drop the rest, one call at a time under the same budget
+    assert client.maintain(purge_budget=0).segments_to_purge == 2
+    report = client.maintain(purge_budget=None)
+    assert (report.segments_dropped, report.segments_to_purge) == (2, 0)
+    assert not {f"topic_{tid}_s{s}" for s in range(4)} & _tables(client, "budget")
+    with pytest.raises(pgstreams.InvalidArgument, match="purge_budget"):
+        client.maintain(purge_budget=-1)
 
 
 def test_a_pass_checks_only_topics_whose_state_moved(client: pgstreams.Client) -> None:

@@ -13,10 +13,11 @@ and the number of topics grow, each beside the raw PostgreSQL figure measured in
   event) beside the raw way of computing that lag (``count(*)`` after each checkpoint); ``topics
   describe``. The 20M figures are also given as ratios to the 1M ones (the issue's limit: 1.2 x).
 * ``retention``: one maintenance pass over the 20M-event topic with ``retention.events`` = 1,000,000 (all
-  but the last segments go: detached in the pass), then the purge that drops them, beside the raw floors
+  but the last segments go: detached in the pass), then the purge within the call's time budget
+  (``DEFAULT_PURGE_BUDGET``) and the further calls that drop the segments it left, beside the raw floors
   of the same steps on as many plain tables of the same rows: ``DETACH PARTITION ... CONCURRENTLY`` of
   each, the same without ``CONCURRENTLY`` in one transaction, and ``DROP`` of each (the issue's limit
-  for the pass: 1 s).
+  for the pass, and for the whole ``client.maintain()`` call: 1 s).
 * ``topics``: the poll, ``groups describe`` and ``topics describe`` figures on a small topic when the
   database holds 1 topic and when it holds ``--topics`` (default 1,000) topics of 4 partitions, and the
   time of one maintenance pass over all of them: the first (every topic checked), a steady one (nothing
@@ -377,16 +378,28 @@ def retention_pass(client: pgstreams.Client, db: str, segment: int, console: Con
         conn.execute("CHECKPOINT")
     client.alter_topic("big", {"retention.events": segment})
     t0 = time.perf_counter()
-    report = client.maintain()
+    report = client.maintain()  # the pass, then the purge within its default time budget
     took = time.perf_counter() - t0
+    # the segments the budget left: dropped by the next calls (timed together)
+    calls, rest_dropped = 0, 0
+    t0 = time.perf_counter()
+    left = report.segments_to_purge
+    while left:
+        more = client.maintain()
+        calls += 1
+        rest_dropped += more.segments_dropped
+        left = more.segments_to_purge
+    rest = time.perf_counter() - t0
     events = report.events_removed
     console.print(
         f"  retention pass removed {report.segments_removed} segments, {events:,} events in"
         f" {report.duration * 1e3:,.0f} ms; purge dropped {report.segments_dropped} in"
-        f" {report.purge_duration * 1e3:,.0f} ms; raw: detach {raw['detach'] * 1e3:,.0f} ms, detach in one"
+        f" {report.purge_duration * 1e3:,.0f} ms (left {report.segments_to_purge}: {calls} more call(s),"
+        f" {rest * 1e3:,.0f} ms); raw: detach {raw['detach'] * 1e3:,.0f} ms, detach in one"
         f" transaction {raw['detach_tx'] * 1e3:,.0f} ms, drop {raw['drop'] * 1e3:,.0f} ms"
     )
     n = report.segments_removed
+    dropped = report.segments_dropped + rest_dropped
     return [
         Measurement(
             f"retention pass: {n} segments, {events / 1e6:.1f}M events removed (detached)",
@@ -407,19 +420,23 @@ def retention_pass(client: pgstreams.Client, db: str, segment: int, console: Con
             higher_is_better=False,
         ),
         Measurement(
-            f"purge after the pass: {report.segments_dropped} detached segments dropped",
-            report.purge_duration * 1e3,
+            f"client.maintain(): pass and budgeted purge ({report.segments_dropped} dropped,"
+            f" {report.segments_to_purge} left)",
+            took * 1e3,
             "ms",
-            raw["drop"] * 1e3,
-            "DROP TABLE of each",
+            (raw["detach"] + raw["drop"] * report.segments_dropped / max(1, n)) * 1e3,
+            "DETACH CONCURRENTLY + DROP of as many",
+            f"< {LIMIT_PASS * 1e3:.0f} ms",
+            ok=took < LIMIT_PASS,
             higher_is_better=False,
         ),
         Measurement(
-            "client.maintain(): pass and purge",
-            took * 1e3,
+            f"purge of all {dropped} detached segments ({1 + calls} call(s))",
+            (report.purge_duration + rest) * 1e3,
             "ms",
-            (raw["detach"] + raw["drop"]) * 1e3,
-            "DETACH CONCURRENTLY + DROP",
+            raw["drop"] * 1e3,
+            "DROP TABLE of each",
+            ok=dropped == n,
             higher_is_better=False,
         ),
     ]

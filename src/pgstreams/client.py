@@ -27,6 +27,7 @@ from .errors import (
     TopicConflict,
     TopicNotFound,
 )
+from .maintenance import DEFAULT_PURGE_BUDGET
 from .models import (
     DEFAULT_SEGMENT_SIZE,
     CheckpointReset,
@@ -550,13 +551,15 @@ class Client:
         self._forget(name)
         return self.describe_topic(name)
 
-    def maintain(self) -> MaintenanceReport:
+    def maintain(self, *, purge_budget: float | None = DEFAULT_PURGE_BUDGET) -> MaintenanceReport:
         """Run one maintenance pass now (see :mod:`pgstreams.maintenance`): segments ahead of publishers and
         their statistics, sealing, retention, expiry of stale group members. Waits for a pass of the schema
-        running elsewhere to end first."""
+        running elsewhere to end first. Then drops detached segments while the call is younger than
+        ``purge_budget`` seconds (default :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one;
+        ``None``: all of them); the rest are left to the next call (``segments_to_purge``)."""
         from .maintenance import Maintenance
 
-        return Maintenance(self).run()
+        return Maintenance(self).run(purge_budget=purge_budget)
 
     def retention_status(self, topic: str | None = None) -> list[RetentionStatus]:
         """Per topic (or for ``topic`` only): its retention policy, oldest retained event, size on disk,

@@ -31,6 +31,7 @@ need no other maintenance: their locks are times, found expired by the consumers
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import re
@@ -61,6 +62,10 @@ DEFAULT_SCHEDULE_EVERY = "1m"
 DETACH_LOCK_TIMEOUT = 30.0
 #: Connections a purge drops detached segments on at once (it waits on the disk more than on a core).
 PURGE_CONNECTIONS = 4
+#: Seconds after the start of a maintenance call past which its purge starts no further drop (the drops
+#: under way finish; the segments left are dropped by the next call). Keeps one call near this bound
+#: however many segments retention detached at once.
+DEFAULT_PURGE_BUDGET = 0.5
 
 _EVERY_RE = re.compile(r"(\d+)\s*([smhd])")
 
@@ -88,10 +93,21 @@ class Maintenance:
         self._ops = client.store.operations
         self._clock = clock
 
-    def run(self, *, purge: bool = True) -> MaintenanceReport:
+    def run(
+        self, *, purge: bool = True, purge_budget: float | None = DEFAULT_PURGE_BUDGET
+    ) -> MaintenanceReport:
         """One pass; waits for a pass of the schema running elsewhere to end first. Then, unless ``purge``
-        is false, drops the segments retention detached (:meth:`purge`), after the pass's lock is released:
-        the report's ``duration`` is the pass's, ``purge_duration`` the purge's."""
+        is false, drops the segments retention detached (:meth:`purge`), after the pass's lock is released,
+        starting drops only while the call is younger than ``purge_budget`` seconds (default
+        :data:`DEFAULT_PURGE_BUDGET`; at least one drop per call; ``None``: drop them all): the segments
+        left wait for the next call, detached (nothing reads them). The report's ``duration`` is the
+        pass's, ``purge_duration``, ``segments_dropped`` and ``segments_to_purge`` the purge's."""
+        if purge_budget is not None and (
+            isinstance(purge_budget, bool) or not isinstance(purge_budget, (int, float)) or purge_budget < 0
+        ):
+            raise InvalidArgument(
+                f"purge_budget must be a number of seconds >= 0 or None, got {purge_budget!r}"
+            )
         start = self._clock()
         totals = {
             "segments_created": 0,
@@ -128,9 +144,11 @@ class Maintenance:
             report = _report(totals, self._clock() - start)
             if purge:
                 begun = self._clock()
-                dropped = self._purge(conn)
+                deadline = None if purge_budget is None else start + purge_budget
+                dropped, left = self._purge(conn, deadline)
                 report = dataclasses.replace(
-                    report, segments_dropped=dropped, purge_duration=self._clock() - begun
+                    report, segments_dropped=dropped, purge_duration=self._clock() - begun,
+                    segments_to_purge=left,
                 )
         if report.segments_removed:
             log.info(
@@ -138,59 +156,80 @@ class Maintenance:
                 report.segments_removed,
                 report.events_removed,
             )
+        if report.segments_to_purge:
+            log.info("maintenance: %d detached segment(s) left to drop at the next pass",
+                     report.segments_to_purge)
         return report
 
     def purge(self) -> int:
-        """Drop the segments retention detached and not dropped yet (of every topic; one purge of a schema
+        """Drop every segment retention detached and not dropped yet (of every topic; one purge of a schema
         at a time: returns 0 at once while another runs). Returns how many were dropped."""
         with self.client.raw_connection() as conn:
             self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
             self._ops.prepare_pass(conn)
-            return self._purge(conn)
+            return self._purge(conn, None)[0]
 
-    def _purge(self, conn: psycopg.Connection) -> int:
+    def _purge(self, conn: psycopg.Connection, deadline: float | None) -> tuple[int, int]:
+        """Drop detached segments, oldest first, on up to :data:`PURGE_CONNECTIONS` connections, starting
+        a drop only before ``deadline`` (a time of the clock; the first drop always starts). Returns the
+        segments dropped and those left."""
         ops = self._ops
         if not ops.try_purge_lock(conn):
-            return 0
+            return 0, 0
         try:
-            todo = ops.detached_segments(conn)
-            if len(todo) <= 1:
-                return self._drop(conn, todo)
+            todo = collections.deque(ops.detached_segments(conn))
+            total = len(todo)
+            if not todo:
+                return 0, 0
+            guard = threading.Lock()
+            started = [0]
+
+            def take() -> tuple[int, int] | None:
+                with guard:
+                    if not todo or (started[0] and deadline is not None and self._clock() >= deadline):
+                        return None
+                    started[0] += 1
+                    return todo.popleft()
+
             # deleting files waits on the disk more than on a core: a few connections at once free the
             # space sooner (measured in docs/benchmarks.md)
-            shares = [todo[i::PURGE_CONNECTIONS] for i in range(min(PURGE_CONNECTIONS, len(todo)))]
-            results: list[int | BaseException] = [0] * len(shares)
+            workers = min(PURGE_CONNECTIONS, total)
+            results: list[int | BaseException] = [0] * workers
 
-            def drop_share(i: int) -> None:
+            def drop_some(i: int) -> None:
                 try:
                     if i == 0:
-                        results[i] = self._drop(conn, shares[i])
+                        results[i] = self._drop(conn, take)
+                        return
+                    if not todo:
                         return
                     with self.client.raw_connection() as extra:
                         self.client.store.groups.prepare_member_connection(extra, DETACH_LOCK_TIMEOUT)
                         ops.prepare_pass(extra)
-                        results[i] = self._drop(extra, shares[i])
+                        results[i] = self._drop(extra, take)
                 except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
                     results[i] = exc
 
-            threads = [threading.Thread(target=drop_share, args=(i,), name=f"pgstreams-purge-{i}")
-                       for i in range(1, len(shares))]
+            threads = [threading.Thread(target=drop_some, args=(i,), name=f"pgstreams-purge-{i}")
+                       for i in range(1, workers)]
             for t in threads:
                 t.start()
-            drop_share(0)
+            drop_some(0)
             for t in threads:
                 t.join()
             for r in results:
                 if isinstance(r, BaseException):
                     raise r
-            return sum(r for r in results if isinstance(r, int))
+            dropped = sum(r for r in results if isinstance(r, int))
+            return dropped, total - dropped
         finally:
             if not conn.closed:
                 ops.purge_unlock(conn)
 
-    def _drop(self, conn: psycopg.Connection, segments: list[tuple[int, int]]) -> int:
+    def _drop(self, conn: psycopg.Connection, take: Callable[[], tuple[int, int] | None]) -> int:
         dropped = 0
-        for topic_id, segment in segments:
+        while (item := take()) is not None:
+            topic_id, segment = item
             try:
                 self._ops.drop_detached(conn, topic_id, segment)
                 dropped += 1

@@ -383,7 +383,8 @@ class MaintenanceReport:
     statistics recorded), segments and events removed by retention (detached from their topic), stale
     members expired, and how long it took (seconds). ``skipped`` is true when another pass of the schema
     was running (nothing done). ``segments_dropped`` and ``purge_duration`` (seconds) are those of the
-    purge that followed the pass (dropping detached segments, which frees their space; 0 without one).
+    purge that followed the pass (dropping detached segments, which frees their space; 0 without one);
+    ``segments_to_purge``: the detached segments it left for the next call (its time budget was spent).
     ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped)."""
 
     segments_created: int = 0
@@ -396,6 +397,7 @@ class MaintenanceReport:
     segments_dropped: int = 0
     purge_duration: float = 0.0
     topics_checked: int = 0
+    segments_to_purge: int = 0
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
-"""Maintenance scheduling: the leader among worker processes, and pg_cron on a PostgreSQL 15 cluster of the
-test's own with ``shared_preload_libraries=pg_cron`` (Debian's postgresql-15-cron, installed here when
-missing: a missing package is a failure, not a skip)."""
+"""Maintenance scheduling: the leader among ``pgstreams worker`` processes, and pg_cron on a PostgreSQL 15
+cluster of the test's own with ``shared_preload_libraries=pg_cron`` (Debian's postgresql-15-cron, installed
+here when missing: a missing package is a failure, not a skip)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,65 +24,103 @@ from _core_helpers import until
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_CRON = Path("/usr/lib/postgresql/15/lib/pg_cron.so")
 
-LEADER_APP = textwrap.dedent("""
-    import sys, time
-    import pgstreams
-    from pgstreams.maintenance import MaintenanceService
-    client = pgstreams.connect(sys.argv[1])
-    svc = MaintenanceService(client, 0.2)
-    svc.start()
-    said = False
-    while True:
-        if svc.leader and not said:
-            print("LEADER", flush=True)
-            said = True
-        if svc.died:
-            raise SystemExit(f"maintenance service died: {svc.error}")
-        time.sleep(0.05)
-""")
+HANDLER = "def handle(event):\n    pass\n"
+
+#: The backends holding the schema's maintenance leader lock (a session advisory lock on two int4 keys).
+LEADER_LOCK = """
+SELECT l.pid FROM pg_locks l
+ WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND l.classid::bigint = (hashtext('pgstreams.maintenance-leader')::bigint & 4294967295)
+   AND l.objid::bigint = (hashtext('pgstreams')::bigint & 4294967295)
+"""
+
+
+def _application_of(dsn: str, backend: int) -> str | None:
+    """The application name of a backend (each worker process below names its own with ``PGAPPNAME``)."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT application_name FROM pg_stat_activity WHERE pid = %s", (backend,)
+        ).fetchone()
+    return None if row is None else str(row[0])
 
 
 def test_exactly_one_of_three_workers_runs_maintenance_and_another_takes_over(
     dsn: str, tmp_path: Path
 ) -> None:
-    pgstreams.connect(dsn).close()  # migrated
-    app = tmp_path / "leader_app.py"
-    app.write_text(LEADER_APP)
-    procs = [subprocess.Popen([sys.executable, str(app), dsn], stdout=subprocess.PIPE) for _ in range(3)]
-    try:
-        for p in procs:
-            assert p.stdout is not None
-            os.set_blocking(p.stdout.fileno(), False)
-        said: dict[int, str] = {i: "" for i in range(3)}
+    """Three ``pgstreams worker`` processes: exactly one holds the leader lock (seen in pg_locks, mapped to
+    its process by its connection's application name) and runs passes; SIGKILLed, another takes over;
+    never two at once."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("t", 2)
+    (tmp_path / "leader_handlers.py").write_text(HANDLER)
+    cmd = [sys.executable, "-m", "pgstreams.cli", "worker", "leader_handlers:handle", "--topic", "t",
+           "--group", "g", "--maintenance-interval", "0.3", "--dsn", dsn]
+    logs = [tmp_path / f"worker{i}.log" for i in range(3)]
+    names = [f"maintenance-leader-test-{i}" for i in range(3)]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=logs[i].open("wb"),
+                              env={**os.environ, "PGAPPNAME": names[i]})
+             for i in range(3)]
+    holders_seen: list[int] = []
 
-        def leaders() -> list[int]:
-            for i, p in enumerate(procs):
-                assert p.stdout is not None
-                try:
-                    chunk = os.read(p.stdout.fileno(), 4096)
-                except BlockingIOError:
-                    chunk = b""
-                said[i] += chunk.decode()
-            return [i for i in range(3) if "LEADER" in said[i]]
+    def leader() -> int | None:
+        """The index of the leading process (None: no leader now); at most one backend holds the lock."""
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            backends = [int(r[0]) for r in conn.execute(LEADER_LOCK).fetchall()]
+        holders_seen.append(len(backends))
+        assert len(backends) <= 1, f"two maintenance leaders at once: {backends}"
+        if not backends:
+            return None
+        name = _application_of(dsn, backends[0])
+        return names.index(name) if name in names else None
 
-        until(lambda: len(leaders()) >= 1, 60, "a leader")
-        with psycopg.connect(dsn) as conn:
-            first = conn.execute("SELECT ran_at FROM pgstreams.maintenance").fetchone()
-        until(lambda: _ran_after(dsn, first), 30, "the leader runs passes")
-        assert len(leaders()) == 1
-        leader = leaders()[0]
-        procs[leader].send_signal(signal.SIGKILL)
-        procs[leader].wait(10)
-        until(lambda: len(leaders()) == 2, 60, "another process takes over")
+    def runs_passes(who: int) -> None:
+        """Passes are recorded while ``who`` leads, and nobody else leads meanwhile."""
         with psycopg.connect(dsn) as conn:
             mark = conn.execute("SELECT ran_at FROM pgstreams.maintenance").fetchone()
-        until(lambda: _ran_after(dsn, mark), 30, "the new leader runs passes")
-        assert all(p.poll() is None for i, p in enumerate(procs) if i != leader)
+        until(lambda: leader() == who and _ran_after(dsn, mark), 60, f"process {who} runs passes")
+
+    try:
+        first: list[int | None] = [None]
+
+        def found_first() -> bool:
+            first[0] = leader()
+            return first[0] is not None
+
+        until(found_first, 90, "one of the worker processes leads maintenance")
+        one = first[0]
+        assert one is not None
+        runs_passes(one)
+        for _ in range(10):  # it keeps leading; the others do not
+            assert leader() == one
+        procs[one].send_signal(signal.SIGKILL)
+        procs[one].wait(10)
+        second: list[int | None] = [None]
+
+        def taken_over() -> bool:
+            second[0] = leader()
+            return second[0] is not None
+
+        until(taken_over, 60, "another worker process takes over")
+        two = second[0]
+        assert two is not None and two != one
+        runs_passes(two)
+        assert all(p.poll() is None for i, p in enumerate(procs) if i != one)
+        assert max(holders_seen) == 1
+        # the processes' own logs agree: the killed one and its successor said they lead, the third never
+        said = [log.read_text() for log in logs]
+        leads = [i for i in range(3) if "maintenance: this process leads" in said[i]]
+        assert sorted(leads) == sorted([one, two]), said
     finally:
         for p in procs:
             if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
                 p.kill()
-            p.wait(10)
+                p.wait(10)
 
 
 def _ran_after(dsn: str, before: tuple[object, ...] | None) -> bool:

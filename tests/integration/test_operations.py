@@ -12,6 +12,7 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg.types.json import Jsonb
 
 import pgstreams
@@ -355,11 +356,56 @@ def test_a_retention_pass_detaches_whole_segments_and_the_purge_drops_them(clien
     assert Maintenance(client).purge() == 3
     assert not {f"topic_{tid}_s{s}" for s in range(3)} & _tables(client, "purged")
     assert _segments(client, "purged")[0] == 3
-    # run() purges after its pass by default
+    # run() purges after its pass by default (at least one segment, more while its time budget lasts)
     _fill(client, "purged", 2 * SEG)
     report = client.maintain()
-    assert report.segments_removed == report.segments_dropped >= 1
-    assert f"topic_{tid}_s3" not in _tables(client, "purged")
+    assert report.segments_dropped >= 1
+    assert report.segments_removed == report.segments_dropped + report.segments_to_purge
+    assert f"topic_{tid}_s3" not in _tables(client, "purged")  # oldest first
+
+
+def test_a_purge_budget_leaves_detached_segments_for_the_next_pass_and_nothing_reads_them(
+    client: pgstreams.Client, dsn: str
+) -> None:
+    client.create_topic("budget", 2, config={"segment.events": SEG, "retention.events": SEG})
+    _fill(client, "budget", 5 * SEG + 10)
+    tid = client.topic_record("budget").id
+    c = client.consumer("budget", "g")
+    c.commit(c.poll(10, timeout=1))  # a group behind retention
+    report = client.maintain(purge_budget=0)  # no time left after the pass: the one drop every call makes
+    assert report.segments_removed == 4
+    assert (report.segments_dropped, report.segments_to_purge) == (1, 3)
+    left = [s for s in range(4) if f"topic_{tid}_s{s}" in _tables(client, "budget")]
+    assert left == [1, 2, 3]  # oldest first
+    kept = _positions(client, "budget")
+    assert kept[0] >= 4 * SEG
+    # nothing reads the detached tables: they are locked against any access while the topic is read (a
+    # reader touching one would fail on its lock timeout)
+    with psycopg.connect(dsn, autocommit=True) as holder:
+        holder.execute("BEGIN")
+        for s in left:
+            holder.execute(f"LOCK TABLE pgstreams.topic_{tid}_s{s} IN ACCESS EXCLUSIVE MODE")
+        with pgstreams.connect(make_conninfo(dsn, options="-c lock_timeout=5000")) as reader:
+            got = take(reader.consumer("budget", "late"), len(kept))
+            assert sorted(e.position for e in got) == kept
+            assert sum(s.lag for s in reader.describe_group("g")) == len(kept)
+            assert sum(p.events for p in reader.describe_topic("budget").partition_info) == len(kept)
+            assert reader.retention_status("budget")[0].segments_removed == 4
+            behind = reader.consumer("budget", "g").poll(100, timeout=1)
+            assert behind and behind[0].position == kept[0]  # the group behind continues from the oldest
+        assert holder.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass"
+            " AND inhrelid::regclass::text = ANY(%s)",
+            (f"pgstreams.topic_{tid}", [f"pgstreams.topic_{tid}_s{s}" for s in left]),
+        ).fetchone() == (0,)  # not partitions of the topic any more
+        holder.execute("ROLLBACK")
+    # the next passes drop the rest, one call at a time under the same budget
+    assert client.maintain(purge_budget=0).segments_to_purge == 2
+    report = client.maintain(purge_budget=None)
+    assert (report.segments_dropped, report.segments_to_purge) == (2, 0)
+    assert not {f"topic_{tid}_s{s}" for s in range(4)} & _tables(client, "budget")
+    with pytest.raises(pgstreams.InvalidArgument, match="purge_budget"):
+        client.maintain(purge_budget=-1)
 
 
 def test_a_pass_checks_only_topics_whose_state_moved(client: pgstreams.Client) -> None:
@@ -404,6 +450,59 @@ def test_lag_and_counts_come_from_sealed_segments_and_stay_exact(client: pgstrea
     assert [(s.partition, s.lag) for s in client.describe_group("g")] == before
     assert [p.events for p in client.describe_topic("lag").partition_info] == counts
     assert sum(counts) == 4 * SEG + 123
+
+
+def test_lag_of_a_checkpoint_in_a_sealed_segment_counts_at_most_one_bucket(client: pgstreams.Client) -> None:
+    seg = 5000  # buckets of 5 positions (1,024 at most per segment)
+    client.create_topic("buckets", 3, config={"segment.events": seg})
+    _fill(client, "buckets", 2 * seg + 37)
+    assert client.maintain().segments_sealed == 2
+    tid = client.topic_record("buckets").id
+    checkpoints = [0, 1, 2, 4, 5, 6, 9, 10, 11, 2499, 2500, 4994, 4995, 4998, 4999, 5000, 5001, 7777, 9999,
+                   10000, 10010, 10037, 10040]
+    with client.connection() as conn:
+        index = conn.execute(
+            "SELECT indexrelid FROM pg_index WHERE indrelid = %s::regclass",
+            (f"pgstreams.topic_{tid}_s0",),
+        ).fetchone()[0]
+        for cp in checkpoints:
+            for p in range(3):
+                read_before = conn.execute(
+                    "SELECT pg_stat_get_xact_tuples_returned(%s)", (index,)).fetchone()[0]
+                lag = conn.execute("SELECT lag FROM pgstreams.partition_progress(%s, %s, %s)",
+                                   (tid, p, cp)).fetchone()[0]
+                read = conn.execute("SELECT pg_stat_get_xact_tuples_returned(%s)", (index,)).fetchone()[0]
+                raw = conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                                   " AND position > %s", (p, cp)).fetchone()[0]
+                assert lag == raw, (cp, p)
+                if cp < seg:  # the segment holding the checkpoint: one bucket of its rows at most
+                    assert read - read_before <= 5, (cp, p, read - read_before)
+        # a segment sealed before its buckets were recorded is counted, exactly
+        conn.execute("UPDATE pgstreams.segment_partitions SET bucket_width = NULL, buckets = NULL,"
+                     " bucket_events = NULL WHERE topic_id = %s AND segment = 0", (tid,))
+        for cp in (0, 7, 2500, 4999):
+            for p in range(3):
+                lag = conn.execute("SELECT lag FROM pgstreams.partition_progress(%s, %s, %s)",
+                                   (tid, p, cp)).fetchone()[0]
+                raw = conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                                   " AND position > %s", (p, cp)).fetchone()[0]
+                assert lag == raw, (cp, p)
+        conn.rollback()
+    c = client.consumer("buckets", "g")
+    for p in c.partitions:
+        c.seek(p, 2501)
+    assert [s.lag for s in client.describe_group("g")] == [
+        n for n in _raw_lags(client, "buckets", 2500)
+    ]
+    assert sum(p.events for p in client.describe_topic("buckets").partition_info) == 2 * seg + 37
+
+
+def _raw_lags(client: pgstreams.Client, topic: str, after: int) -> list[int]:
+    tid = client.topic_record(topic).id
+    with client.connection() as conn:
+        return [conn.execute(f"SELECT count(*) FROM pgstreams.topic_{tid} WHERE partition = %s"
+                             " AND position > %s", (p, after)).fetchone()[0]
+                for p in range(client.topic_record(topic).partitions)]
 
 
 def test_publish_and_poll_go_on_while_retention_runs_in_another_process(

@@ -33,7 +33,8 @@ def _print_report(report: pgstreams.MaintenanceReport, as_json: bool) -> None:
             f"maintenance: {report.segments_created} segment(s) created, {report.segments_sealed} sealed, "
             f"{report.segments_removed} removed ({report.events_removed} events), "
             f"{report.members_expired} stale member(s) expired, {report.duration:.3f} s; "
-            f"{report.segments_dropped} detached segment(s) dropped in {report.purge_duration:.3f} s")
+            f"{report.segments_dropped} detached segment(s) dropped in {report.purge_duration:.3f} s"
+            + (f", {report.segments_to_purge} left for the next pass" if report.segments_to_purge else ""))
 
 
 def maintain_command(
@@ -46,12 +47,16 @@ def maintain_command(
     every: Annotated[str, typer.Option(
         "--every", help="How often the pg_cron job runs (30s, 1m, 5m, 1h, 1d).")] = DEFAULT_SCHEDULE_EVERY,
     unschedule: Annotated[bool, typer.Option("--unschedule", help="Remove the pg_cron job.")] = False,
+    purge_all: Annotated[bool, typer.Option(
+        "--purge-all", help="Drop every detached segment, not only those the pass's time budget allows.")
+    ] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run one maintenance pass: segments ahead of publishers and their statistics, retention (whole
-    segments), expiry of stale group members. --loop keeps running; --schedule / --unschedule manage a
+    segments; the detached segments are dropped within a time budget, the rest by the next pass, unless
+    --purge-all), expiry of stale group members. --loop keeps running; --schedule / --unschedule manage a
     pg_cron job that runs it inside PostgreSQL."""
     if sum((loop, schedule, unschedule)) > 1:
         raise usage_error("give at most one of --loop, --schedule, --unschedule")
@@ -71,7 +76,7 @@ def maintain_command(
                 out_console().print("there was no pg_cron maintenance job")
             return
         if not loop:
-            _print_report(client.maintain(), as_json)
+            _print_report(client.maintain(purge_budget=None) if purge_all else client.maintain(), as_json)
             return
         service = MaintenanceService(client, interval)
         stop = threading.Event()

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
+from pgstreams.maintenance import DEFAULT_MAINTENANCE_INTERVAL
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
 from pgstreams.names import check_group, check_topic
 from pgstreams.shares import DEFAULT_LOCK_TIMEOUT
@@ -72,6 +73,13 @@ def worker_command(
     session_timeout: Annotated[float | None, typer.Option(
         "--session-timeout", help="Seconds without heartbeat before this member's partitions move. Default: "
         f"the group's configuration ({DEFAULT_SESSION_TIMEOUT:g}).", show_default=False)] = None,
+    maintenance_interval: Annotated[float, typer.Option(
+        "--maintenance-interval", help="Seconds between maintenance passes when this worker leads the "
+        "database's maintenance (one worker of all leads; the others try to take over as often).")
+    ] = DEFAULT_MAINTENANCE_INTERVAL,
+    no_maintenance: Annotated[bool, typer.Option(
+        "--no-maintenance", help="Run no maintenance service in this worker (pg_cron or another process "
+        "maintains the database).")] = False,
     member_id: Annotated[str | None, typer.Option(
         "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
@@ -107,13 +115,17 @@ def worker_command(
         raise usage_error("--dead-letter and --no-dead-letter exclude each other")
     if metrics_port is not None:
         check_port("--metrics-port", metrics_port)
+    if not maintenance_interval > 0:
+        raise usage_error(
+            f"--maintenance-interval must be a positive number of seconds, got {maintenance_interval}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     fn = load_handler(handler)
     retry = RetryPolicy(max_attempts=max_attempts, backoff=backoff, max_backoff=max_backoff)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     with open_client(dsn, schema) as client:
-        worker = Worker(client, member_id=member_id)
+        worker = Worker(client, member_id=member_id,
+                        maintenance=None if no_maintenance else maintenance_interval)
         worker.add_subscription(topic, name, fn, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made

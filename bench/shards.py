@@ -14,8 +14,10 @@ machines). Events carry 100-byte values and 1,000 distinct keys, on topics of 4 
   shard vs a ``ClusterConsumer`` of the same number of events spread over three shards, vs a binary
   COPY-out of the raw table's rows in read order.
 
-Bars: three shards >= 0.9 x one shard, for both. Pairs alternate for ``--rounds`` rounds (default 3) and
-keep the best of each, after a CHECKPOINT. The databases are created on the server (``--dsn``, else
+Bars: three shards >= 0.9 x one shard, for both. The table's ``ratio`` column is each figure against raw
+PostgreSQL; a second table gives the ratio of three shards to one shard for each operation, with the bar
+and whether it was met. Pairs alternate for ``--rounds`` rounds (default 3) and keep the best of each,
+after a CHECKPOINT. The databases are created on the server (``--dsn``, else
 ``$PGSTREAMS_DSN``, else the embedded server; this machine only) and dropped at the end.
 """
 
@@ -26,6 +28,9 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
 
 import pgstreams
 from pgstreams.cluster import ClusterClient, init_cluster
@@ -63,6 +68,55 @@ class Target:
     topic: str
     group: str = "bench"
     expected: int = 0
+
+
+@dataclass(frozen=True)
+class ShardRatio:
+    """Three shards against one shard for one operation: the bar is ``three / one >= BAR``."""
+
+    operation: str
+    one: float
+    three: float
+
+    @property
+    def ratio(self) -> float:
+        """Three shards' rate over one shard's (0 when one shard's is 0)."""
+        return self.three / self.one if self.one else 0.0
+
+    @property
+    def met(self) -> bool:
+        """Whether the ratio reaches :data:`BAR`."""
+        return self.ratio >= BAR
+
+    @property
+    def verdict(self) -> str:
+        """``"met"`` or ``"missed"``."""
+        return "met" if self.met else "missed"
+
+
+def print_ratios(ratios: list[ShardRatio], console: Console) -> None:
+    """The table of three shards against one shard, per operation, with the bar and its verdict."""
+    table = Table(title=f"{SHARDS} shards against 1 shard")
+    table.add_column("operation")
+    table.add_column("1 shard", justify="right")
+    table.add_column(f"{SHARDS} shards", justify="right")
+    table.add_column(f"{SHARDS} shards / 1 shard", justify="right")
+    table.add_column("bar")
+    table.add_column("", justify="center")
+    for r in ratios:
+        mark = "[green]met[/green]" if r.met else "[red]missed[/red]"
+        table.add_row(r.operation, f"{r.one:,.0f} events/s", f"{r.three:,.0f} events/s", f"{r.ratio:.2f}",
+                      f">= {BAR}", mark)
+    console.print(table)
+
+
+def ratios_markdown(ratios: list[ShardRatio]) -> str:
+    """The same table in Markdown (rates without their unit: events/s)."""
+    out = [f"| operation | 1 shard | {SHARDS} shards | {SHARDS} shards / 1 shard | bar | |",
+           "|---|---:|---:|---:|---|---|"]
+    out += [f"| {r.operation} | {r.one:,.0f} | {r.three:,.0f} | {r.ratio:.2f} | >= {BAR} | {r.verdict} |"
+            for r in ratios]
+    return "\n".join(out)
 
 
 def _connect(t: Target) -> pgstreams.Client | ClusterClient:
@@ -105,8 +159,10 @@ def _fill(t: Target, events: int) -> None:
             done += op()
 
 
-def run(dsn: str | None, duration: float, rounds: int, events: int, console: object) -> list[Measurement]:
-    """Run every measurement and return the result rows."""
+def run(dsn: str | None, duration: float, rounds: int, events: int, console: object
+        ) -> tuple[list[Measurement], list[ShardRatio]]:
+    """Run every measurement; return the result rows and the ratio of three shards to one for each
+    operation."""
     log = getattr(console, "log", print)
     server = server_dsn(dsn)
     out: list[Measurement] = []
@@ -165,7 +221,7 @@ def run(dsn: str | None, duration: float, rounds: int, events: int, console: obj
         out.append(Measurement(f"consume, {SHARDS} shards, polls of 1,000 + commit", consume3, "events/s",
                                copy_out, "COPY-out of the same rows",
                                f">= {BAR} x 1 shard", consume3 >= BAR * consume1))
-    return out
+    return out, [ShardRatio("publish_many", many1, many3), ShardRatio("consume", consume1, consume3)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,14 +245,17 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     target = server_dsn(args.dsn)
     info = machine(target)
-    rows = run(target, args.duration, args.rounds, args.events, console)
+    rows, ratios = run(target, args.duration, args.rounds, args.events, console)
     print_results("pgstreams shards benchmark", rows, console)
+    print_ratios(ratios, console)
     console.print(f"{info['cpu']}, {info['cores']} cores, {info['ram']} RAM; "
                   f"PostgreSQL {info['postgresql']}; "
                   f"Python {info['python']}, psycopg {info['psycopg']}; load before run {info['load']}; "
                   f"took {time.monotonic() - started:.0f} s")
     if args.markdown:
         console.print(markdown(rows), markup=False, highlight=False, soft_wrap=True)
+        console.print()  # a blank line: two tables, not one
+        console.print(ratios_markdown(ratios), markup=False, highlight=False, soft_wrap=True)
     return 0 if all(m.ok is not False for m in rows) else 1
 
 

@@ -8,6 +8,9 @@ subprocesses), ``spark`` (a local SparkSession), ``ml`` (the reference applicati
 The server is ``$PGSTREAMS_TEST_DSN`` when set, otherwise an embedded PostgreSQL (pgserver) that the
 session starts itself. A template database is migrated once per server and migration set; every test
 gets ``CREATE DATABASE ... TEMPLATE`` of it, dropped afterwards, so tests can run in parallel.
+
+The cluster tests (tests/cluster, and the Spark source over a cluster) use three more PostgreSQL servers
+of the session's own (:func:`shard_servers`), started the first time a test asks for them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import psycopg
@@ -26,7 +30,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
+from _core_helpers import new_database
 from pgstreams import migrate as _migrate
+from pgstreams.cluster import init_cluster
+from pgstreams.embedded import TemporaryServer, restartable_server
 
 
 def _server_dsn() -> str:
@@ -146,20 +153,58 @@ def dbname(dsn: str) -> str:
     return str(conninfo_to_dict(dsn)["dbname"])
 
 
+#: How many servers :func:`shard_servers` starts: the shards of the cluster tests.
+SHARDS = 3
+
+
+@pytest.fixture(scope="session")
+def shard_servers() -> Iterator[list[TemporaryServer]]:
+    """Three running PostgreSQL servers of this session's own (embedded binaries, each on its own loopback
+    port; fsync off: the machine does not crash, commits stay synchronous), for the cluster tests. Tests
+    may stop and start them (a shard that is down); every test that uses them runs on one xdist worker
+    (see :func:`pytest_collection_modifyitems`)."""
+    with ExitStack() as stack:
+        yield [stack.enter_context(restartable_server({"fsync": "off"})) for _ in range(SHARDS)]
+
+
+@pytest.fixture
+def shard_dsns(shard_servers: list[TemporaryServer]) -> list[str]:
+    """A new empty database on each of :func:`shard_servers`: the DSNs of the shards of a cluster not
+    created yet."""
+    for server in shard_servers:  # a test that stopped a server and failed before starting it again
+        try:
+            psycopg.connect(server.dsn, connect_timeout=5).close()
+        except psycopg.OperationalError:
+            server.start()
+    return [new_database(s.dsn, "shard_") for s in shard_servers]
+
+
+@pytest.fixture
+def cluster_dsns(shard_dsns: list[str]) -> list[str]:
+    """The shard DSNs of a new cluster (``pgstreams cluster init`` done)."""
+    init_cluster(shard_dsns)
+    return shard_dsns
+
+
 #: The tiers whose tests start a SparkSession.
 _SPARK_TIERS = ("spark", "ml")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run every test that starts a SparkSession on one xdist worker (``--dist loadgroup``).
+    """Run every test that starts a SparkSession, and every test that uses :func:`shard_servers`, on one
+    xdist worker (``--dist loadgroup``, group ``spark``).
 
     Each SparkSession is a JVM; several at once on a small machine starve each other (Python workers
     then time out connecting back to their JVM). One worker runs them one module at a time while the
-    other workers run the database tests. The cluster tests (tests/cluster) run on one worker too, which
-    starts their three PostgreSQL servers once.
+    other workers run the database tests.
+
+    The tests of a cluster (tests/cluster and the Spark source over a cluster) share the three servers
+    of :func:`shard_servers`, which some of them stop and start: they must run on one worker, which then
+    starts the servers once, and never while another worker's test uses them. As the Spark tests over a
+    cluster are among them, that worker is the Spark tests' one: a second group would either start a
+    second JVM beside the Spark worker's or a second set of three servers.
     """
     for item in items:
-        if item.path.parent.name in _SPARK_TIERS:
+        uses_shards = "shard_servers" in getattr(item, "fixturenames", ())
+        if item.path.parent.name in _SPARK_TIERS or uses_shards:
             item.add_marker(pytest.mark.xdist_group("spark"))
-        elif item.path.parent.name == "cluster":  # one worker starts the cluster tests' three servers
-            item.add_marker(pytest.mark.xdist_group("cluster"))

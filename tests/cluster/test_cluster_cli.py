@@ -1,5 +1,6 @@
 """``pgstreams cluster init|describe`` and the commands on topics with ``--dsn`` repeated, as real
-subprocesses: bad input exits 2 with one error line and changes nothing."""
+subprocesses: bad input exits 2 with one error line and changes nothing. Events produced by the command
+line are consumed by it with each key's events in the order they were produced."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import os
 import subprocess
 import sys
 
-import psycopg
-
+from _cluster_helpers import KeyedRead, assert_key_order
 from _core_helpers import db_state
 
 TIMEOUT = 120
@@ -42,18 +42,32 @@ def _dsn_args(dsns: list[str]) -> list[str]:
     return [a for d in dsns for a in ("--dsn", d)]
 
 
+def _keyed_lines(keys: int, rounds: int) -> str:
+    """Input of ``produce -k : --json``: ``rounds`` lines per key, ``{"k", "n"}`` with ``n`` counting each
+    key's lines from 0."""
+    return "".join(f'k{i}:{json.dumps({"k": f"k{i}", "n": n})}\n' for n in range(rounds) for i in range(keys))
+
+
+def _consume_in_key_order(dsns: list[str], topic: str, group: str, rounds: int) -> list[dict[str, object]]:
+    """``consume`` of ``topic`` over the cluster: its JSON lines, each key's events checked to be read in
+    the order they were produced (:func:`assert_key_order`)."""
+    lines = _ok("consume", topic, "-g", group, *_dsn_args(dsns), "--wait", "30").splitlines()
+    consumed = [json.loads(line) for line in lines]
+    assert_key_order([KeyedRead(e["key"], e["shard"], e["partition"], 0, e["value"]["n"]) for e in consumed],
+                     rounds)
+    return consumed
+
+
 def test_cluster_init_describe_and_topics_over_repeated_dsns(shard_dsns: list[str]) -> None:
     created = json.loads(_ok("cluster", "init", *shard_dsns, "--json"))
     assert created["action"] == "created" and len(created["shards"]) == 3
     assert "already so" in _ok("cluster", "init", *shard_dsns)
     assert "created topic 'orders'" in _ok("topics", "create", "orders", "-p", "2", *_dsn_args(shard_dsns))
-    lines = "".join(f"k{i}:v{i}\n" for i in range(30))
-    _ok("produce", "orders", "-k", ":", *_dsn_args(shard_dsns), stdin=lines)
+    _ok("produce", "orders", "-k", ":", "--json", *_dsn_args(shard_dsns), stdin=_keyed_lines(10, 3))
     described = json.loads(_ok("topics", "describe", "orders", "--json", *_dsn_args(shard_dsns)))
     assert described["span"] == 3 and described["events"] == 30 and len(described["shards"]) == 3
-    consumed = [json.loads(line) for line in _ok("consume", "orders", "-g", "cli", *_dsn_args(shard_dsns),
-                                                 "--wait", "30").splitlines()]
-    assert sorted(e["value"] for e in consumed) == sorted(f"v{i}" for i in range(30))
+    consumed = _consume_in_key_order(shard_dsns, "orders", "cli", 3)  # every key's 3 events, in order
+    assert len(consumed) == 30
     assert {e["shard"] for e in consumed} == {0, 1, 2}
     # PGSTREAMS_DSN with the shards separated by commas
     shown = json.loads(_ok("cluster", "describe", "--json", env={"PGSTREAMS_DSN": ",".join(shard_dsns)}))
@@ -69,8 +83,12 @@ def test_bad_cluster_input_exits_2_and_changes_nothing(shard_dsns: list[str]) ->
     assert "invalid --dsn" in _fails(2, "cluster", "init", shard_dsns[0], "host=x =bad")
     assert [db_state(d) for d in shard_dsns] == before
     _ok("cluster", "init", *shard_dsns)
+    _ok("topics", "create", "t", "-p", "2", *_dsn_args(shard_dsns))
+    _ok("produce", "t", "-k", ":", "--json", *_dsn_args(shard_dsns), stdin=_keyed_lines(10, 3))
+    before = [db_state(d) for d in shard_dsns]
     line = _fails(1, "topics", "list", *_dsn_args([shard_dsns[1], shard_dsns[0], shard_dsns[2]]))
     assert "is shard 1 of cluster" in line
     assert "works on one server" in _fails(2, "groups", "list", *_dsn_args(shard_dsns))
-    with psycopg.connect(shard_dsns[0]) as conn:
-        assert conn.execute("SELECT count(*) FROM pgstreams.topics").fetchone() == (0,)
+    assert "at least two DSNs" in _fails(2, "cluster", "init", shard_dsns[0])
+    assert [db_state(d) for d in shard_dsns] == before
+    assert len(_consume_in_key_order(shard_dsns, "t", "cli", 3)) == 30  # every key's events, in order

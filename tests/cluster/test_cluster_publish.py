@@ -5,32 +5,27 @@ a shard stopped and started while publishing and consuming."""
 from __future__ import annotations
 
 import threading
-from collections import Counter, defaultdict
+from collections import Counter
 
 import psycopg
 import pytest
 
 import pgstreams
-from _cluster_helpers import cluster, produce_keyed, read_all
+from _cluster_helpers import (
+    assert_events_in_key_order,
+    assert_key_order,
+    cluster,
+    first_reads,
+    keyed,
+    produce_keyed,
+    read_all,
+    reads_of,
+)
 from _core_helpers import SPAWN, until
 from pgstreams.cluster import shard_for_key
 from pgstreams.embedded import TemporaryServer
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def _check_order(events: list[pgstreams.Event]) -> None:
-    """Every key's events are on one (shard, partition), and each producer's events of a key are read in
-    the order it published them."""
-    where: dict[str, set[tuple[int, int]]] = defaultdict(set)
-    last: dict[tuple[int, str], int] = {}
-    for e in events:
-        where[e.key or ""].add((e.shard, e.partition))
-        p, k, n = e.value["p"], e.value["k"], e.value["n"]
-        assert e.key == k
-        assert last.get((p, k), -1) == n - 1, f"key {k} of producer {p}: {n} after {last.get((p, k))}"
-        last[(p, k)] = n
-    assert all(len(v) == 1 for v in where.values()), {k: v for k, v in where.items() if len(v) > 1}
 
 
 def test_per_key_order_and_exactly_once_with_concurrent_producers(cluster_dsns: list[str]) -> None:
@@ -47,10 +42,9 @@ def test_per_key_order_and_exactly_once_with_concurrent_producers(cluster_dsns: 
         # a producer that runs again (its outcome unknown) stores nothing twice: event ids
         produce_keyed(cluster_dsns, "orders", 0, keys, rounds, True)
         total = sum(counts)
-        events = read_all(client, "orders", "g1", total)
+        events = read_all(client, "orders", "g1", total, rounds=rounds)  # each key in order, 0 to rounds - 1
         assert len(events) == total
         assert Counter((e.value["p"], e.value["k"], e.value["n"]) for e in events).most_common(1)[0][1] == 1
-        _check_order(events)
         assert {e.shard for e in events} == {0, 1, 2}
         for e in events[:50]:
             assert e.shard == shard_for_key(e.key or "", 4, 3)
@@ -64,12 +58,12 @@ def test_per_key_order_and_exactly_once_with_concurrent_producers(cluster_dsns: 
 
 
 def test_keyless_events_spread_and_a_batch_is_one_copy_per_shard(cluster_dsns: list[str]) -> None:
+    keys = [f"k{i}" for i in range(30)]
     with cluster(cluster_dsns) as client:
         client.create_topic("spread", 2)
-        stored = client.publish_many("spread", [{"value": i} for i in range(300)]
-                                     + [{"value": -1, "key": f"k{i}"} for i in range(30)])
-        assert stored == 330
-        events = read_all(client, "spread", "g", 330)
+        stored = client.publish_many("spread", [{"value": i} for i in range(300)] + keyed(keys, 4))
+        assert stored == 420
+        events = read_all(client, "spread", "g", 420, rounds=4)  # each key's 4 events in order
         per_shard = Counter(e.shard for e in events if e.key is None)
         assert sorted(per_shard.values()) == [100, 100, 100]
         # each shard's part of the batch is one transaction of that shard
@@ -85,34 +79,43 @@ def test_outbox_publishing_names_its_shard_and_refuses_a_key_of_another(cluster_
                   for s in range(3)}
         with psycopg.connect(cluster_dsns[1]) as conn:
             with conn.transaction():
-                r = client.publish("outbox", "mine", key=key_of[1], conn=conn)
-                assert r.shard == 1
+                for n in range(3):  # several events of the key in one transaction of its shard
+                    r = client.publish("outbox", {"k": key_of[1], "n": n}, key=key_of[1], conn=conn)
+                    assert r.shard == 1
                 assert client.publish("outbox", "keyless", conn=conn).shard == 1
                 with pytest.raises(pgstreams.InvalidArgument, match=r"belongs to shard 2 .*, not to shard 1"):
                     client.publish("outbox", "theirs", key=key_of[2], conn=conn)
                 with pytest.raises(pgstreams.InvalidArgument, match=r"the connection is to shard 1"):
                     client.publish("outbox", "x", shard=0, conn=conn)
+            with conn.transaction():  # and in a later one
+                assert client.publish("outbox", {"k": key_of[1], "n": 3}, key=key_of[1], conn=conn).shard == 1
         with psycopg.connect(cluster_dsns[0]) as conn:
-            assert client.publish("outbox", "zero", key=key_of[0], conn=conn).shard == 0
+            for n in range(2):
+                assert client.publish("outbox", {"k": key_of[0], "n": n}, key=key_of[0], conn=conn).shard == 0
             conn.commit()
+        assert client.publish("outbox", {"k": key_of[0], "n": 2}, key=key_of[0]).shard == 0
         with pytest.raises(pgstreams.InvalidArgument, match="give the shard too"):
             client.publish("outbox", "x", partition=1)
         assert client.publish("outbox", "x", partition=1, shard=2).shard == 2
-        events = read_all(client, "outbox", "g", 4)
-        assert sorted((e.shard, e.value) for e in events) == [(0, "zero"), (1, "keyless"), (1, "mine"),
-                                                             (2, "x")]
+        events = read_all(client, "outbox", "g", 9)  # each key's events in publish order
+        assert sorted((e.shard, e.key or "", e.value["n"] if e.key else e.value) for e in events) == [
+            (0, key_of[0], 0), (0, key_of[0], 1), (0, key_of[0], 2), (1, "", "keyless"), (1, key_of[1], 0),
+            (1, key_of[1], 1), (1, key_of[1], 2), (1, key_of[1], 3), (2, "", "x")]
 
 
 def test_a_consumer_resumes_from_each_shards_checkpoints(cluster_dsns: list[str]) -> None:
+    keys = [f"k{i}" for i in range(17)]
     with cluster(cluster_dsns) as client:
         client.create_topic("resume", 2)
-        client.publish_many("resume", [{"value": i, "key": f"k{i % 17}"} for i in range(600)])
+        client.publish_many("resume", keyed(keys, 40))
         consumer = client.consumer("resume", "g")
         first = consumer.poll(100, 1.0)
         assert first and {e.shard for e in first} == {first[0].shard}
         assert consumer.commit() == pgstreams.CommitOutcome.STORED
-        rest = read_all(client, "resume", "g", 600 - len(first))
-        assert sorted(e.value for e in first + rest) == list(range(600))
+        rest = read_all(client, "resume", "g", 17 * 40 - len(first))
+        # the group went on from each shard's checkpoint: every key's events once, in publish order
+        assert_events_in_key_order(first + rest, rounds=40)
+        assert len(first + rest) == 17 * 40
         assert set(consumer.partitions) == {(s, p) for s in range(3) for p in range(2)}
 
 
@@ -174,5 +177,4 @@ def test_a_shard_stopped_and_started_during_publishing_and_consuming(
         # nothing lost, each key in order (a commit whose answer the shard's stop cut off may have been
         # stored: its events are then read again, at-least-once)
         assert {(e.key, e.value["n"]) for e in seen} == {(k, n) for k in keys for n in (0, 1)}
-        for k in keys:
-            assert list(dict.fromkeys(e.value["n"] for e in seen if e.key == k)) == [0, 1]
+        assert_key_order(first_reads(reads_of(seen)), rounds=2)

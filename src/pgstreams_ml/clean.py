@@ -3,26 +3,28 @@
 Per record: parse the JSON text; check the event type, the required fields, field values and the
 timestamp (which must carry ``Z`` or an offset; Chicago-clock offsets are normalised to UTC, timestamps
 without a zone are rejected rather than guessed); the first failing check is the record's quarantine
-reason (:data:`pgstreams_ml.events.REASONS`). Valid events are de-duplicated by ``event_id`` (Spark state,
-bounded by a watermark on the log's ingest time) and written to the clean topic in a normalised form
-(UTC ``ts``, typed fields, ``event_id`` and ``event_type`` columns set); rejected records go to the
+reason (:data:`pgstreams_ml.events.REASONS`). Valid events are written to the clean topic in a normalised
+form (UTC ``ts``, typed fields, ``event_id`` and ``event_type`` columns set); rejected records go to the
 quarantine topic with the reason, a detail, the raw text and the raw record's coordinates and headers.
 
-Exactly once end to end: the query's offsets and dedup state live in its checkpoint; a micro-batch that
-Spark replays after a failure recomputes the same rows, and both outputs are written with deterministic
-event ids (the event's own id; ``q:<partition>:<position>`` of the raw record), which the topics store only
-once.
+The query keeps no state: duplicates are dropped by the clean topic itself, which stores each ``event_id``
+once (idempotent publishing), so a duplicate is found however late it comes, and each micro-batch is one
+stage with no shuffle and no state store to commit. Exactly once end to end: the query's offsets live in
+its checkpoint; a micro-batch that Spark replays after a failure recomputes the same rows, and both
+outputs are written with deterministic event ids (the event's own id; ``q:<topic>:<partition>:<position>``
+of the raw record), which the topics store only once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from . import events
 from .domain import DEVICES, SLOTS
 
 if TYPE_CHECKING:
+    import psycopg
     from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -140,7 +142,8 @@ def dedup_key() -> Column:
 
 def deduplicate(parsed: DataFrame, window: str = "10 minutes") -> DataFrame:
     """Drop valid events whose ``event_id`` was already seen within ``window`` (default 10 minutes) of ingest
-    time (the log's ``created_at``), keeping the first. On a batch DataFrame: plain ``dropDuplicates``."""
+    time (the log's ``created_at``), keeping the first. On a batch DataFrame: plain ``dropDuplicates``.
+    (The clean query does not use it: the clean topic's idempotent event ids drop duplicates.)"""
     keyed = parsed.withColumn("dedup_key", dedup_key())
     if not parsed.isStreaming:
         return keyed.dropDuplicates(["dedup_key"]).drop("dedup_key")
@@ -246,18 +249,29 @@ def output_rows(parsed: DataFrame, topo: Topology) -> DataFrame:
     )
 
 
+#: The count of clean rows whose event id the clean topic already held (a duplicate of an event published
+#: before, in this micro-batch or an earlier one): not stored.
+DUPLICATES = "duplicates"
+#: The count of quarantine rows the quarantine topic already held (only a replayed micro-batch has any).
+ALREADY_QUARANTINED = "already_quarantined"
+
+
 def publish_partition(
-    dsn: str, pgstreams_schema: str, rows: Iterable[Row]
-) -> Iterator[tuple[str, str | None, int]]:
+    dsn: str, pgstreams_schema: str, topo: Topology, rows: Iterable[Row | Mapping[str, Any]]
+) -> Iterator[tuple[str, int]]:
     """Publish one task's rows of :func:`output_rows` (runs on an executor): per output topic, one
-    ``publish_many`` (one transaction). Yields ``(out_topic, reason, rows)`` per output and reason. Rows
-    whose event id the topic already holds (a micro-batch replayed after a failure) are not stored again."""
+    ``publish_many`` (one transaction). Rows whose event id the topic already holds are not stored again:
+    a duplicate of an event published before (the clean query keeps no state: the clean topic's idempotent
+    event ids drop duplicates), or any row of a micro-batch replayed after a failure. Yields ``(name,
+    count)``: ``clean`` (events stored in the clean topic), :data:`DUPLICATES` (clean rows not stored),
+    each quarantine reason (rows sent to the quarantine topic) and :data:`ALREADY_QUARANTINED` (those
+    not stored)."""
     import pgstreams
 
     from .sparkutil import executor_client
 
     by_topic: dict[str, list[pgstreams.Message]] = {}
-    counts: dict[tuple[str, str | None], int] = {}
+    reasons: dict[str, int] = {}
     for r in rows:
         topic = r["out_topic"]
         by_topic.setdefault(topic, []).append(
@@ -269,45 +283,82 @@ def publish_partition(
                 event_id=r["event_id"],
             )
         )
-        counts[(topic, r["reason"])] = counts.get((topic, r["reason"]), 0) + 1
-    if by_topic:
-        client = executor_client(dsn, pgstreams_schema)
-        for topic, msgs in by_topic.items():
-            client.publish_many(topic, msgs)
-    for (topic, reason), n in counts.items():
-        yield topic, reason, n
+        if r["reason"] is not None:
+            reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    if not by_topic:
+        return
+    client = executor_client(dsn, pgstreams_schema)
+    for topic, msgs in by_topic.items():
+        stored = client.publish_many(topic, msgs)
+        if topic == topo.clean_topic:
+            yield "clean", stored
+            yield DUPLICATES, len(msgs) - stored
+        elif len(msgs) > stored:
+            yield ALREADY_QUARANTINED, len(msgs) - stored
+    yield from reasons.items()
+
+
+def batch_counts(published: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """The counts of a clean micro-batch (booked in ``pipeline_batches.rows_out``): the tasks' counts of
+    :func:`publish_partition` added up, zeros left out."""
+    counts: dict[str, int] = {}
+    for name, n in published:
+        counts[name] = counts.get(name, 0) + int(n)
+    return {k: n for k, n in counts.items() if n}
 
 
 class CleanBatchWriter:
-    """The ``foreachBatch`` function of the clean query: one Spark job per micro-batch publishes both
-    outputs from the executors (:func:`publish_partition`), then the batch is booked."""
+    """The ``foreachBatch`` function of the clean query (its micro-batches are rows of
+    :func:`output_rows`): one Spark job per micro-batch (one stage, no shuffle) publishes both outputs
+    from the executors (:func:`publish_partition`), then the batch is booked in ``pipeline_batches`` through
+    a connection the writer keeps (on the driver)."""
 
     def __init__(self, dsn: str, topo: Topology) -> None:
         self.dsn = dsn
         self.topo = topo
+        self._conn: psycopg.Connection | None = None
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        """Write one micro-batch (called by Spark)."""
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_conn"] = None  # a connection does not travel
+        return state
+
+    def _book(self, batch_id: int, counts: dict[str, int]) -> None:
         import json
 
         import psycopg
 
         from . import _sql
 
-        dsn, schema = self.dsn, self.topo.pgstreams_schema
-        published = (
-            output_rows(batch, self.topo)
-            .rdd.mapPartitions(lambda rows: publish_partition(dsn, schema, rows))
-            .collect()
-        )
-        counts: dict[str, int] = {}
-        for _topic, reason, n in published:
-            counts[reason or "clean"] = counts.get(reason or "clean", 0) + int(n)
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(
-                _sql.q("record_batch", self.topo.schema),
-                ("clean", batch_id, sum(counts.values()), json.dumps(counts)),
-            )
+        # rows in: every raw record of the batch (an already quarantined row was counted by its reason)
+        rows_in = sum(n for k, n in counts.items() if k != ALREADY_QUARANTINED)
+        args = ("clean", batch_id, rows_in, json.dumps(counts))
+        for attempt in (1, 2):
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = psycopg.connect(self.dsn, autocommit=True)
+            try:
+                self._conn.execute(_sql.q("record_batch", self.topo.schema), args)
+                return
+            except psycopg.OperationalError:
+                self._conn.close()
+                self._conn = None
+                if attempt == 2:
+                    raise
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        """Write one micro-batch of :func:`output_rows` (called by Spark): the query's plan holds the
+        projection, so each batch costs the driver a few calls into Spark only."""
+        dsn, schema, topo = self.dsn, self.topo.pgstreams_schema, self.topo
+        # rows reach the Python workers pickled: ``mapInArrow`` would hand them over as Arrow batches, but
+        # PySpark refuses it without pandas, which the application does not need otherwise
+        published = batch.rdd.mapPartitions(lambda rows: publish_partition(dsn, schema, topo, rows)).collect()
+        self._book(batch_id, batch_counts(published))
+
+    def close(self) -> None:
+        """Close the booking connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 def build_clean_query(
@@ -318,12 +369,13 @@ def build_clean_query(
     *,
     trigger: str = "availableNow",
     max_events_per_trigger: int | None = None,
-    dedup_window: str = "10 minutes",
     query_name: str = "clean",
 ) -> StreamingQuery:
     """Start the clean query: read ``topo.raw_topic`` as group ``topo.clean_group``, write
     ``topo.clean_topic`` and ``topo.quarantine_topic``. ``checkpoint`` is the query's checkpoint directory;
-    ``trigger`` is ``availableNow`` (default), ``once`` or an interval like ``2 seconds``."""
+    ``trigger`` is ``availableNow`` (default), ``once`` or an interval like ``2 seconds``. Stateless: each
+    micro-batch is one Spark stage (read, parse, publish) and duplicates are dropped by the clean topic's
+    idempotent event ids (:func:`publish_partition`)."""
     from .sparkutil import read_stream, trigger_kwargs
 
     raw = read_stream(
@@ -334,9 +386,9 @@ def build_clean_query(
         max_events_per_trigger=max_events_per_trigger,
         pgstreams_schema=topo.pgstreams_schema,
     ).load()
-    parsed = deduplicate(parse_raw(raw), dedup_window)
     return (
-        parsed.writeStream.queryName(query_name)
+        output_rows(parse_raw(raw), topo)
+        .writeStream.queryName(query_name)
         .option("checkpointLocation", checkpoint)
         .foreachBatch(CleanBatchWriter(dsn, topo))
         .trigger(**trigger_kwargs(trigger))

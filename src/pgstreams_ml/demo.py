@@ -69,7 +69,7 @@ class DemoOptions:
     """Options of :func:`run_demo` (the ``pgstreams demo`` options).
 
     ``dsn`` (default ``None``: ``$PGSTREAMS_DSN``, else the embedded server); ``reports`` folder (default
-    ``reports``); ``seed`` (7); simulated ``duration`` (4 h), impression ``rate`` per simulated second (3),
+    ``reports``); ``seed`` (7); simulated ``duration`` (4 h), impression ``rate`` per simulated second (4),
     ``speed`` (simulated seconds per wall second, 240); ``drift`` (true: at half time); ``users`` (2000),
     ``ads`` (200); topic ``partitions`` (2, also Spark's shuffle partitions); ``scorers`` (1 worker);
     monitoring ``window`` (``None``: a sixteenth of the duration); Spark ``trigger`` interval of the join
@@ -84,7 +84,7 @@ class DemoOptions:
     reports: Path = Path("reports")
     seed: int = 7
     duration: float = 4 * 3600.0
-    rate: float = 3.0
+    rate: float = 4.0
     speed: float = 240.0
     drift: bool = True
     users: int = 2000

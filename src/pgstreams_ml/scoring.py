@@ -115,14 +115,17 @@ def scorer_worker(
     client: pgstreams.Client,
     topo: Topology,
     *,
-    max_events: int = 500,
+    max_events: int = 5000,
     max_wait: float = 0.2,
     heartbeat_interval: float = 1.0,
     session_timeout: float = 10.0,
 ) -> tuple[pgstreams.Worker, Scorer]:
     """A :class:`pgstreams.Worker` (not started) running a :class:`Scorer` as a member of group
     ``topo.scorer_group`` on the clean topic (at-least-once delivery, idempotent publishing), and the
-    scorer (for its counters). Start several, in threads or processes, to share the partitions."""
+    scorer (for its counters). Start several, in threads or processes, to share the partitions.
+    ``max_events`` (5000) is above what a clean micro-batch holds per partition, so the impressions a
+    micro-batch publishes are scored in one handler call per partition (one lookup, one publish, one
+    checkpoint) rather than in several."""
     scorer = Scorer(client, topo)
     lock = threading.Lock()
 

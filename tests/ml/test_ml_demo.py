@@ -35,6 +35,20 @@ def test_demo_help_and_bad_options_through_the_cli() -> None:
     assert bad.returncode == 2 and "--duration" in bad.stderr
 
 
+def test_demo_defaults_are_the_same_from_python_and_the_cli() -> None:
+    import inspect
+
+    from pgstreams_ml.cli import demo_command
+    from pgstreams_ml.demo import DemoOptions
+    from pgstreams_ml.simulator import SimConfig
+
+    cli = inspect.signature(demo_command).parameters
+    opts = DemoOptions()
+    for name in ("rate", "speed", "users", "ads", "partitions", "scorers", "trigger", "seed"):
+        assert cli[name].default == getattr(opts, name), name
+    assert opts.rate == SimConfig().rate
+
+
 @pytest.mark.timeout(900)
 def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Path) -> None:
     assert importlib.util.find_spec("pgstreams.spark") is not None, "pgstreams.spark is not installed"

@@ -293,7 +293,17 @@ def test_clean_query_is_exactly_once_across_runs_and_restarts(
             )
             q.awaitTermination(300)
             assert q.exception() is None
+            # stateless: no state operator (duplicates are dropped by the clean topic's event ids)
+            assert q.recentProgress and all(not p["stateOperators"] for p in q.recentProgress)
         rec = audit.reconcile(client, topo)
         assert rec.ok, rec.problems
         assert rec.quarantined > 0 and rec.dropped_duplicates > 0
         assert sum(s.lag for s in client.describe_group(topo.clean_group)) == 0
+        # the batches' bookings count what the topics hold: the duplicates are the clean rows not stored
+        with client.connection() as conn:
+            booked = conn.execute(
+                "SELECT coalesce(sum((rows_out->>'clean')::int), 0),"
+                " coalesce(sum((rows_out->>'duplicates')::int), 0), sum(rows_in)"
+                " FROM ml.pipeline_batches WHERE pipeline = 'clean'"
+            ).fetchone()
+        assert booked == (rec.clean, rec.dropped_duplicates, rec.raw)

@@ -398,7 +398,8 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     base = {"partition": split.partition, "end": split.end, **fparams}
     chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters)
     limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
-    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
+    # a connection kept by the Python worker: a streaming query reads a few small splits per micro-batch
+    with _db.reused(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
         tries = 0

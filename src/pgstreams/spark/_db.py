@@ -4,9 +4,10 @@ fences, checkpoints)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 
 import psycopg
@@ -49,6 +50,42 @@ def connect(dsn: str, wait: float = 0.0) -> psycopg.Connection:
         pause = min(pause * 2, MAX_BACKOFF)
     conn.execute(query("bulk_read_settings", "pgstreams"))
     return conn
+
+
+#: Idle connections of :func:`reused`, per DSN, kept by this process.
+_IDLE: dict[str, list[psycopg.Connection]] = {}
+#: How many idle connections :func:`reused` keeps per DSN and process.
+IDLE_KEPT = 2
+
+
+@contextlib.contextmanager
+def reused(dsn: str, wait: float = 0.0) -> Iterator[psycopg.Connection]:
+    """A connection of :func:`connect` that this process keeps for its later reads: Spark reuses its
+    Python workers, so a read task of a streaming query's next micro-batch does not pay for a new session.
+    An idle connection of ``dsn`` is taken if one answers (one round trip; else a new one is made), handed
+    back when the block ends and closed instead when the block raises (or is not idle then). Nothing of
+    the driver's process is used: only ``dsn``."""
+    idle = _IDLE.setdefault(dsn, [])
+    conn: psycopg.Connection | None = None
+    while idle and conn is None:
+        candidate = idle.pop()
+        try:
+            candidate.execute("SELECT 1")
+            conn = candidate
+        except psycopg.Error:
+            candidate.close()
+    if conn is None:
+        conn = connect(dsn, wait)
+    try:
+        yield conn
+    except BaseException:
+        conn.close()
+        raise
+    if (not conn.closed and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            and len(idle) < IDLE_KEPT):
+        idle.append(conn)
+    else:
+        conn.close()
 
 
 def ensure_migrated(conn: psycopg.Connection, schema: str) -> None:

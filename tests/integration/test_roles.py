@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import urlencode
 
 import psycopg
 import pytest
@@ -237,7 +238,7 @@ def test_a_share_worker_runs_as_a_consumer_role(client: pgstreams.Client, roles:
 
 def test_a_password_never_appears_in_the_status_views_or_client_status(
         dsn: str, client: pgstreams.Client, roles: dict[str, str]) -> None:
-    """An admin role connects over 127.0.0.1 with its password in the DSN (keyword and URI forms), and
+    """An admin role connects to the test server with its password in the DSN (keyword and URI forms), and
     publishes, reads, commits, acquires from a share group, registers a group member and reads the
     retention state: no row of the status views, nothing of ``client.status()`` and no session's
     ``application_name`` holds the password. (Under trust authentication the server never asks for it:
@@ -248,7 +249,9 @@ def test_a_password_never_appears_in_the_status_views_or_client_status(
     secret = f"pw-{role}"
     client.grant(role, admin=True)
     info = conninfo_to_dict(dsn)
-    uri = f"postgresql://{role}:{secret}@127.0.0.1:{info.get('port') or 5432}/{info['dbname']}"
+    # the test server's own host (a loopback address or the embedded server's socket directory)
+    where = urlencode({"host": info.get("host") or "127.0.0.1", "port": info.get("port") or "5432"})
+    uri = f"postgresql://{role}:{secret}@/{info['dbname']}?{where}"
     for n, role_dsn in enumerate((roles["admin"], uri)):
         with pgstreams.connect(role_dsn, migrate=False) as admin:
             topic = f"orders{n}"
@@ -287,20 +290,21 @@ def test_cli_reads_the_dsn_from_a_service_file_and_a_password_file_and_never_pri
         dsn: str, client: pgstreams.Client, roles: dict[str, str], tmp_path: Path) -> None:
     """Without ``--dsn`` or ``PGSTREAMS_DSN``, the CLI connects through libpq's own sources: a service file
     (``PGSERVICEFILE``, ``PGSERVICE``) with the password in it, or in a password file (``PGPASSFILE``). The
-    commands work as the admin role (over 127.0.0.1), and no output, succeeding or failing (an unknown
+    commands work as the admin role (on the test server), and no output, succeeding or failing (an unknown
     topic, an unreachable server), shows the password."""
     role = roles["admin_role"]
     secret = f"pw-{role}"
     client.grant(role, admin=True)
     info = conninfo_to_dict(dsn)
     port, dbname = info.get("port") or "5432", info["dbname"]
+    host = info.get("host") or "127.0.0.1"  # the test server's own (an address or a socket directory)
     services = tmp_path / "pg_service.conf"
     services.write_text(
-        f"[with_password]\nhost=127.0.0.1\nport={port}\ndbname={dbname}\nuser={role}\npassword={secret}\n\n"
-        f"[with_passfile]\nhost=127.0.0.1\nport={port}\ndbname={dbname}\nuser={role}\n\n"
+        f"[with_password]\nhost={host}\nport={port}\ndbname={dbname}\nuser={role}\npassword={secret}\n\n"
+        f"[with_passfile]\nhost={host}\nport={port}\ndbname={dbname}\nuser={role}\n\n"
         f"[unreachable]\nhost=127.0.0.1\nport=1\ndbname={dbname}\nuser={role}\npassword={secret}\n")
     passfile = tmp_path / "pgpass"
-    passfile.write_text(f"127.0.0.1:{port}:{dbname}:{role}:{secret}\n")
+    passfile.write_text(f"*:{port}:{dbname}:{role}:{secret}\n")  # any host: a socket's is "localhost"
     passfile.chmod(0o600)
 
     def cli(service: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -508,8 +508,9 @@ class Direct:
 
 #: Bytes of COPY data handed to libpq at once (psycopg splits larger buffers likewise).
 _COPY_CHUNK = 128 * 1024
-#: Bytes of COPY data queued in libpq before they are flushed to the server.
-_COPY_FLUSH = 128 * 1024
+#: Bytes of COPY data queued in libpq before they are flushed to the server (psycopg's own cadence: the
+#: server stores the first rows of a batch while the client still encodes the next).
+_COPY_FLUSH = 32 * 1024
 
 
 def _copy_end_message(exc: BaseException | None, encoding: str) -> bytes | None:

@@ -41,6 +41,7 @@ def _databases(server_dsn: str) -> set[str]:
                                            "'pgstreams_bench_fence%'").fetchall()}
 
 
+@pytest.mark.timeout(480)
 def test_fence_benchmark_delivers_every_event_once_to_every_reader(server_dsn: str) -> None:
     before = _databases(server_dsn)
     env = {k: v for k, v in os.environ.items() if k != "PGSTREAMS_DSN"}

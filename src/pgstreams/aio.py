@@ -43,7 +43,7 @@ from .models import (
     TopicInfo,
 )
 from .names import check_topic
-from .producer import TOPIC_CHECK_INTERVAL, TopicState, check_sizes, event_row, event_rows, event_size
+from .producer import TOPIC_CHECK_INTERVAL, Batch, TopicState, event_row, event_size
 from .storage.asyncstore import AsyncStore
 from .storage.executor import configure_session_async
 
@@ -301,10 +301,11 @@ class AsyncClient:
         """Publish events in one transaction with COPY, all or none: :meth:`pgstreams.Client.publish_many`.
         Returns the number stored."""
         state = await self.topic_state(topic)
-        rows, has_ids = event_rows(state, events)
+        batch = Batch(state, events)
+        rows = list(batch)  # validated and size-checked
         if not rows:
             return 0
-        check_sizes(state, rows)
+        has_ids = batch.has_ids
         async with self._pool.connection() as c:
             # the sequence is read to keep segments ahead once every 1/16 segment of events (as the sync
             # client's); if other clients' events outran it, the COPY fails and is retried after it

@@ -44,7 +44,7 @@ from .errors import InvalidArgument, MessageTooLarge
 from .models import Message, PublishResult
 from .partitioner import partition_for_key
 from .reconnect import Reconnect, retriable
-from .storage import EVENT_ID, EventRow, Segments, Store, StoredAt, TopicRecord, TopicVersion
+from .storage import EventRow, Segments, Store, StoredAt, TopicRecord, TopicVersion
 from .topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 
 #: Seconds between two reads of a topic's row by a publishing client, which notice a change made elsewhere
@@ -101,20 +101,6 @@ def event_size(row: EventRow) -> int:
     if headers is not None:
         n += sum(len(k.encode("utf-8")) + len(v.encode("utf-8")) for k, v in headers.obj.items())
     return n
-
-
-def check_sizes(state: TopicState, rows: Iterable[EventRow]) -> None:
-    """Raise :class:`MessageTooLarge` for the first event larger than the topic's ``max.message.bytes``."""
-    limit = state.max_bytes
-    for i, row in enumerate(rows):
-        # exact sizes only when a bound (4 UTF-8 bytes a character) may exceed the limit: a batch's rows
-        # are checked in a fraction of a microsecond each
-        key, headers = row[2], row[4]
-        if len(row[3]) + (0 if key is None else 4 * len(key)) <= limit and headers is None:
-            continue
-        if event_size(row) > limit:
-            raise MessageTooLarge(f"event {i}: {event_size(row)} bytes exceed max.message.bytes ({limit}) "
-                                  f"of topic {state.name!r}; nothing was stored")
 
 
 def _bad_text(s: str) -> str | None:
@@ -280,38 +266,6 @@ class Batch:
     def used_partitions(self) -> list[int]:
         """The partitions of the batch's events, each once, in order."""
         return sorted(set(self.partitions))
-
-
-def _mapping_row(state: TopicState, ev: object, i: int, producer: int | None) -> EventRow:
-    """:func:`event_row` of a batch's event ``i`` given as a dict (or a Message subclass)."""
-    fields = _fields(ev)
-    return event_row(state, fields["value"], fields.get("key"), fields.get("headers"),
-                     fields.get("partition"), fields.get("event_type"), fields.get("event_id"),
-                     fields.get("correlation_id"), fields.get("causation_id"), producer)
-
-
-def event_rows(state: TopicState, events: Iterable[Message | Mapping[str, Any]], producer: int | None = None
-               ) -> tuple[list[EventRow], bool]:
-    """Validate and encode a batch (every event tagged ``producer``); also say whether any event has an
-    event id."""
-    if isinstance(events, (Message, Mapping, str, bytes)) or not isinstance(events, Iterable):
-        raise InvalidArgument(
-            f"events must be an iterable of Message objects or dicts, not {type(events).__name__}")
-    rows = []
-    has_ids = False
-    for i, ev in enumerate(events):
-        try:
-            if type(ev) is Message:  # the common case, without a dict's lookups
-                row = event_row(state, ev.value, ev.key, ev.headers, ev.partition, ev.event_type, ev.event_id,
-                                ev.correlation_id, ev.causation_id, producer)
-            else:
-                row = _mapping_row(state, ev, i, producer)
-        except InvalidArgument as exc:
-            raise InvalidArgument(f"event {i}: {exc}") from None
-        if not has_ids and row[EVENT_ID] is not None:
-            has_ids = True
-        rows.append(row)
-    return rows, has_ids
 
 
 @dataclass

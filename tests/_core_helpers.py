@@ -6,6 +6,7 @@ them by name.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import random
@@ -13,7 +14,8 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -27,6 +29,14 @@ from pgstreams import migrate as _migrate
 T = TypeVar("T")
 
 SPAWN = multiprocessing.get_context("spawn")
+
+
+def run_async(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """``asyncio.run(fn(*args))`` in a thread of its own: a test run before in the same process may have left
+    an event loop marked running in the main thread (a browser driver's, for one), where asyncio.run()
+    refuses to start."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, fn(*args)).result()  # type: ignore[arg-type]
 
 
 def wait_until(pred: Callable[[], T], timeout: float, what: str, every: float = 0.02) -> T:

@@ -4,24 +4,19 @@ async client (gap-free reads, commit outcomes, exactly-once transactions, bad in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
 import pytest
 
 import pgstreams
+from _core_helpers import run_async
 from pgstreams import CommitOutcome, InvalidArgument, MessageTooLarge, TopicNotFound, aio
 
 T = TypeVar("T")
 
 
-def run(fn: Callable[..., Awaitable[T]], *args: Any) -> T:
-    # in a thread of its own: a test run before this one in the same process may have left an event loop
-    # marked running in the main thread (a browser driver's, for one), where asyncio.run() refuses to start
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, fn(*args)).result()  # type: ignore[arg-type]
+run = run_async
 
 
 def test_publish_poll_commit_round_trip_with_outcomes(dsn: str) -> None:

@@ -6,14 +6,13 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import pgstreams
-from _core_helpers import wait_until
+from _core_helpers import run_async, wait_until
 from pgstreams.embedded import home
 
 
@@ -67,7 +66,6 @@ def test_embedded_data_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_every_connection_of_a_client_runs_without_jit(dsn: str) -> None:
     """JIT compilation of a poll's generic plan over many segments cost 60 to 80 ms a poll: pgstreams'
     connections (pooled, its own, the async client's) have it off."""
-    import asyncio
 
     from psycopg.conninfo import make_conninfo
 
@@ -92,6 +90,4 @@ def test_every_connection_of_a_client_runs_without_jit(dsn: str) -> None:
             own = await (await ac._own.execute("SHOW jit")).fetchone()
             return pooled, own
 
-    # a loop of its own in a thread of its own: another test of this process may have left one running here
-    with ThreadPoolExecutor(1) as pool:
-        assert pool.submit(asyncio.run, run()).result() == (("off",), ("off",))
+    assert run_async(run) == (("off",), ("off",))

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -44,6 +45,7 @@ def _server_dsn() -> str:
 
     root = Path(tempfile.gettempdir()) / f"pgstreams-test-{os.getuid()}"
     dsn = embedded_dsn(root / "pgdata")
+    _nice_embedded_server(root / "pgdata")
     # The embedded test server holds only throw-away databases: skip the WAL flushes.
     with psycopg.connect(dsn, autocommit=True) as conn:
         if conn.execute("SHOW fsync").fetchone() != ("off",):
@@ -186,25 +188,96 @@ def cluster_dsns(shard_dsns: list[str]) -> list[str]:
     return shard_dsns
 
 
-#: The tiers whose tests start a SparkSession.
-_SPARK_TIERS = ("spark", "ml")
+#: The test folders and modules whose tests run on one xdist worker, one at a time: those that start a
+#: SparkSession (spark, ml, the read-fence benchmark's) and those that use :func:`shard_servers`
+#: (cluster, and spark's tests over a cluster).
+_SPARK_PATHS = ("tests/spark/", "tests/ml/", "tests/cluster/", "tests/bench/test_bench_fence.py")
+#: The xdist group (scheduling unit) of the tests in :data:`_SPARK_PATHS`.
+_SPARK_GROUP = "spark"
+#: The xdist worker that runs :data:`_SPARK_GROUP` (see :func:`pytest_xdist_make_scheduler`).
+_SPARK_WORKER = "gw0"
+#: How much nicer than the Spark worker the other workers, their subprocesses and the embedded test
+#: server run when the tests run in parallel (see :func:`pytest_configure`).
+_BACKGROUND_NICE = 5
+
+
+def _in_spark_group(nodeid: str) -> bool:
+    return nodeid.startswith(_SPARK_PATHS)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run every test that starts a SparkSession, and every test that uses :func:`shard_servers`, on one
-    xdist worker (``--dist loadgroup``, group ``spark``).
-
-    Each SparkSession is a JVM; several at once on a small machine starve each other (Python workers
-    then time out connecting back to their JVM). One worker runs them one module at a time while the
-    other workers run the database tests.
-
-    The tests of a cluster (tests/cluster and the Spark source over a cluster) share the three servers
-    of :func:`shard_servers`, which some of them stop and start: they must run on one worker, which then
-    starts the servers once, and never while another worker's test uses them. As the Spark tests over a
-    cluster are among them, that worker is the Spark tests' one: a second group would either start a
-    second JVM beside the Spark worker's or a second set of three servers.
-    """
+    """Refuse a test marked ``spark`` or using :func:`shard_servers` outside :data:`_SPARK_PATHS`: it
+    would start a JVM beside the Spark worker's, or run beside the cluster tests, which stop and start
+    those servers."""
     for item in items:
-        uses_shards = "shard_servers" in getattr(item, "fixturenames", ())
-        if item.path.parent.name in _SPARK_TIERS or uses_shards:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+        spark = item.get_closest_marker("spark") is not None
+        shards = "shard_servers" in getattr(item, "fixturenames", ())
+        if (spark or shards) and not _in_spark_group(item.nodeid):
+            raise pytest.UsageError(
+                f"{item.nodeid} is marked spark or uses shard_servers: add its path to _SPARK_PATHS")
+
+
+def _parallel_worker() -> str | None:
+    """This process's xdist worker id when the tests run on more than one worker, else None."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        return None
+    return os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``: every test in :data:`_SPARK_PATHS` runs on worker :data:`_SPARK_WORKER`,
+    one at a time, first thing; the other tests are shared out by module as usual.
+
+    Each SparkSession is a JVM; several at once on a small machine starve each other (the Python
+    processes Spark starts then miss the 10 seconds Spark gives them to connect back). The tests of a
+    cluster share the three servers of :func:`shard_servers`, which some of them stop and start: they
+    must run on one worker, never while another worker's test uses them; as the Spark tests over a
+    cluster are among them, that worker is the Spark one.
+
+    The grouping is done here from the node ids' paths, not with ``xdist_group`` marks (which
+    pytest-xdist 3.8 cannot apply to node ids under pytest 9.2). The Spark worker is the one
+    :func:`pytest_configure` leaves at full priority.
+    """
+    if config.getoption("dist", "no") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class SparkOnFirstWorker(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _SPARK_GROUP if _in_spark_group(nodeid) else nodeid.rsplit("::", 1)[0]
+
+        def _assign_work_unit(self, node: Any) -> None:
+            if _SPARK_GROUP in self.workqueue:
+                if node.gateway.id == _SPARK_WORKER:
+                    self.workqueue.move_to_end(_SPARK_GROUP, last=False)
+                elif len(self.workqueue) > 1:
+                    self.workqueue.move_to_end(_SPARK_GROUP, last=True)
+            super()._assign_work_unit(node)
+
+    return SparkOnFirstWorker(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a parallel run, every worker but the Spark one lowers its priority by :data:`_BACKGROUND_NICE`.
+
+    Spark starts Python processes that must connect back to its JVM within 10 seconds (a limit Spark
+    hard-codes); on a 2-core machine the database tests' processes and backends on the other workers can
+    starve such a process that long. Niced, they still have the CPU whenever Spark does not use it.
+    """
+    worker = _parallel_worker()
+    if worker is not None and worker != _SPARK_WORKER:
+        os.nice(_BACKGROUND_NICE)
+
+
+def _nice_embedded_server(pgdata: Path) -> None:
+    """In a parallel run, let the embedded test server's new backends run :data:`_BACKGROUND_NICE` nicer
+    than the Spark worker (they inherit the postmaster's priority), as the other workers do."""
+    if _parallel_worker() is None:
+        return
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split()[0])
+        if os.getpriority(os.PRIO_PROCESS, pid) < _BACKGROUND_NICE:
+            os.setpriority(os.PRIO_PROCESS, pid, _BACKGROUND_NICE)
+    except (OSError, ValueError, IndexError):  # stopped meanwhile, or another user's: leave it
+        pass
+

@@ -17,8 +17,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# it starts a SparkSession (a JVM): run it on the worker of the Spark tests
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+# it starts a SparkSession (a JVM): tests/conftest.py runs it on the worker of the Spark tests
+pytestmark = [pytest.mark.spark]
 
 _ONCE = re.compile(r"\| ([\d,]+) / ([\d,]+) \(([\d,]+)\) \|")
 

@@ -30,8 +30,8 @@ import pgstreams.spark as pgspark
 from pgstreams.spark._arrow import Partitioner
 from pgstreams.storage import TopicTables
 
-# one xdist group: under ``--dist loadgroup`` every test of this module shares one worker and one JVM
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+# every test of this module shares one JVM (tests/conftest.py runs the Spark tests on one xdist worker)
+pytestmark = [pytest.mark.spark]
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -26,7 +26,7 @@ import pgstreams
 from _core_helpers import new_database
 from pgstreams.embedded import TemporaryServer, restartable_server
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark"), pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 EVENTS = 400  # 100 per micro-batch (copy_query's maxEventsPerTrigger): 4 micro-batches at least

@@ -18,7 +18,7 @@ import pgstreams
 from pgstreams.spark import _batch
 from pgstreams.spark._options import read_options
 
-pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+pytestmark = [pytest.mark.spark]
 
 SEG = 1000  # the smallest segment
 

@@ -231,11 +231,12 @@ def test_a_transactional_worker_group_rides_through_a_restart_exactly_once(serve
                 return [r[0] for r in c.execute("SELECT value FROM handled").fetchall()]
 
         workers = []
-        for _ in range(2):
-            w = pgstreams.Worker(pgstreams.connect(db, retry_timeout=60))
+        clients = [pgstreams.connect(db, retry_timeout=60) for _ in range(2)]
+        for c in clients:
+            w = pgstreams.Worker(c)
             w.subscribe("t", "g", handle, mode="transactional", heartbeat_interval=0.2, session_timeout=2.0)
             workers.append(w)
-        with running(workers[0]), running(workers[1]):
+        with clients[0], clients[1], running(workers[0]), running(workers[1]):
             until(lambda: len(handled()) >= 50, 60, "events handled before the restart")
             server.restart("immediate", down=1.0)
             back = time.monotonic()

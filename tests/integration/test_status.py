@@ -3,6 +3,7 @@ application's own registry."""
 
 from __future__ import annotations
 
+import os
 import threading
 
 import psycopg
@@ -298,3 +299,29 @@ def test_status_figures_kept_between_reads_follow_every_change(dsn: str, split: 
         described = {p.partition: (p.head, p.events) for p in client.describe_topic("kept").partition_info}
         assert parts == described and sum(n for _, n in parts.values()) == 2012
         assert lag == sum(s.lag for s in client.describe_group("g")) and size > first[2]
+
+
+@SPLIT
+def test_a_topics_size_is_read_again_after_its_max_age_or_when_its_segments_change(dsn: str, split: bool
+                                                                                  ) -> None:
+    with pgstreams.connect(dsn) as client:
+        _split(client, split)
+        client.create_topic("sized", 2, segment_size=1000)
+        client.publish_many("sized", [{"value": "x" * 200} for _ in range(10)])
+        status = client.store.status
+        status.size_max_age = 3600.0
+        before = {t.topic: t.bytes for t in client.status().topics}["sized"]
+        # random bytes: nothing to compress
+        client.publish_many("sized", [{"value": os.urandom(1500), "partition": i % 2} for i in range(500)])
+        snap = client.status()
+        # the events are counted at once; the size, read less than size_max_age ago, serves again
+        assert sum(p.events for p in snap.partitions if p.topic == "sized") == 510
+        assert {t.topic: t.bytes for t in snap.topics}["sized"] == before
+        status.size_max_age = 0.0
+        grown = {t.topic: t.bytes for t in client.status().topics}["sized"]
+        assert grown > before + 500 * 1000
+        # a new segment (positions past the first 1,000) makes the size read again, however young
+        status.size_max_age = 3600.0
+        client.publish_many("sized", [{"value": os.urandom(1500)} for _ in range(600)])
+        snap = client.status()
+        assert {t.topic: t.bytes for t in snap.topics}["sized"] > grown

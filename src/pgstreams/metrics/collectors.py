@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from ..models import StatusSnapshot
 from .defaults import DEFAULT_DURATION_BUCKETS, DEFAULT_MIN_INTERVAL
+from .exposition import FastFamily, label_text
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -105,8 +106,12 @@ class StatusCollector(Collector):
         yield from _status_metrics(snap)
 
 
-def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, doc, labels=list(labels))
+def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> FastFamily:
+    return FastFamily(name, doc, "gauge", labels)
+
+
+def _counter(name: str, doc: str, labels: tuple[str, ...]) -> FastFamily:
+    return FastFamily(name, doc, "counter", labels)
 
 
 def _partition_sizes(snap: StatusSnapshot) -> dict[tuple[str, int], float]:
@@ -137,35 +142,37 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     dead = _gauge("pgstreams_dead_letters", "Dead letters stored in a dead-letter topic", _TOPIC)
     dlt_topics = set()
     for t in snap.topics:
-        parts.add_metric([t.topic], t.partitions)
-        size.add_metric([t.topic], t.bytes)
-        segments.add_metric([t.topic], t.segments)
+        labels: tuple[str, ...] = (t.topic,)
+        text = label_text(_TOPIC, labels)
+        parts.add(labels, t.partitions, text)
+        size.add(labels, t.bytes, text)
+        segments.add(labels, t.segments, text)
         if t.retention_ms is not None:
-            retention.add_metric([t.topic], t.retention_ms / 1000)
+            retention.add(labels, t.retention_ms / 1000, text)
         if t.dead_letter:
             dlt_topics.add(t.topic)
     head = _gauge("pgstreams_partition_head_position", "Position of a partition's newest event", _PARTITION)
     events = _gauge("pgstreams_partition_events", "Events stored in a partition", _PARTITION)
-    published = CounterMetricFamily("pgstreams_partition_events_published", "Events published to a partition "
-                                    "(stored plus removed by retention; its rate is the publish rate)",
-                                    labels=list(_PARTITION))
+    published = _counter("pgstreams_partition_events_published", "Events published to a partition "
+                         "(stored plus removed by retention; its rate is the publish rate)", _PARTITION)
     part_size = _gauge("pgstreams_partition_estimated_size_bytes", "A topic's size shared among its "
                        "partitions by their stored events (an estimate: segments hold every partition)",
                        _PARTITION)
     estimates = _partition_sizes(snap)
     dead_counts: dict[str, int] = {}
     for p in snap.partitions:
-        labels = [p.topic, str(p.partition)]
+        labels = (p.topic, str(p.partition))
+        text = label_text(_PARTITION, labels)
         if p.head is not None:
-            head.add_metric(labels, p.head)
-        events.add_metric(labels, p.events)
-        published.add_metric(labels, p.published)
+            head.add(labels, p.head, text)
+        events.add(labels, p.events, text)
+        published.add(labels, p.published, text)
         if (p.topic, p.partition) in estimates:
-            part_size.add_metric(labels, estimates[(p.topic, p.partition)])
+            part_size.add(labels, estimates[(p.topic, p.partition)], text)
         if p.topic in dlt_topics:
             dead_counts[p.topic] = dead_counts.get(p.topic, 0) + p.events
     for topic, n in sorted(dead_counts.items()):
-        dead.add_metric([topic], n)
+        dead.add((topic,), n)
     yield from (parts, size, segments, retention, head, events, published, part_size, dead)
     lag = _gauge("pgstreams_group_lag_events", "Events after a group's checkpoint", _GROUP)
     lag_s = _gauge("pgstreams_group_lag_seconds", "Age of a group's first unread event (0: caught up)",
@@ -180,23 +187,25 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     retrying = _gauge("pgstreams_group_partition_retrying", "1 if the group is retrying (or blocked on) an "
                       "event of the partition", _GROUP)
     for g in snap.groups:
-        labels = [g.group, g.topic, str(g.partition)]
-        lag.add_metric(labels, g.lag)
-        lag_s.add_metric(labels, g.lag_seconds)
-        cp.add_metric(labels, g.checkpoint or 0)
-        cp_age.add_metric(labels, g.checkpoint_age)
-        owned.add_metric(labels, 1.0 if g.owner is not None and not g.stale else 0.0)
-        stale.add_metric(labels, 1.0 if g.stale else 0.0)
-        retrying.add_metric(labels, 1.0 if g.retry_state is not None else 0.0)
+        labels = (g.group, g.topic, str(g.partition))
+        text = label_text(_GROUP, labels)
+        lag.add(labels, g.lag, text)
+        lag_s.add(labels, g.lag_seconds, text)
+        cp.add(labels, g.checkpoint or 0, text)
+        cp_age.add(labels, g.checkpoint_age, text)
+        owned.add(labels, 1.0 if g.owner is not None and not g.stale else 0.0, text)
+        stale.add(labels, 1.0 if g.stale else 0.0, text)
+        retrying.add(labels, 1.0 if g.retry_state is not None else 0.0, text)
     yield from (lag, lag_s, cp, cp_age, owned, stale, retrying)
     hb = _gauge("pgstreams_member_heartbeat_age_seconds", "Seconds since a member's last heartbeat", _MEMBER)
     mparts = _gauge("pgstreams_member_partitions", "Partitions a member owns", _MEMBER)
     mstale = _gauge("pgstreams_member_stale", "1 if a member missed its session timeout", _MEMBER)
     for m in snap.members:
-        labels = [m.group, m.topic, m.member_id]
-        hb.add_metric(labels, m.heartbeat_age)
-        mparts.add_metric(labels, m.partitions)
-        mstale.add_metric(labels, 1.0 if m.stale else 0.0)
+        labels = (m.group, m.topic, m.member_id)
+        text = label_text(_MEMBER, labels)
+        hb.add(labels, m.heartbeat_age, text)
+        mparts.add(labels, m.partitions, text)
+        mstale.add(labels, 1.0 if m.stale else 0.0, text)
     yield from (hb, mparts, mstale)
     if snap.shares:
         yield from _share_metrics(snap)
@@ -229,18 +238,18 @@ _SHARE_COUNTERS = (
 
 def _share_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     gauges = [(field, _gauge(name, doc, _GROUP)) for field, name, doc in _SHARE_GAUGES]
-    counters = [(field, CounterMetricFamily(name, doc, labels=list(_GROUP)))
-                for field, name, doc in _SHARE_COUNTERS]
+    counters = [(field, _counter(name, doc, _GROUP)) for field, name, doc in _SHARE_COUNTERS]
     lock_age = _gauge("pgstreams_share_group_oldest_lock_age_seconds",
                       "Age of the oldest lock a share group's consumers hold (0: none)", _GROUP)
     for s in snap.shares:
-        labels = [s.group, s.topic, str(s.partition)]
+        labels = (s.group, s.topic, str(s.partition))
+        text = label_text(_GROUP, labels)
         for field, gauge in gauges:
-            gauge.add_metric(labels, getattr(s, field))
+            gauge.add(labels, getattr(s, field), text)
         for field, counter in counters:
-            counter.add_metric(labels, getattr(s, field))
+            counter.add(labels, getattr(s, field), text)
         age = 0.0 if s.oldest_lock is None else (snap.taken_at - s.oldest_lock).total_seconds()
-        lock_age.add_metric(labels, max(0.0, age))
+        lock_age.add(labels, max(0.0, age), text)
     yield from (metric for _, metric in gauges)
     yield from (metric for _, metric in counters)
     yield lock_age

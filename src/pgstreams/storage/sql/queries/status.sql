@@ -30,8 +30,10 @@ SELECT topic_id, last_position, publishing FROM {schema}.status_marks();
 
 -- name: status_partitions
 -- Per partition of the given topics: the newest position and the count of the events from the given
--- positions on (where each topic's sealed segments end); partitions without such events are left out.
-SELECT topic_id, partition, head, events FROM {schema}.status_partitions(%(topic_ids)s, %(from)s);
+-- positions on (where each topic's sealed segments end), in the segments starting at or before each
+-- topic's last position handed out (migration 0025); partitions without such events are left out.
+SELECT topic_id, partition, head, events
+  FROM {schema}.status_partitions(%(topic_ids)s::integer[], %(from)s::bigint[], %(last)s::bigint[]);
 
 -- name: status_checkpoints
 -- Per checkpoint on the given topics: the time of its first unread event, and its unread events outside
@@ -41,8 +43,8 @@ SELECT group_name AS "group", topic_id, partition, checkpoint, first_unread_at, 
 
 -- name: status_bytes
 -- Per given topic: the size of its segments' data (tables, indexes and TOAST, main forks: status_sizes(),
--- migration 0021).
-SELECT topic_id, bytes FROM {schema}.status_sizes(%(topic_ids)s::integer[]);
+-- migration 0021), of the segments starting at or before its last position handed out (migration 0025).
+SELECT topic_id, bytes FROM {schema}.status_sizes(%(topic_ids)s::integer[], %(last)s::bigint[]);
 
 -- name: status_checkpoints_of
 -- status_checkpoints with its topics as lag_ids (beside status_bytes' topic_ids), columns in order.

@@ -216,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="a tiny run (2,000 events, 20 topics, 5 groups, 1 round)")
     ap.add_argument("--markdown", action="store_true", help="also print the tables in Markdown")
     args = ap.parse_args(argv)
+    if args.events < BATCH:
+        ap.error(f"--events must be at least {BATCH:,} (one publish_many batch), not {args.events}")
+    for name in ("rounds", "topics", "groups"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be at least 1, not {getattr(args, name)}")
     if args.quick:
         args.events, args.topics, args.groups, args.rounds = 2000, 20, 5, 1
     console = Console()

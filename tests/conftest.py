@@ -224,6 +224,7 @@ def _parallel_worker() -> str | None:
     return os.environ.get("PYTEST_XDIST_WORKER")
 
 
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (-p no:xdist), not called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With ``--dist loadgroup``: every test in :data:`_SPARK_PATHS` runs on worker :data:`_SPARK_WORKER`,
     one at a time, first thing; the other tests are shared out by module as usual.

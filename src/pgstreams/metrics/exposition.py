@@ -43,6 +43,8 @@ class FastFamily(Metric):
         super().__init__(name, documentation, typ)
         self._labelnames = labelnames
         self._sample_name = name + "_total" if typ == "counter" else name
+        #: names in Prometheus' classic character set (else :func:`render` leaves it to generate_latest)
+        self.plain = bool(_NAME.match(name)) and all(_LABEL.match(k) for k in labelnames)
         #: (label values, their text: ``k="v",...`` in key order, escaped; value)
         self._rows: list[tuple[tuple[str, ...], str, float]] = []
 
@@ -63,9 +65,8 @@ class FastFamily(Metric):
 
     def exposition(self) -> str:
         """This family in the text format (as ``generate_latest`` writes it)."""
-        doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
-        name, sample = self.name + ("_total" if self.type == "counter" else ""), self._sample_name
-        out = [f"# HELP {name} {doc}\n# TYPE {name} {self.type}\n"]
+        sample = self._sample_name
+        out = [_header(sample, self.documentation, self.type)]
         out.extend(f"{sample}{{{text}}} {floatToGoString(value)}\n" if text else
                    f"{sample} {floatToGoString(value)}\n" for _, text, value in self._rows)
         return "".join(out)
@@ -73,8 +74,17 @@ class FastFamily(Metric):
 
 def label_text(names: tuple[str, ...], values: tuple[str, ...]) -> str:
     """The label text of a sample: ``name="value"`` pairs in name order, values escaped."""
-    pairs = sorted(zip(names, values, strict=True))
-    return ",".join(f'{k}="{v.translate(_VALUE_ESCAPES)}"' for k, v in pairs)
+    return _label_body(zip(names, values, strict=True))
+
+
+def _label_body(pairs: Iterable[tuple[str, str]]) -> str:
+    return ",".join(f'{k}="{v.translate(_VALUE_ESCAPES)}"' for k, v in sorted(pairs))
+
+
+def _header(name: str, documentation: str, typ: str) -> str:
+    """A family's ``# HELP`` and ``# TYPE`` lines (its help text escaped as ``generate_latest`` does)."""
+    doc = documentation.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {name} {doc}\n# TYPE {name} {typ}\n"
 
 
 class _Single:
@@ -93,8 +103,7 @@ def _family(metric: Metric, checked: set[frozenset[str]]) -> str | None:
     if mtype is None or not _NAME.match(metric.name):
         return None
     mname = metric.name + "_total" if metric.type == "counter" else metric.name
-    doc = metric.documentation.replace("\\", r"\\").replace("\n", r"\n")
-    out = [f"# HELP {mname} {doc}\n# TYPE {mname} {mtype}\n"]
+    out = [_header(mname, metric.documentation, mtype)]
     moved: dict[str, list[str]] = {}
     moved_names = {metric.name + suffix: suffix for suffix in _OPENMETRICS_SUFFIXES}
     for s in metric.samples:
@@ -107,8 +116,7 @@ def _family(metric: Metric, checked: set[frozenset[str]]) -> str | None:
                 if not all(_LABEL.match(k) for k in keys):
                     return None
                 checked.add(keys)
-            body = ",".join(f'{k}="{v.translate(_VALUE_ESCAPES)}"' for k, v in sorted(labels.items()))
-            line = f"{s.name}{{{body}}} {floatToGoString(s.value)}"
+            line = f"{s.name}{{{_label_body(labels.items())}}} {floatToGoString(s.value)}"
         else:
             line = f"{s.name} {floatToGoString(s.value)}"
         if s.timestamp is not None:
@@ -120,8 +128,7 @@ def _family(metric: Metric, checked: set[frozenset[str]]) -> str | None:
         else:
             moved.setdefault(suffix, []).append(line)
     for suffix, lines in sorted(moved.items()):
-        name = metric.name + suffix
-        out.append(f"# HELP {name} {doc}\n# TYPE {name} gauge\n")
+        out.append(_header(metric.name + suffix, metric.documentation, "gauge"))
         out.extend(lines)
     return "".join(out)
 
@@ -132,8 +139,7 @@ def render(registry: Collector) -> bytes:
     parts: list[str] = []
     checked: set[frozenset[str]] = set()
     for metric in registry.collect():
-        if isinstance(metric, FastFamily) and _NAME.match(metric.name) and all(
-                _LABEL.match(k) for k in metric._labelnames):
+        if isinstance(metric, FastFamily) and metric.plain:
             parts.append(metric.exposition())
             continue
         text = _family(metric, checked)

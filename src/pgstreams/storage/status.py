@@ -50,6 +50,11 @@ def _partitions_here(topics: int, sized: int, lagging: int) -> int:
     return min(topics, round(total / 2 / _PARTITIONS_COST))
 
 
+def _segments(key: tuple[Any, ...]) -> tuple[int, int]:
+    """Of a topic's key in a snapshot, what its segments are: how many, and where the sealed ones end."""
+    return key[3], key[2]
+
+
 #: The suffix of default dead-letter topics (as :data:`pgstreams.groups.config.DEAD_LETTER_SUFFIX`).
 _DLT_SUFFIX = ".dlt"
 
@@ -181,7 +186,9 @@ class StatusStore:
             lagging = [t for t in topic_rows if self._unknown_lag(checkpoints, kept, int(t["topic_id"]))]
             ids = [int(t["topic_id"]) for t in stale]
             froms = [int(t["sealed_end"]) for t in stale]
-            lasts = [keys[i][4] or 0 for i in ids]  # the segments after it hold no event yet (0025)
+            # each topic's last position handed out: the segments after it hold no event yet (0025)
+            last = {tid: key[4] or 0 for tid, key in keys.items()}
+            lasts = [last[i] for i in ids]
             # sizes read recently enough, of the same segments, serve again (see SIZE_MAX_AGE)
             clock = time.monotonic()
             with self._lock:
@@ -190,17 +197,15 @@ class StatusStore:
                 expired = [tid for tid in kept if tid in self._inexact
                            and not self._fresh_size(tid, keys[tid], clock)]
             size_ids = [i for i in ids if i not in recent] + expired
-            size_lasts = [keys[i][4] or 0 for i in size_ids]
-            sized = {"topic_ids": size_ids, "last": size_lasts}
+            sized = {"topic_ids": size_ids, "last": [last[i] for i in size_ids]}
             lag = {"lag_ids": [int(t["topic_id"]) for t in lagging],
                    "from": [int(t["sealed_end"]) for t in lagging],
                    "size": [int(t["segment_size"]) for t in lagging]}
             # many topics to read again: their sizes, lag and some of their partitions on a second
             # connection, sent first, so that the server reads them while it reads the other
             # partitions on this one (two server processes at work, with about as much work each)
-            split = len(ids) + len(lagging) >= self.split_from and usable(conn)
-            if not split:
-                other = None
+            if len(ids) + len(lagging) < self.split_from or not usable(conn):
+                other = None  # a connection taken for the marks stays unused
             elif other is None:
                 other = stack.enter_context(second())
             here = len(ids)  # the topics whose partitions this connection reads
@@ -241,7 +246,7 @@ class StatusStore:
                     first_unread_at, int(tail), int(in_segment))
         with self._lock:
             self._sized = {tid: entry for tid, entry in self._sized.items() if tid in keys}
-            self._sized.update((tid, (clock, (keys[tid][3], keys[tid][2]), size))
+            self._sized.update((tid, (clock, _segments(keys[tid]), size))
                                for tid, size in read_sizes.items() if tid in keys)
             self._inexact = (self._inexact | set(recent)) - set(read_sizes)
             self._inexact &= set(keys)
@@ -305,7 +310,7 @@ class StatusStore:
         """Whether the size last read of ``topic_id`` (whose key is ``key``) may serve again at ``clock``:
         younger than :attr:`size_max_age`, read while the topic had the same segments."""
         entry = self._sized.get(topic_id)
-        return entry is not None and clock - entry[0] < self.size_max_age and entry[1] == (key[3], key[2])
+        return entry is not None and clock - entry[0] < self.size_max_age and entry[1] == _segments(key)
 
     @staticmethod
     def _unknown_lag(checkpoints: dict[int, list[dict[str, Any]]],

@@ -9,25 +9,46 @@ Encoding, partition choice and validation are the producer's; cursor bookkeeping
 :class:`~pgstreams.consumer.reader.StreamReader`'s. Administration (topics, groups, status, maintenance)
 is rare and runs the sync client's methods in a worker thread (``asyncio.to_thread``), so it never blocks
 the event loop either.
+
+Faults are handled as by the sync client (:mod:`pgstreams.reconnect`): a publish, ``publish_many``, poll,
+commit, seek, consumer creation or topic lookup whose connection broke or whose server restarted is run
+again on a fresh connection (:class:`~pgstreams.reconnect.AsyncReconnect`: 50 ms doubling up to 1 s apart)
+within ``connect(retry_timeout=...)`` (default 30 s), then raises one :class:`pgstreams.ConnectionLost`
+naming the server without its password; a commit is retried with the same expected checkpoint, so a
+checkpoint the lost attempt stored comes back ``IGNORED`` (already stored) and is applied. Publishes are
+idempotent by default (``connect(idempotent=True)``): they carry the producer tags of the sync client's
+:class:`~pgstreams.producer.Producer` (the same producer id and numbers), and a publish retried after its
+outcome was lost (the connection broke during its commit) first waits until the broken session ended,
+then looks for its tag and stores the events only if they are absent: stored once. A
+:meth:`AsyncConsumer.transaction` gets a connection whose ``BEGIN`` succeeded (retried likewise); what
+fails inside the block is the caller's, as with the sync consumer: it rolls back and raises.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool
 
-from .client import DEFAULT_POLL_INTERVAL, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, Client, resolve_dsn
+from .client import (
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_POOL_SIZE,
+    DEFAULT_SCHEMA,
+    Client,
+    _check_idempotent,
+    _check_options,
+    resolve_dsn,
+)
 from .consumer.consumer import _check_limits
 from .consumer.reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, events_of
-from .errors import InvalidArgument, MessageTooLarge, TopicNotFound
+from .errors import ConnectionLost, InvalidArgument, PermissionDenied, TopicNotFound
 from .models import (
     CommitOutcome,
     Event,
@@ -43,9 +64,12 @@ from .models import (
     TopicInfo,
 )
 from .names import check_topic
-from .producer import TOPIC_CHECK_INTERVAL, Batch, TopicState, event_row, event_size
+from .producer import TOPIC_CHECK_INTERVAL, Batch, TopicState, _backend_pid, _Interrupted, checked_row
+from .reconnect import DEFAULT_RETRY_TIMEOUT, AsyncReconnect, retriable
+from .storage import EventRow, StoredAt
 from .storage.asyncstore import AsyncStore
 from .storage.executor import configure_session_async
+from .storage.libpq import AsyncCheckedPool
 
 __all__ = ["ADMIN_POOL_SIZE", "AsyncClient", "AsyncConsumer", "AsyncConsumerTransaction", "connect"]
 
@@ -54,21 +78,30 @@ ADMIN_POOL_SIZE = 2
 #: The first recheck after an empty poll, in seconds; doubled up to the client's ``poll_interval``.
 _FIRST_RECHECK = 0.002
 
+T = TypeVar("T")
+
 
 async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
-                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL
-                  ) -> AsyncClient:
+                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
+                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> AsyncClient:
     """Connect to PostgreSQL and return an :class:`AsyncClient` (use ``async with`` or ``await
     client.close()``). The arguments and defaults are those of :func:`pgstreams.connect`: ``dsn``
     (default ``$PGSTREAMS_DSN``, else the embedded server), ``schema`` ("pgstreams"), ``migrate`` (true),
-    ``pool_size`` (10 async connections), ``poll_interval`` (0.25 s); the same errors
+    ``pool_size`` (10 async connections), ``poll_interval`` (0.25 s), ``retry_timeout``
+    (:data:`pgstreams.DEFAULT_RETRY_TIMEOUT`, 30 s; 0 turns retrying off: how long a call keeps being
+    retried on fresh connections after its connection broke or the server restarted, before it raises
+    :class:`pgstreams.ConnectionLost`), ``idempotent`` (true: publishes carry producer tags, so that one
+    retried after its outcome was lost is stored once); the same errors
     (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
+    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+    _check_idempotent(idempotent)
     resolved = await asyncio.to_thread(resolve_dsn, dsn)
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
-                                   pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval)
-    pool = AsyncConnectionPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
-                               configure=configure_session_async,
-                               open=False, name="pgstreams-aio")
+                                   pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval,
+                                   retry_timeout=retry_timeout, idempotent=idempotent)
+    pool = AsyncCheckedPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
+                            configure=configure_session_async, timeout=max(sync.retry_timeout, 1.0),
+                            open=False, name="pgstreams-aio")
     try:
         await pool.open(wait=True, timeout=30)
     except BaseException:
@@ -79,14 +112,21 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
 
 class AsyncClient:
     """The asyncio twin of :class:`pgstreams.Client` (create with :func:`connect`). Safe to share among
-    the tasks of one event loop. ``sync`` is the sync client the administration runs through."""
+    the tasks of one event loop. ``sync`` is the sync client the administration runs through; its
+    ``retry_timeout`` and producer (id, numbering, ``idempotent``) are this client's too. ``retry`` is the
+    client's :class:`~pgstreams.reconnect.AsyncReconnect`."""
 
     def __init__(self, sync: Client, pool: AsyncConnectionPool) -> None:
         self.sync = sync
         self.schema = sync.schema
         self.poll_interval = sync.poll_interval
+        self.retry_timeout = sync.retry_timeout
+        #: the server as ``user@host:port/dbname``, never with a password
+        self.server = sync.server
         self._pool = pool
-        self.store = AsyncStore(pool, sync.schema)
+        self.retry = AsyncReconnect(pool, sync.dsn, sync.retry_timeout)
+        self.store = AsyncStore(pool, sync.schema, self.retry)
+        self._producer = sync._producer  # the producer tags (shared with the sync client's publishes)
         self._topics: dict[str, TopicState] = {}
         self._checks: set[asyncio.Task[None]] = set()  # reads of topic rows in flight (see topic_state)
         self._closed = False
@@ -119,8 +159,51 @@ class AsyncClient:
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
-        """Borrow a pooled autocommit async connection (for ad-hoc SQL on the same database)."""
-        async with self._pool.connection() as conn:
+        """Borrow a pooled autocommit async connection (for ad-hoc SQL on the same database). Waiting for
+        one is bounded by ``retry_timeout`` (then :class:`pgstreams.ConnectionLost`); the body is not
+        retried (see :meth:`run`), as :meth:`pgstreams.Client.connection`."""
+        cm = self._pool.connection()
+        try:
+            conn = await cm.__aenter__()
+        except Exception as exc:
+            if retriable(exc):
+                raise self.retry.lost(exc) from exc
+            raise
+        try:
+            yield conn
+        except BaseException as exc:
+            if not await cm.__aexit__(type(exc), exc, exc.__traceback__):
+                raise
+        else:
+            await cm.__aexit__(None, None, None)
+
+    async def run(self, fn: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        """``await fn(conn)`` on a pooled autocommit connection; if it fails because the connection broke
+        or the server restarted, run again on a fresh one until ``retry_timeout`` passes (then
+        :class:`pgstreams.ConnectionLost`): :meth:`pgstreams.Client.run`. ``fn`` must be safe to run
+        again."""
+        try:
+            return await self.retry.pooled(fn)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            detail = (exc.diag.message_primary or str(exc)).strip()
+            raise PermissionDenied(f"permission denied: {detail}") from None
+        except Exception as exc:
+            if retriable(exc) and not isinstance(exc, ConnectionLost):
+                raise self.retry.lost(exc) from exc
+            raise
+
+    @asynccontextmanager
+    async def _begun(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A pooled connection in a transaction just begun, for the block (committed at its end, rolled
+        back by an exception); a check-out or ``BEGIN`` that fails because the connection broke is run
+        again on a fresh one (the block is not)."""
+
+        async def begin(stack: AsyncExitStack, wait: float | None) -> psycopg.AsyncConnection:
+            conn = await stack.enter_async_context(self._pool.connection(timeout=wait))
+            await stack.enter_async_context(conn.transaction())
+            return conn
+
+        async with self.retry.entered(begin) as conn:
             yield conn
 
     async def topic_state(self, name: str, *, refresh: bool = False) -> TopicState:
@@ -224,41 +307,116 @@ class AsyncClient:
         state = await self.topic_state(topic)
         if type(partition) is int and partition >= state.partitions:  # the topic may have grown since
             state = await self.topic_state(topic, refresh=True)
-        row = event_row(state, value, key, headers, partition, event_type, event_id, correlation_id,
-                        causation_id)
-        if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
-            raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
-                                  f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
+        row_args = (value, key, headers, partition, event_type, event_id, correlation_id, causation_id)
         if conn is not None:
+            row = checked_row(state, row_args, None)
             stored = await self.store.insert(conn, state.id, row)
             if notify:
                 await self.store.notify(self._channel, str(state.id), conn)
-        elif not self._own_lock.locked():
-            async with self._own_lock:
-                stored = await self._publish_own(topic, state, row, notify)
-        else:
-            async with self._pool.connection() as c:
-                stored = await self._insert(c, topic, state, row, notify)
-                await self._keep_ahead(c, state, stored.position)
+            return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+        row = checked_row(state, row_args, await self._tag())
+        floor = state.known  # read before the attempt: its event is stored above it
+        try:
+            if not self._own_lock.locked():
+                async with self._own_lock:
+                    stored = await self._publish_own(topic, state, row, notify)
+            else:
+                stored = await self._publish_pooled(topic, state, row, notify)
+        except _Interrupted as lost:
+            stored = await self._again(topic, state, row, floor, lost.pid, lost.error)
+        state.known = stored.position
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
 
-    async def _publish_own(self, topic: str, state: TopicState, row: Any, notify: bool) -> Any:
-        """Insert on the client's own connection (made at first use; one that broke, or was left in a
-        transaction, is closed and made again by the next publish)."""
+    async def _tag(self) -> int | None:
+        """The producer tag of the next publish (``None`` with ``connect(idempotent=False)``); the first
+        draws the producer id, in a worker thread."""
+        producer = self._producer
+        if not producer.idempotent:
+            return None
+        if not producer.drawn:
+            await asyncio.to_thread(producer.draw)
+        return producer.tag()
+
+    async def _publish_pooled(self, topic: str, state: TopicState, row: EventRow, notify: bool) -> StoredAt:
+        """Publish on a pooled connection; a retriable failure raises ``_Interrupted``."""
+        try:
+            async with self._pool.connection() as c:
+                return await self._publish_on(c, topic, state, row, notify)
+        except _Interrupted:
+            raise
+        except Exception as exc:  # no connection from the pool
+            if not retriable(exc):
+                raise
+            raise _Interrupted(None, exc) from exc
+
+    async def _publish_own(self, topic: str, state: TopicState, row: EventRow, notify: bool) -> StoredAt:
+        """Publish on the client's own connection (made at first use; one that broke, or was left in a
+        transaction, is closed and made again by the next publish); a retriable failure raises
+        ``_Interrupted``."""
         c = self._own
         if c is None or c.closed:
-            c = await psycopg.AsyncConnection.connect(self.sync.conninfo, autocommit=True)
-            await configure_session_async(c)
+            try:
+                c = await psycopg.AsyncConnection.connect(self.sync.conninfo, autocommit=True)
+                await configure_session_async(c)
+            except Exception as exc:
+                if not retriable(exc):
+                    raise
+                raise _Interrupted(None, exc) from exc
             self._own = c
         try:
-            stored = await self._insert(c, topic, state, row, notify)
-            await self._keep_ahead(c, state, stored.position)
-        except BaseException:
-            if c.broken or c.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            return await self._publish_on(c, topic, state, row, notify)
+        finally:
+            if c.closed or c.broken or c.pgconn.transaction_status != pq.TransactionStatus.IDLE:
                 self._own = None
                 await c.close()
-            raise
+
+    async def _publish_on(self, c: psycopg.AsyncConnection, topic: str, state: TopicState, row: EventRow,
+                          notify: bool) -> StoredAt:
+        """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, then keep segments ahead. A
+        retriable failure of the insert raises ``_Interrupted`` with the session it ran on (its outcome is
+        unknown); one of the segments' upkeep after it is retried on its own."""
+        pid = _backend_pid(c)  # before the attempt: a connection that broke may no longer tell
+        try:
+            stored = await self._insert(c, topic, state, row, notify)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            raise _Interrupted(pid, exc) from exc
+        try:
+            await self._keep_ahead(c, state, stored.position)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            await self.retry.pooled(lambda fresh: self._keep_ahead(fresh, state, stored.position))
         return stored
+
+    async def _again(self, topic: str, state: TopicState, row: EventRow, floor: int, pid: int | None,
+                     first: BaseException) -> StoredAt:
+        """Publish ``row`` again after its attempt failed with ``first`` (retriable) on the session ``pid``:
+        stored once, whether or not that attempt committed (as ``Producer._again``)."""
+
+        async def attempt(c: psycopg.AsyncConnection) -> StoredAt:
+            found = await self._settled(c, state, [row[0]], floor, pid, row[-1])
+            if found is not None:
+                return found
+            return await self._insert(c, topic, state, row, False)
+
+        stored = await self.retry.again(attempt, first)
+        self.sync.notifier.poke(state.id)
+        await self.retry.pooled(lambda c: self._keep_ahead(c, state, stored.position))
+        return stored
+
+    async def _settled(self, c: psycopg.AsyncConnection, state: TopicState, partitions: list[int],
+                       floor: int, pid: int | None, producer: int | None) -> StoredAt | None:
+        """Wait until the broken session ``pid`` ended its work, then where the events tagged ``producer``
+        were stored, if they were (``None``: not stored, publish them), as ``Producer._settled``."""
+        if pid is not None:
+            waits = self.retry.session_waits(pid)
+            while await self.store.session_busy(c, pid):
+                await asyncio.sleep(next(waits))
+        if producer is None:
+            return None
+        return await self.store.produced(c, state.id, partitions, floor, producer)
 
     @property
     def _channel(self) -> str:
@@ -299,29 +457,61 @@ class AsyncClient:
 
     async def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish events in one transaction with COPY, all or none: :meth:`pgstreams.Client.publish_many`.
-        Returns the number stored."""
+        Returns the number stored. The batch carries one producer tag: retried after its connection broke,
+        it is stored once (all or none)."""
         state = await self.topic_state(topic)
-        batch = Batch(state, events)
+        producer = await self._tag()
+        batch = Batch(state, events, producer)
         rows = list(batch)  # validated and size-checked
         if not rows:
             return 0
-        has_ids = batch.has_ids
-        async with self._pool.connection() as c:
-            # the sequence is read to keep segments ahead once every 1/16 segment of events (as the sync
-            # client's); if other clients' events outran it, the COPY fails and is retried after it
-            if state.copies_until_check <= 0:
-                state.copies_until_check = max(1, state.record.segment_size // 16)
-                last = await self.store.last_position(state.id, c)
-                await self._keep_ahead(c, state, last + len(rows))
-            state.copies_until_check -= len(rows)
-            try:
-                stored = await self.store.copy(c, state.id, rows, has_ids)
-            except psycopg.errors.CheckViolation:
-                last = await self.store.last_position(state.id, c)
-                await self._keep_ahead(c, state, last + len(rows))
-                stored = await self.store.copy(c, state.id, rows, has_ids)
+        floor = state.known
+        pid: int | None = None
+        try:
+            async with self._pool.connection() as c:
+                pid = _backend_pid(c)
+                stored = await self._copy(c, state, rows, batch.has_ids)
+        except Exception as exc:
+            if not retriable(exc):
+                raise
+            stored = await self._copy_again(state, batch, rows, floor, pid, producer, exc)
         self.sync.notifier.poke(state.id)
         return stored
+
+    async def _copy(self, c: psycopg.AsyncConnection, state: TopicState, rows: list[EventRow], has_ids: bool
+                    ) -> int:
+        """COPY ``rows`` on ``c``, keeping segments ahead (as ``Producer._copy``)."""
+        # the sequence is read to keep segments ahead once every 1/16 segment of events (as the sync
+        # client's); if other clients' events outran it, the COPY fails and is retried after it
+        if state.copies_until_check <= 0:
+            state.copies_until_check = max(1, state.record.segment_size // 16)
+            last = await self.store.last_position(state.id, c)
+            if last > state.known:
+                state.known = last  # handed out before this batch's positions
+            await self._keep_ahead(c, state, last + len(rows))
+        state.copies_until_check -= len(rows)
+        try:
+            return await self.store.copy(c, state.id, rows, has_ids)
+        except psycopg.errors.CheckViolation:
+            last = await self.store.last_position(state.id, c)
+            await self._keep_ahead(c, state, last + len(rows))
+            return await self.store.copy(c, state.id, rows, has_ids)
+
+    async def _copy_again(self, state: TopicState, batch: Batch, rows: list[EventRow], floor: int,
+                          pid: int | None, producer: int | None, first: BaseException) -> int:
+        """``publish_many`` again after its attempt failed with ``first`` (retriable): the batch is stored
+        once (all or none), whether or not that attempt committed (as ``Producer._copy_again``)."""
+        partitions = batch.used_partitions()
+        has_ids = batch.has_ids
+
+        async def attempt(c: psycopg.AsyncConnection) -> int:
+            found = await self._settled(c, state, partitions, floor, pid, producer)
+            if found is not None and producer is not None:
+                return len(rows) if not has_ids else await self.store.count_produced(
+                    c, state.id, partitions, floor, producer)
+            return await self._copy(c, state, rows, has_ids)
+
+        return await self.retry.again(attempt, first)
 
     # -- consuming ------------------------------------------------------------------------------------
     async def consumer(self, topic: str, group: str, *, start: Start = "earliest",
@@ -379,7 +569,8 @@ class AsyncConsumer:
     async def _create_checkpoints(self) -> None:
         reader, store, tid = self._reader, self._store, self._reader.topic_id
         parts = list(reader.partitions)
-        async with self._client.connection() as conn:
+
+        async def create(conn: psycopg.AsyncConnection) -> dict[int, Cursor]:  # safe to run again
             cursors = await store.load_checkpoints(conn, reader.group, tid, parts)
             missing = sorted(set(parts) - set(cursors))
             if missing:
@@ -393,7 +584,9 @@ class AsyncConsumer:
                         starts = {p: f - 1 for p, f in fences.items()}
                 await store.create_checkpoints(conn, reader.group, tid, starts)
                 cursors = await store.load_checkpoints(conn, reader.group, tid, parts)
-        reader.set_checkpoints(cursors)
+            return cursors
+
+        reader.set_checkpoints(await self._client.run(create))
 
     async def _fetch(self, conn: psycopg.AsyncConnection, max_events: int) -> list[Any]:
         params = self._reader.read_params(max_events)
@@ -407,9 +600,8 @@ class AsyncConsumer:
         pause = _FIRST_RECHECK
         try:
             while True:
-                if conn is None:
-                    async with self._client.connection() as c:
-                        rows = await self._fetch(c, max_events)
+                if conn is None:  # retried on a fresh connection if it broke (the cursors move after a read)
+                    rows = await self._client.run(lambda c: self._fetch(c, max_events))
                 else:
                     rows = await self._fetch(conn, max_events)
                 remaining = deadline - time.monotonic()
@@ -437,10 +629,12 @@ class AsyncConsumer:
         targets = dict(self._last) if events is None else reader.targets(events)
         if not targets:
             return reader.outcome({})
+        expected = reader.checkpoints()
+        # retried on a fresh connection if it broke, with the same expected checkpoints: one the lost
+        # attempt stored comes back IGNORED (already stored) and is applied as well
         try:
-            async with self._client.connection() as conn:
-                outcomes = await self._store.store_checkpoints(conn, self.group, reader.topic_id, targets,
-                                                               reader.checkpoints(), durable)
+            outcomes = await self._client.run(lambda conn: self._store.store_checkpoints(
+                conn, self.group, reader.topic_id, targets, expected, durable))
         except _GONE as exc:
             raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc
         outcome = reader.outcome(outcomes)
@@ -453,13 +647,13 @@ class AsyncConsumer:
 
     async def seek_to_end(self) -> None:
         """Move every partition's checkpoint after the last event committed now."""
-        async with self._client.connection() as conn:
-            fences = await self._store.fences(conn, self._reader.topic_id, list(self.partitions))
+        tid, parts = self._reader.topic_id, list(self.partitions)
+        fences = await self._client.run(lambda conn: self._store.fences(conn, tid, parts))
         await self._seek({p: f - 1 for p, f in fences.items()})
 
     async def _seek(self, cursors: dict[int, Cursor]) -> None:
-        async with self._client.connection() as conn:
-            await self._store.seek_checkpoints(conn, self.group, self._reader.topic_id, cursors)
+        tid = self._reader.topic_id
+        await self._client.run(lambda conn: self._store.seek_checkpoints(conn, self.group, tid, cursors))
         reader = self._reader
         reader.set_checkpoints({**reader.checkpoints(), **cursors})
         self._last = {}
@@ -474,24 +668,26 @@ class AsyncConsumer:
         reader = self._reader
         saved = reader.positions()
         kept = True
+        targets: dict[int, Cursor] = {}
         try:
-            async with self._client.connection() as conn:
-                async with conn.transaction() as txn:
-                    tx = AsyncConsumerTransaction(self, conn)
-                    yield tx
-                    targets = reader.targets(tx.events)
-                    if targets:
-                        outcomes = await self._store.store_checkpoints(
-                            conn, self.group, reader.topic_id, targets, reader.checkpoints())
-                        tx.outcome = reader.outcome(outcomes)
-                        kept = tx.outcome is CommitOutcome.STORED
-                        if not kept:
-                            raise psycopg.Rollback(txn)
-                if targets and kept:
-                    reader.apply(targets)
-                elif not kept:
-                    reader.set_checkpoints(await self._store.load_checkpoints(
-                        conn, self.group, reader.topic_id, list(reader.partitions)))
+            # a connection whose BEGIN succeeded (a stale pooled one is replaced); the block is not retried
+            async with self._client._begun() as conn:
+                tx = AsyncConsumerTransaction(self, conn)
+                yield tx
+                targets = reader.targets(tx.events)
+                if targets:
+                    outcomes = await self._store.store_checkpoints(
+                        conn, self.group, reader.topic_id, targets, reader.checkpoints())
+                    tx.outcome = reader.outcome(outcomes)
+                    kept = tx.outcome is CommitOutcome.STORED
+                    if not kept:
+                        raise psycopg.Rollback()
+            if targets and kept:
+                reader.apply(targets)
+            elif not kept:
+                tid, group, parts = reader.topic_id, self.group, list(reader.partitions)
+                reader.set_checkpoints(await self._client.run(
+                    lambda c: self._store.load_checkpoints(c, group, tid, parts)))
         except _GONE as exc:
             reader.restore(saved)
             raise TopicNotFound(f"topic {self.topic!r} was deleted") from exc

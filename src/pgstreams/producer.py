@@ -182,6 +182,17 @@ def event_row(state: TopicState, value: Any, key: object, headers: object, parti
                       correlation_id, causation_id, producer)
 
 
+def checked_row(state: TopicState, row_args: tuple[Any, ...], tag: int | None) -> EventRow:
+    """:func:`event_row` of ``row_args`` (value, key, headers, partition, event_type, event_id,
+    correlation_id, causation_id) with producer tag ``tag``, checked against the topic's
+    ``max.message.bytes`` (:class:`MessageTooLarge`): a single publish's row, sync or async."""
+    row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
+    if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
+        raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
+                              f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
+    return row
+
+
 def _fields(ev: object) -> Mapping[str, Any]:
     """The fields of a batch's event given as a dict (checked) or a Message subclass."""
     if isinstance(ev, Message):
@@ -315,6 +326,16 @@ class Producer:
         """The producer tag of the next publish."""
         return self._base | (next(self._numbers) & 0xFFFFFFFF)
 
+    @property
+    def drawn(self) -> bool:
+        """Whether the producer id was drawn already (then :meth:`tag` makes no round trip; the asyncio
+        client draws it in a worker thread first)."""
+        return self._base_value is not None
+
+    def draw(self) -> int:
+        """The producer id, drawn now if it was not yet (a round trip, retried as the client's calls)."""
+        return self._base >> 32
+
     def _state(self, topic: str, partition: object) -> TopicState:
         """The cached state of ``topic``, read again when an explicit ``partition`` lies beyond its cached
         partition count (the topic may have grown since)."""
@@ -323,20 +344,13 @@ class Producer:
             state = self.topic(topic, refresh=True)
         return state
 
-    def _row(self, state: TopicState, row_args: tuple[Any, ...], tag: int | None) -> EventRow:
-        row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
-        if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
-            raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
-                                  f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
-        return row
-
     def publish(self, topic: str, row_args: tuple[Any, ...], conn: psycopg.Connection | None,
                 notify: bool = True) -> PublishResult:
         """Publish one event (see :meth:`pgstreams.Client.publish`)."""
         ex = self.store.executor
         if conn is not None:
             state = self._state(topic, row_args[3])
-            row = self._row(state, row_args, None)
+            row = checked_row(state, row_args, None)
             if not isinstance(conn, psycopg.Connection):
                 raise InvalidArgument(f"conn must be a psycopg Connection, not {type(conn).__name__}")
             events = self.store.events
@@ -350,7 +364,7 @@ class Producer:
         try:
             state = self._state(topic, row_args[3])
             tag = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
-            row = self._row(state, row_args, tag)
+            row = checked_row(state, row_args, tag)
             floor = state.known  # read before the attempt: its event is stored above it
             try:
                 if own:
@@ -451,14 +465,9 @@ class Producer:
         were stored, if they were (``None``: not stored, publish them)."""
         events = self.store.events
         if pid is not None:
-            deadline = self.retry.start()
-            pause = 0.01
+            waits = self.retry.session_waits(pid)
             while events.session_busy(c, pid):
-                if self.retry.remaining(deadline) <= 0.1:
-                    raise self.retry.lost(psycopg.OperationalError(
-                        f"the session {pid} of the interrupted publish is still running"))
-                time.sleep(pause)
-                pause = min(0.5, pause * 2)
+                time.sleep(next(waits))
         if producer is None:
             return None
         return events.produced(c, state.id, partitions, floor, producer)
@@ -563,7 +572,7 @@ class Producer:
         return stored
 
 
-def _backend_pid(conn: psycopg.Connection) -> int | None:
+def _backend_pid(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int | None:
     """The server process of ``conn`` (still known after the connection broke), ``None`` if unknown."""
     try:
         pid = conn.pgconn.backend_pid

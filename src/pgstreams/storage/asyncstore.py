@@ -9,10 +9,10 @@ values; a poll sends the read fence and the read together (one round trip), like
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import pq, sql
@@ -38,6 +38,11 @@ from .libpq import AsyncDirect, int_array, statement
 from .naming import TopicTables
 from .topics import TopicRecord, _record
 
+if TYPE_CHECKING:
+    from ..reconnect import AsyncReconnect
+
+T = TypeVar("T")
+
 #: The statements of a poll, as :meth:`pgstreams.storage.EventStore.poll_checked` sends them.
 _POLL = ("load_fences", "poll_checked")
 
@@ -50,11 +55,14 @@ def _direct_ok(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 class AsyncExecutor:
     """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on one the caller
-    passes (possibly inside its transaction): the async twin of :class:`~pgstreams.storage.Executor`."""
+    passes (possibly inside its transaction): the async twin of :class:`~pgstreams.storage.Executor`.
+    With ``retry`` (a :class:`pgstreams.reconnect.AsyncReconnect`), a call on a pooled connection that
+    fails with a retriable error runs again on a fresh one."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
         self.pool = pool
         self.schema = schema
+        self.retry = retry
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -74,35 +82,58 @@ class AsyncExecutor:
         async with self.pool.connection() as pooled:
             yield pooled
 
+    async def pooled(self, fn: Callable[[psycopg.AsyncConnection], Awaitable[T]]) -> T:
+        """``await fn(conn)`` on a pooled connection; with a retry rule, run again on fresh connections after
+        a retriable failure (so ``fn`` must be safe to run again)."""
+        if self.retry is not None:
+            return await self.retry.pooled(fn)
+        async with self.pool.connection() as c:
+            return await fn(c)
+
     async def one(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
                   topic_id: int | None = None, row: RowFactory[Any] = tuple_row) -> Any:
-        """The first row of query ``name`` (``None`` when there is none)."""
-        async with self.connection(conn) as c:
+        """The first row of query ``name`` (``None`` when there is none). On a pooled connection (no
+        ``conn``) retried as by :meth:`pooled`."""
+        query = self.query(name, topic_id)
+
+        async def go(c: psycopg.AsyncConnection) -> Any:
             cur = c.cursor(row_factory=row)
-            await cur.execute(self.query(name, topic_id), params)
+            await cur.execute(query, params)
             return await cur.fetchone()
+
+        return await (go(conn) if conn is not None else self.pooled(go))
 
     async def all(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
                   topic_id: int | None = None, row: RowFactory[Any] = tuple_row) -> list[Any]:
-        """Every row of query ``name``."""
-        async with self.connection(conn) as c:
+        """Every row of query ``name`` (retried as :meth:`one`)."""
+        query = self.query(name, topic_id)
+
+        async def go(c: psycopg.AsyncConnection) -> list[Any]:
             cur = c.cursor(row_factory=row)
-            await cur.execute(self.query(name, topic_id), params)
+            await cur.execute(query, params)
             return await cur.fetchall()
+
+        return await (go(conn) if conn is not None else self.pooled(go))
 
     async def run(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
                   topic_id: int | None = None) -> int:
-        """Run query ``name`` for its effect; return the number of rows it affected."""
-        async with self.connection(conn) as c:
-            cur = await c.execute(self.query(name, topic_id), params)
+        """Run query ``name`` for its effect; return the number of rows it affected (retried as
+        :meth:`one`)."""
+        query = self.query(name, topic_id)
+
+        async def go(c: psycopg.AsyncConnection) -> int:
+            cur = await c.execute(query, params)
             return cur.rowcount
+
+        return await (go(conn) if conn is not None else self.pooled(go))
 
 
 class AsyncStore:
-    """The async operations of one schema over one :class:`AsyncExecutor`."""
+    """The async operations of one schema over one :class:`AsyncExecutor` (``retry``: its retry rule on
+    pooled connections)."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str) -> None:
-        self.executor = self.ex = AsyncExecutor(pool, schema)
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
+        self.executor = self.ex = AsyncExecutor(pool, schema, retry)
         self.schema = schema
         self._direct = AsyncDirect()
 
@@ -201,6 +232,27 @@ class AsyncStore:
                                      {"topic_id": topic_id,
                                       "seq": self.ex.tables(topic_id).sequence_regclass})
             return cur.rowcount
+
+    # -- retried publishes (as EventStore's) -------------------------------------------------------------
+    async def session_busy(self, conn: psycopg.AsyncConnection, pid: int) -> bool:
+        """Whether the role's session ``pid`` may still be running a statement or transaction."""
+        row = await self.ex.one("session_busy", (pid,), conn=conn)
+        return bool(row and row[0])
+
+    async def produced(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int],
+                       floor: int, producer: int) -> StoredAt | None:
+        """Where an event tagged ``producer`` is stored in ``partitions`` above position ``floor`` (the
+        lowest such event when several are), ``None`` if nowhere."""
+        row = await self.ex.one("produced", {"partitions": list(partitions), "floor": floor,
+                                             "producer": producer}, conn=conn, topic_id=topic_id)
+        return None if row is None else StoredAt(int(row[0]), int(row[1]))
+
+    async def count_produced(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int],
+                             floor: int, producer: int) -> int:
+        """How many events tagged ``producer`` ``partitions`` hold above position ``floor``."""
+        row = await self.ex.one("count_produced", {"partitions": list(partitions), "floor": floor,
+                                                   "producer": producer}, conn=conn, topic_id=topic_id)
+        return int(row[0]) if row else 0
 
     async def notify(self, channel: str, payload: str, conn: psycopg.AsyncConnection | None = None) -> None:
         """Send a notification (delivered when its transaction commits)."""

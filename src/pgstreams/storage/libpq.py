@@ -25,7 +25,7 @@ import psycopg
 from psycopg import pq
 from psycopg.adapt import Transformer
 from psycopg.types.string import BytesBinaryDumper
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from .executor import core_query
 
@@ -658,6 +658,25 @@ class CheckedPool(ConnectionPool):
         if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
             raise psycopg.OperationalError("connection check: the connection is not idle")
         check(conn.pgconn)
+
+
+class AsyncCheckedPool(AsyncConnectionPool):
+    """:class:`CheckedPool` for the asyncio client: psycopg's async pool, whose :meth:`check` (after a lost
+    connection: see :class:`pgstreams.reconnect.AsyncReconnect`) waits :data:`CHECK_TIMEOUT` seconds at
+    most for each connection's answer."""
+
+    @staticmethod
+    async def check_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+        """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
+        :data:`CHECK_TIMEOUT` seconds (it is closed then)."""
+        if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise psycopg.OperationalError("connection check: the connection is not idle")
+        try:
+            await asyncio.wait_for(conn.execute(""), CHECK_TIMEOUT)
+        except TimeoutError:
+            await conn.close()
+            raise psycopg.OperationalError(
+                f"connection check: no answer within {CHECK_TIMEOUT:g} s") from None
 
 
 def exec_params(pg: pq.abc.PGconn, query: bytes, params: Sequence[bytes | None]) -> pq.abc.PGresult:

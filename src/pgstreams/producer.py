@@ -12,6 +12,9 @@ session), the outcome is unknown: the publish is retried on a fresh connection (
 partitions above the last position the client knew before the attempt, and stores the event only if it is
 absent. Nothing is written per event beyond the tag, and the successful path gains no round trip.
 ``connect(idempotent=False)`` turns the tags off (a retried publish is then stored again: at least once).
+The asyncio client (:mod:`pgstreams.aio`) publishes with the tags of its sync client's :class:`Producer`
+and retries the same way, sharing :func:`checked_row` and the session wait
+(:meth:`pgstreams.reconnect.RetryRule.session_waits`).
 
 A client caches each topic's row (partition count, ``max.message.bytes``), so that a publish costs one round
 trip. A change of the topic in another process (:meth:`pgstreams.Client.alter_topic`) is noticed within

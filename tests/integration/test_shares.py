@@ -619,3 +619,40 @@ def test_a_frontier_moved_by_another_session_or_rolled_back_is_not_found_by_a_st
     positions = [p for batch in taken for p in batch]
     assert positions == sorted(positions) and len(set(positions)) == 40 == len(positions)
     assert all(len(batch) == 5 for batch in taken[:-1])
+
+
+def test_a_lock_that_expired_long_ago_is_found_by_a_full_search_not_by_a_windowed_one(
+        client: pgstreams.Client, dsn: str) -> None:
+    """The search for expired locks looks back ``expired_window`` seconds when given (migration 0026: the
+    searches between full ones), and at every expired lock otherwise: a lock (of a batch and of a single
+    event) that expired an hour ago is left by a windowed search and taken by a full one."""
+    client.create_topic("t", 1)
+    client.publish_many("t", [{"value": i} for i in range(6)])
+    client.share_consumer("t", "g")  # creates the group's rows
+    topic_id = client.topic_record("t").id
+    store = client.store.shares
+
+    def take(conn: psycopg.Connection, n: int, **kw: object) -> list[int]:
+        rows = store.acquire(conn, "g", topic_id, [0], owner="o", max_events=n, lock_timeout=600,
+                             max_deliveries=5, dead_letter=False, ordered=False, window=1000,
+                             **kw)  # type: ignore[arg-type]
+        return [int(r[1]) for r in rows]
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        batch = take(conn, 3, expired=False)  # one batch row
+        single = take(conn, 3, expired=False)
+        assert len(batch) == 3 and len(single) == 3
+        # the single events' batch becomes one row per event (a release makes it), then both kinds of row
+        # are taken to have expired an hour ago
+        store.settle(conn, "g", topic_id, "o", "l", [(0, single[0], 1, single[0])], delay=3600,
+                     lock_timeout=600, max_deliveries=5)
+        conn.execute("UPDATE pgstreams.share_events SET until = now() - interval '1 hour' "
+                     "WHERE state IN ('a', 'b')")
+        kinds = dict(conn.execute(
+            "SELECT state, count(*) FROM pgstreams.share_events GROUP BY state").fetchall())
+        assert kinds == {"b": 1, "a": 2, "r": 1}, kinds
+        # windowed: nothing (the released one is delayed an hour)
+        assert take(conn, 10, expired=True, expired_window=5.0) == []
+        # full: both expired rows' events, each delivered again
+        again = take(conn, 10, expired=True)
+        assert sorted(again) == sorted(batch + single[1:])

@@ -42,6 +42,15 @@ ORDERINGS: tuple[str | None, ...] = (None, "key")
 #: Longest interval (seconds) between a busy consumer's searches for events whose lock expired (half the
 #: lock timeout when shorter; a consumer that finds nothing else searches at once).
 _EXPIRY_SCAN = 1.0
+#: Longest interval (seconds) between a consumer's searches of every expired lock. The searches in between
+#: look only at the locks that expired in the last :data:`EXPIRY_WINDOW` seconds: under a held snapshot
+#: the state rows of events done long ago stay in the index of locks, and a full search reads them all
+#: (migration 0026). A lock that expired while no consumer searched is found by the next full search; a
+#: consumer's first acquisition searches everything.
+FULL_EXPIRY_SCAN = 30.0
+#: Seconds of expired locks the searches between full ones look at (several times :data:`_EXPIRY_SCAN`,
+#: so that a lock expiring while consumers poll is found by one of them).
+EXPIRY_WINDOW = 5.0
 #: Longest delay of a release (seconds): a day.
 _MAX_DELAY = 86_400.0
 
@@ -178,6 +187,8 @@ class ShareConsumer:
         self._lock = threading.Lock()
         self._turn = 0
         self._next_expiry_scan = 0.0
+        self._next_full_expiry_scan = 0.0  # monotonic time of the next search of every expired lock
+        self._last_expiry_scan: float | None = None  # monotonic time of the last search of expired locks
         self._dlt_partitions: int | None = None
         if dlt is not None:
             self._ensure_dead_letter_topic(dlt)
@@ -258,6 +269,17 @@ class ShareConsumer:
             self._turn = (self._turn + 1) % max(1, count)
             return self._turn
 
+    def _expiry_window(self, now: float) -> float | None:
+        """How far back (seconds) this acquisition's search of expired locks looks: ``None`` (every
+        expired lock) at the first search and every :data:`FULL_EXPIRY_SCAN` seconds, else back to a
+        second before the previous search, and at least :data:`EXPIRY_WINDOW` seconds."""
+        with self._lock:
+            last, self._last_expiry_scan = self._last_expiry_scan, now
+            if last is None or now >= self._next_full_expiry_scan:
+                self._next_full_expiry_scan = now + FULL_EXPIRY_SCAN
+                return None
+            return max(EXPIRY_WINDOW, now - last + 1.0)
+
     def acquire(self, max_events: int = 500, partitions: Sequence[int] | None = None) -> list[Event]:
         """Acquire up to ``max_events`` events (default 500) of ``partitions`` (default all) now, without
         waiting; events due for the dead-letter topic on the way are sent there first."""
@@ -272,26 +294,30 @@ class ShareConsumer:
             self._next_expiry_scan = now + min(_EXPIRY_SCAN, self.lock_timeout / 2)
         order = list(self.partitions if partitions is None else partitions)
         turn = self._next_turn(len(order))
+        since = self._expiry_window(now) if expired else None
         with nullcontext(on) if on is not None else self._client.connection() as conn:
             rows = self._store.acquire(
                 conn, self.group, self.topic_id, order, owner=self.consumer_id,
                 max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
                 dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                window=self.window, expired=expired, turn=turn)
+                window=self.window, expired=expired, turn=turn, expired_window=since)
             if not rows:
+                if not expired:
+                    since = self._expiry_window(time.monotonic())
                 # nothing at hand: wait for a consumer advancing the first partition now (consumers of one
                 # partition take turns), and look for expired locks
                 rows = self._store.acquire(
                     conn, self.group, self.topic_id, order, owner=self.consumer_id,
                     max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
                     dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                    window=self.window, expired=True, turn=turn, wait=True)
+                    window=self.window, expired=True, turn=turn, wait=True, expired_window=since)
                 if not rows and not expired:
                     rows = self._store.acquire(
                         conn, self.group, self.topic_id, order, owner=self.consumer_id,
                         max_events=max_events, lock_timeout=self.lock_timeout,
                         max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
-                        ordered=self.ordering == "key", window=self.window, expired=True, turn=turn)
+                        ordered=self.ordering == "key", window=self.window, expired=True, turn=turn,
+                        expired_window=since)
         if not rows:
             return []
         acquired: list[Event] = []

@@ -109,17 +109,20 @@ class ShareStore:
 
     def acquire(self, conn: psycopg.Connection, group: str, topic_id: int, partitions: Sequence[int], *,
                 owner: str, max_events: int, lock_timeout: float, max_deliveries: int, dead_letter: bool,
-                ordered: bool, window: int, expired: bool, turn: int = 0, wait: bool = False
-                ) -> list[AcquiredRow]:
+                ordered: bool, window: int, expired: bool, turn: int = 0, wait: bool = False,
+                expired_window: float | None = None) -> list[AcquiredRow]:
         """Acquire up to ``max_events`` events of ``partitions`` for ``owner``: events due again (with
         ``expired``, also those whose lock expired), then new events past the frontiers, below the read
         fences, in one round trip (see ``share_take_due()`` and ``share_advance``). New events come from
         the first partition with some from the ``turn``-th of ``partitions`` on. ``wait``: wait for a
-        consumer advancing that partition now (default: skip such partitions)."""
+        consumer advancing that partition now (default: skip such partitions). ``expired_window``: with
+        ``expired``, look only at the locks that expired in the last ``expired_window`` seconds (default
+        ``None``: all of them; see migration 0026)."""
         params = {
             "group": group, "partitions": list(partitions), "turn": turn, "owner": owner,
             "max": max_events, "lock_ms": round(lock_timeout * 1000), "max_deliveries": max_deliveries,
-            "dead_letter": dead_letter, "ordered": ordered, "window": window, "expired": expired}
+            "dead_letter": dead_letter, "ordered": ordered, "window": window, "expired": expired,
+            "expired_window_ms": None if expired_window is None else max(1, round(expired_window * 1000))}
         if usable(conn):
             return self._acquire_direct(conn, topic_id, params, wait)
         with conn.pipeline(), conn.transaction():

@@ -45,7 +45,8 @@ SELECT d.o_partition, d.o_position, e.xid::text::bigint, e.created_at - '1970-01
        e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id,
        d.o_deliveries, d.o_state, NULL::bigint
   FROM {schema}.share_take_due(%(group)s, {topic_id}, %(partitions)s::int[], %(owner)s, %(max)s, %(lock_ms)s,
-                               %(max_deliveries)s, %(dead_letter)s, %(ordered)s, %(expired)s) d
+                               %(max_deliveries)s, %(dead_letter)s, %(ordered)s, %(expired)s,
+                               %(expired_window_ms)s) d
   LEFT JOIN {table} e ON e.partition = d.o_partition AND e.position = d.o_position
  ORDER BY d.o_partition, d.o_position;
 
@@ -67,14 +68,11 @@ SELECT count(*) FROM gone;
 
 -- name: share_ack_batches
 -- Ack whole batch rows (the common case): each given by its partition, first position and every position
--- in it; only those still held by the owner are deleted. Returns the deleted rows' partition and first
--- position.
-DELETE FROM {schema}.share_events s
- USING unnest(%(partitions)s::int[], %(firsts)s::bigint[], %(batches)s::text[]) AS c(partition, first, batch)
- WHERE s.group_name = %(group)s AND s.topic_id = %(topic_id)s AND s.partition = c.partition
-   AND s.position = c.first AND s.state = 'b' AND s.owner = %(owner)s AND s.until > clock_timestamp()
-   AND s.batch = c.batch::bigint[]
-RETURNING s.partition, s.position;
+-- in it; only those still held by the owner are deleted (share_ack_batch_rows(), migration 0026: each row
+-- looked up alone by its key). Returns the deleted rows' partition and first position.
+SELECT a.o_partition, a.o_position
+  FROM {schema}.share_ack_batch_rows(%(group)s, %(topic_id)s::int, %(owner)s, %(partitions)s::int[],
+                                     %(firsts)s::bigint[], %(batches)s::text[]) a;
 
 -- name: share_settle
 SELECT * FROM {schema}.share_settle(%(group)s, %(topic_id)s, %(owner)s, %(partitions)s::int[],

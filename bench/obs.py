@@ -1,14 +1,15 @@
 """The observability and asyncio benchmark: the async client against the sync one, and a metrics scrape.
 
-    python -m bench.obs [--dsn DSN] [--events 20000] [--rounds 3] [--topics 1000] [--groups 100]
+    python -m bench.obs [--dsn DSN] [--events 100000] [--rounds 3] [--topics 1000] [--groups 100]
                         [--quick] [--markdown]
 
 * **async vs sync**, in the same run, on the same server, one process each: single publishes (one event
   per call, sequential), ``publish_many`` batches of 1,000 (COPY) and draining a backlog with
   ``poll(1000)`` + ``commit()``; ``--events`` events per measurement (a tenth for single publishes),
-  ``--rounds`` rounds, best round per client. The bar: async >= 0.8 x sync. As throughput depends on
-  what else runs on the machine, the client CPU per call (``time.process_time()``) of single publishes
-  and of polls of 10 events with a commit is measured too, both clients in the same process.
+  ``--rounds`` rounds, each measuring the sync client then the async one (alternated, so that a change of
+  the machine's load falls on both), best round per client. The bar: async >= 0.8 x sync. As throughput
+  depends on what else runs on the machine, the client CPU per call (``time.process_time()``) of single
+  publishes and of polls of 10 events with a commit is measured too, both clients in the same process.
 * **a metrics scrape** at ``--topics`` topics (1 partition each, 10 events each) and ``--groups`` groups
   (each with a checkpoint on one topic): one status read (``Client.status``) and a scrape, an HTTP GET of
   the endpoint ``pgstreams metrics serve`` runs (:func:`pgstreams.metrics.serve`) for a
@@ -32,7 +33,6 @@ import os
 import statistics
 import time
 import urllib.request
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -50,75 +50,74 @@ def _load() -> str:
     return f"{os.getloadavg()[0]:.1f}"
 
 
-def _sync_rates(dsn: str, events: int, rounds: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    with pgstreams.connect(dsn) as client:
-        client.create_topic("sync", 4)
-        singles = max(100, events // 10)
+async def _rates(dsn: str, events: int, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Events/s of the sync and the async client, best of ``rounds``; each round runs one measurement of
+    the sync client, then the same of the async client (alternated, so that a change of the machine's load
+    during the run falls on both)."""
+    sync_out: dict[str, float] = {}
+    async_out: dict[str, float] = {}
+    singles = max(100, events // 10)
+    rows = [{"value": value(i), "key": str(i % 100)} for i in range(BATCH)]
+    with pgstreams.connect(dsn) as sc:
+        async with await aio.connect(dsn) as ac:
+            sc.create_topic("sync", 4)
+            await ac.create_topic("async", 4)
 
-        def single() -> float:
-            t = time.perf_counter()
-            for i in range(singles):
-                client.publish("sync", value(i), key=str(i % 100))
-            return singles / (time.perf_counter() - t)
+            def sync_single() -> float:
+                t = time.perf_counter()
+                for i in range(singles):
+                    sc.publish("sync", value(i), key=str(i % 100))
+                return singles / (time.perf_counter() - t)
 
-        def batches() -> float:
-            rows = [{"value": value(i), "key": str(i % 100)} for i in range(BATCH)]
-            t = time.perf_counter()
-            for _ in range(events // BATCH):
-                client.publish_many("sync", rows)
-            return (events // BATCH) * BATCH / (time.perf_counter() - t)
+            async def async_single() -> float:
+                t = time.perf_counter()
+                for i in range(singles):
+                    await ac.publish("async", value(i), key=str(i % 100))
+                return singles / (time.perf_counter() - t)
 
-        def drain(group: str) -> float:
-            consumer = client.consumer("sync", group)
-            n = 0
-            t = time.perf_counter()
-            while batch := consumer.poll(BATCH, timeout=0):
-                n += len(batch)
-                consumer.commit()
-            return n / (time.perf_counter() - t)
+            def sync_batches() -> float:
+                t = time.perf_counter()
+                for _ in range(events // BATCH):
+                    sc.publish_many("sync", rows)
+                return (events // BATCH) * BATCH / (time.perf_counter() - t)
 
-        out["single publish"] = max(single() for _ in range(rounds))
-        out["publish_many"] = max(batches() for _ in range(rounds))
-        out["poll + commit"] = max(drain(f"g{r}") for r in range(rounds))
-    return out
+            async def async_batches() -> float:
+                t = time.perf_counter()
+                for _ in range(events // BATCH):
+                    await ac.publish_many("async", rows)
+                return (events // BATCH) * BATCH / (time.perf_counter() - t)
 
+            def sync_drain(group: str) -> float:
+                consumer = sc.consumer("sync", group)
+                n = 0
+                t = time.perf_counter()
+                while batch := consumer.poll(BATCH, timeout=0):
+                    n += len(batch)
+                    consumer.commit()
+                return n / (time.perf_counter() - t)
 
-async def _async_rates(dsn: str, events: int, rounds: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-    async with await aio.connect(dsn) as client:
-        await client.create_topic("async", 4)
-        singles = max(100, events // 10)
+            async def async_drain(group: str) -> float:
+                consumer = await ac.consumer("async", group)
+                n = 0
+                t = time.perf_counter()
+                while batch := await consumer.poll(BATCH, timeout=0):
+                    n += len(batch)
+                    await consumer.commit()
+                return n / (time.perf_counter() - t)
 
-        async def single() -> float:
-            t = time.perf_counter()
-            for i in range(singles):
-                await client.publish("async", value(i), key=str(i % 100))
-            return singles / (time.perf_counter() - t)
+            def keep(out: dict[str, float], name: str, rate: float) -> None:
+                out[name] = max(out.get(name, 0.0), rate)
 
-        async def batches() -> float:
-            rows = [{"value": value(i), "key": str(i % 100)} for i in range(BATCH)]
-            t = time.perf_counter()
-            for _ in range(events // BATCH):
-                await client.publish_many("async", rows)
-            return (events // BATCH) * BATCH / (time.perf_counter() - t)
-
-        async def drain(group: str) -> float:
-            consumer = await client.consumer("async", group)
-            n = 0
-            t = time.perf_counter()
-            while batch := await consumer.poll(BATCH, timeout=0):
-                n += len(batch)
-                await consumer.commit()
-            return n / (time.perf_counter() - t)
-
-        async def best(fn: Callable[[], Awaitable[float]]) -> float:
-            return max([await fn() for _ in range(rounds)])
-
-        out["single publish"] = await best(single)
-        out["publish_many"] = await best(batches)
-        out["poll + commit"] = max([await drain(f"g{r}") for r in range(rounds)])
-    return out
+            for _ in range(rounds):
+                keep(sync_out, "single publish", sync_single())
+                keep(async_out, "single publish", await async_single())
+            for _ in range(rounds):
+                keep(sync_out, "publish_many", sync_batches())
+                keep(async_out, "publish_many", await async_batches())
+            for r in range(rounds):
+                keep(sync_out, "poll + commit", sync_drain(f"g{r}"))
+                keep(async_out, "poll + commit", await async_drain(f"g{r}"))
+    return sync_out, async_out
 
 
 def _cpu_per_call(dsn: str, calls: int) -> dict[str, tuple[float, float]]:
@@ -208,7 +207,7 @@ def _scrape_cost(dsn: str, topics: int, groups: int, rounds: int) -> dict[str, A
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.obs", description=__doc__.split("\n\n")[0])
     ap.add_argument("--dsn", help="server to benchmark (loopback only)")
-    ap.add_argument("--events", type=int, default=20_000, help="events per throughput measurement")
+    ap.add_argument("--events", type=int, default=100_000, help="events per throughput measurement")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per measurement")
     ap.add_argument("--topics", type=int, default=1000, help="topics of the scrape measurement")
     ap.add_argument("--groups", type=int, default=100, help="groups of the scrape measurement")
@@ -228,8 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     lines: list[str] = []
     with scratch_database(dsn, "pgstreams_bench_obs") as db:
         load = _load()
-        sync = _sync_rates(db, args.events, args.rounds)
-        asyn = asyncio.run(_async_rates(db, args.events, args.rounds))
+        sync, asyn = asyncio.run(_rates(db, args.events, args.rounds))
         table = Table(title=f"async vs sync client (events/s, best of {args.rounds}; load {load})")
         for col in ("measurement", "sync", "async", "async / sync", "bar >= 0.8"):
             table.add_column(col)

@@ -15,6 +15,7 @@ import pgstreams
 from _core_helpers import running, take, until
 from pgstreams.embedded import temporary_server
 from pgstreams.storage import core_query
+from pgstreams.storage.events import single_key
 
 
 def _values(events: list[pgstreams.Event]) -> list[object]:
@@ -90,28 +91,34 @@ def test_a_long_publisher_holds_back_only_its_partition(client: pgstreams.Client
     assert _values(take(late, 2)) == ["held", "p0-after"]
 
 
-def test_a_single_key_registration_holds_back_only_its_partition(client: pgstreams.Client, dsn: str) -> None:
-    """An autocommit publish registers with one key (insert_event_own); while its statement runs, its
-    transaction holds back its partition only. Held open here by running the statement in a transaction,
-    beside a transaction that registered the usual two keys on another partition of the same topic."""
+@pytest.mark.parametrize("query", ["insert_event_own", "insert_event_own_lean"])
+def test_a_single_key_registration_holds_back_only_its_partition(client: pgstreams.Client, dsn: str,
+                                                                 query: str) -> None:
+    """An autocommit publish registers with one key (insert_event_own, or insert_event_own_lean for an
+    event without headers, type, correlation or causation id); while its statement runs, its transaction
+    holds back its partition only. Held open here by running the statement in a transaction, beside a
+    transaction that registered the usual two keys on another partition of the same topic."""
     client.create_topic("t", 3)
     c = client.consumer("t", "g")
     tid = client.topic_state("t").id
-    own = core_query("insert_event_own", "pgstreams", tid)
-    row = (0, "b", None, b"own", None, None, None, None, None, None, 0)  # its second partition last
+    own = core_query(query, "pgstreams", tid)
+    # the row, then the single key's high bits (partition 2)
+    row: tuple[object, ...] = (
+        (2, "b", None, b"own", None, None, None, None, None, None, single_key(tid, 2))
+        if query == "insert_event_own" else (2, "b", None, b"own", None, single_key(tid, 2)))
     with psycopg.connect(dsn) as single, psycopg.connect(dsn) as double:
         single.execute(own, row)
         client.publish("t", "two-keys", partition=1, conn=double)
-        client.publish("t", "p0-after", partition=0)
+        client.publish("t", "p2-after", partition=2)
         client.publish("t", "p1-after", partition=1)
-        client.publish("t", "p2", partition=2)
-        assert _by_partition(take(c, 1, commit=True)) == {2: ["p2"]}
+        client.publish("t", "p0", partition=0)
+        assert _by_partition(take(c, 1, commit=True)) == {0: ["p0"]}
         assert c.poll(10, timeout=0.2) == []
         double.commit()
         assert _by_partition(take(c, 2, commit=True)) == {1: ["two-keys", "p1-after"]}
         assert c.poll(10, timeout=0.2) == []
         single.commit()
-        assert _by_partition(take(c, 2, commit=True)) == {0: [b"own", "p0-after"]}
+        assert _by_partition(take(c, 2, commit=True)) == {2: [b"own", "p2-after"]}
 
 
 def test_a_rolled_back_savepoint_releases_its_partition_and_delivers_nothing(client: pgstreams.Client,

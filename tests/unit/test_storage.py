@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from psycopg.types.json import Jsonb
 
 from pgstreams import InvalidName
 from pgstreams.storage import (
@@ -14,6 +15,7 @@ from pgstreams.storage import (
     core_query,
     render_script,
 )
+from pgstreams.storage.events import SINGLE_KEY_TOPICS, insert_params, insert_statement, single_key
 from pgstreams.storage.queries import parse
 
 
@@ -56,3 +58,25 @@ def test_migrations_render_the_schema_quoted_and_bare_and_undouble_braces() -> N
     for migration in CORE.available():  # every shipped migration renders
         assert "{schema" not in render_script(migration.text, "pgstreams").as_string(None)
     assert [m.version for m in CORE.available()] == sorted(m.version for m in CORE.available())
+
+
+def test_a_single_publish_binds_only_the_columns_it_sets_and_the_single_key() -> None:
+    """Events without headers, type, correlation or causation id take the lean insert; the last parameter
+    of both single-key inserts is (7 << 60) | (partition << 50) | (topic id << 40), as readers decode it
+    (0006_single_key_publish.sql); topics beyond the single key's range take insert_event."""
+    plain = (3, "b", "k", b"v", None, None, None, None, None, 42)
+    typed = (3, "b", None, b"v", Jsonb({"h": "1"}), "created", None, None, None, None)
+    lean = insert_statement("pgstreams", 5, plain)
+    full = insert_statement("pgstreams", 5, typed)
+    assert lean.statement.name.startswith(b"pgstreams_insert_event_own_lean_")
+    assert full.statement.name.startswith(b"pgstreams_insert_event_own_") and full != lean
+    key = b"%d" % ((7 << 60) | (3 << 50) | (5 << 40))
+    assert single_key(5, 3) == int(key)
+    assert insert_params(plain, "utf-8", lean) == [b"3", b"b", b"k", b"v", b"42", key]
+    assert insert_params(typed, "utf-8", full) == [b"3", b"b", None, b"v", b'{"h": "1"}', b"created", None,
+                                                   None, None, None, key]
+    assert len(lean.oids) == len(lean.formats) == 6 and len(full.oids) == len(full.formats) == 11
+    big = insert_statement("pgstreams", SINGLE_KEY_TOPICS, plain)
+    assert big.statement.name.startswith(b"pgstreams_insert_event_")
+    assert insert_params(plain, "utf-8", big) == [b"3", b"3", b"b", b"k", b"v", None, None, None, None, None,
+                                                  b"42"]

@@ -30,8 +30,8 @@ from .events import (
     EventRow,
     StoredAt,
     TopicVersion,
-    _insert_statement,
     insert_params,
+    insert_statement,
 )
 from .executor import Params, core_query
 from .libpq import AsyncDirect, int_array, statement
@@ -195,8 +195,8 @@ class AsyncStore:
                 await self.notify(*notify, conn)
             return stored
         enc = self._direct.encoding(conn)
-        ins = _insert_statement(self.schema, topic_id)
-        params = insert_params(row, enc, ins.own)
+        ins = insert_statement(self.schema, topic_id, row)
+        params = insert_params(row, enc, ins)
         res = await self._direct.run(
             conn, [(ins.statement, params, 0)], types=ins.oids, formats=ins.formats,
             notify=None if notify is None else (notify[0].encode(enc), notify[1].encode(enc)))

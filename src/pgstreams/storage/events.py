@@ -61,11 +61,15 @@ class StoredAt(NamedTuple):
 # text dumper writes exactly it.
 _COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
 # Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
-# (binary), jsonb, text x 4, int8 (the producer tag). insert_event_own takes the second partition last.
+# (binary), jsonb, text x 4, int8 (the producer tag). insert_event_own takes the single key's high bits
+# (int8) last instead of the second partition; insert_event_own_lean binds partition, kind, key, value,
+# the producer tag and the key's high bits.
 _INSERT_OIDS = (23, 23, 18, 25, 17, 3802, 25, 25, 25, 25, 20)
 _INSERT_FORMATS = (0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0)
-_OWN_OIDS = (23, 18, 25, 17, 3802, 25, 25, 25, 25, 20, 23)
+_OWN_OIDS = (23, 18, 25, 17, 3802, 25, 25, 25, 25, 20, 20)
 _OWN_FORMATS = (0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0)
+_LEAN_OIDS = (23, 18, 25, 17, 20, 20)
+_LEAN_FORMATS = (0, 0, 0, 1, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -90,37 +94,75 @@ class TopicVersion(NamedTuple):
 _NOTIFY: Final = b"SELECT pg_notify($1, $2)"
 
 
+#: The shapes of a single-event insert's parameters (see :func:`insert_params`).
+SHARED: Final = 0  # insert_event: the partition twice, then the rest of the row
+OWN: Final = 1  # insert_event_own: the row, then the single key's high bits
+LEAN: Final = 2  # insert_event_own_lean: partition, kind, key, value, producer tag, the key's high bits
+
+
 class InsertStatement(NamedTuple):
     """A topic's single-event insert in its own transaction, for libpq: the statement, its parameter
-    types and formats, and whether it is insert_event_own (its second partition parameter last)."""
+    types and formats, the shape of its parameters (:data:`SHARED`, :data:`OWN` or :data:`LEAN`) and, for
+    the single-key shapes, the high bits of the key of the topic's partition 0 (see
+    :func:`single_key`)."""
 
     statement: Statement
     oids: tuple[int, ...]
     formats: tuple[int, ...]
-    own: bool
+    shape: int
+    topic_key: int = 0
+
+
+def single_key(topic_id: int, partition: int) -> int:
+    """The high bits of the single key (``0006_single_key_publish.sql``) with which an autocommit publish
+    to ``partition`` of topic ``topic_id`` (both below 1024) registers: ``(7 << 60) | (partition << 50) |
+    (topic id << 40)``; the insert adds the topic's last position mod 2^40."""
+    return (7 << 60) | (partition << 50) | (topic_id << 40)
 
 
 @functools.lru_cache(maxsize=1024)
-def _insert_statement(schema: str, topic_id: int) -> InsertStatement:
-    """A topic's single-event insert in its own transaction, for libpq."""
+def _insert_statements(schema: str, topic_id: int) -> tuple[InsertStatement, InsertStatement]:
+    """A topic's single-event inserts in their own transaction, for libpq: for events with headers, an
+    event type, correlation or causation id, and for events without."""
     if topic_id < SINGLE_KEY_TOPICS:
-        return InsertStatement(statement("insert_event_own", schema, topic_id), _OWN_OIDS, _OWN_FORMATS, True)
-    return InsertStatement(statement("insert_event", schema, topic_id), _INSERT_OIDS, _INSERT_FORMATS, False)
+        key = single_key(topic_id, 0)
+        return (InsertStatement(statement("insert_event_own", schema, topic_id), _OWN_OIDS, _OWN_FORMATS, OWN,
+                                key),
+                InsertStatement(statement("insert_event_own_lean", schema, topic_id), _LEAN_OIDS,
+                                _LEAN_FORMATS, LEAN, key))
+    full = InsertStatement(statement("insert_event", schema, topic_id), _INSERT_OIDS, _INSERT_FORMATS, SHARED)
+    return full, full
 
 
-def insert_params(row: EventRow, encoding: str, own: bool) -> list[bytes | None]:
-    """The text (value: binary) parameters of a single-event insert of ``row`` (see
+def insert_statement(schema: str, topic_id: int, row: EventRow) -> InsertStatement:
+    """The single-event insert of ``row`` (no event id) in its own transaction, for libpq: the lean one
+    when the row has no headers, event type, correlation or causation id."""
+    full, lean = _insert_statements(schema, topic_id)
+    # headers, event type, correlation and causation id (the event id is None on this path)
+    if row[4] is None and row[5] is None and row[7] is None and row[8] is None:
+        return lean
+    return full
+
+
+def insert_params(row: EventRow, encoding: str, ins: InsertStatement) -> list[bytes | None]:
+    """The text (value: binary) parameters of ``ins``, the single-event insert of ``row`` (see
     :class:`InsertStatement`)."""
     p, kind, key, payload, hdrs, et, _eid, cid, sid, producer = row
+    k = None if key is None else key.encode(encoding)
+    tag = None if producer is None else b"%d" % producer
+    if ins.shape == LEAN:
+        return [b"%d" % p, kind.encode(), k, payload, tag, b"%d" % (ins.topic_key | (p << 50))]
     part = b"%d" % p
     rest: list[bytes | None] = [
-        kind.encode(), None if key is None else key.encode(encoding), payload,
+        kind.encode(), k, payload,
         None if hdrs is None else json.dumps(hdrs.obj).encode(encoding),
         None if et is None else et.encode(encoding), None,
         None if cid is None else cid.encode(encoding), None if sid is None else sid.encode(encoding),
-        None if producer is None else b"%d" % producer,
+        tag,
     ]
-    return [part, *rest, part] if own else [part, part, *rest]
+    if ins.shape == OWN:
+        return [part, *rest, b"%d" % (ins.topic_key | (p << 50))]
+    return [part, part, *rest]
 
 
 _POLL_CHECKED = ("load_fences", "poll_checked")
@@ -186,10 +228,10 @@ class EventStore:
         Straight through libpq: psycopg's query layer (adaptation, prepared-statement bookkeeping) cost
         twice the client CPU of this whole call. The statement is prepared once per connection.
         """
-        ins = _insert_statement(self.ex.schema, topic_id)
+        ins = insert_statement(self.ex.schema, topic_id, row)
         st = ins.statement
         enc = self._direct.prepare(conn, st, ins.oids)
-        params = insert_params(row, enc, ins.own)
+        params = insert_params(row, enc, ins)
         checked: pq.abc.PGresult | None = None
         if version is not None:
             after: list[tuple[bytes, Sequence[bytes | None]]] = []

@@ -48,7 +48,7 @@ from .client import (
 )
 from .consumer.consumer import _check_limits
 from .consumer.reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, events_of
-from .errors import ConnectionLost, InvalidArgument, PermissionDenied, TopicNotFound
+from .errors import InvalidArgument, TopicNotFound
 from .models import (
     CommitOutcome,
     Event,
@@ -182,15 +182,8 @@ class AsyncClient:
         or the server restarted, run again on a fresh one until ``retry_timeout`` passes (then
         :class:`pgstreams.ConnectionLost`): :meth:`pgstreams.Client.run`. ``fn`` must be safe to run
         again."""
-        try:
+        with self.retry.run_errors():
             return await self.retry.pooled(fn)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            detail = (exc.diag.message_primary or str(exc)).strip()
-            raise PermissionDenied(f"permission denied: {detail}") from None
-        except Exception as exc:
-            if retriable(exc) and not isinstance(exc, ConnectionLost):
-                raise self.retry.lost(exc) from exc
-            raise
 
     @asynccontextmanager
     async def _begun(self) -> AsyncIterator[psycopg.AsyncConnection]:

@@ -19,7 +19,6 @@ import psycopg
 from . import topicconfig
 from .errors import (
     ConfigurationError,
-    ConnectionLost,
     InvalidArgument,
     InvalidConfig,
     MigrationError,
@@ -369,15 +368,8 @@ class Client:
         """``fn(conn)`` on a pooled autocommit connection; if it fails because the connection broke or the
         server restarted, run again on a fresh one until ``retry_timeout`` passes (then
         :class:`ConnectionLost`). ``fn`` must be safe to run again."""
-        try:
+        with self.retry.run_errors():
             return self.retry.pooled(fn)
-        except psycopg.errors.InsufficientPrivilege as exc:
-            detail = (exc.diag.message_primary or str(exc)).strip()
-            raise PermissionDenied(f"permission denied: {detail}") from None
-        except Exception as exc:
-            if retriable(exc) and not isinstance(exc, ConnectionLost):
-                raise self.retry.lost(exc) from exc
-            raise
 
     # -- roles ---------------------------------------------------------------------------------------
     def grant(self, role: str, *, produce: Iterable[str] = (), consume: str | None = None,

@@ -24,14 +24,14 @@ import random
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
-from .errors import ConnectionLost
+from .errors import ConnectionLost, PermissionDenied
 
 log = logging.getLogger("pgstreams.reconnect")
 
@@ -122,6 +122,21 @@ class RetryRule:
         reason = redact(" ".join(str(exc).split()) or type(exc).__name__, self.dsn)
         return ConnectionLost(f"lost the connection to PostgreSQL at {self.server} for more than "
                               f"{self.timeout:g} s (retry_timeout): {reason}")
+
+    @contextmanager
+    def run_errors(self) -> Iterator[None]:
+        """The errors of a call retried by this rule, as ``Client.run`` and ``AsyncClient.run`` raise them:
+        PostgreSQL's refusal (SQLSTATE 42501) as :class:`PermissionDenied`, a retriable failure left over
+        as :class:`ConnectionLost` (see :meth:`lost`)."""
+        try:
+            yield
+        except psycopg.errors.InsufficientPrivilege as exc:
+            detail = (exc.diag.message_primary or str(exc)).strip()
+            raise PermissionDenied(f"permission denied: {detail}") from None
+        except Exception as exc:
+            if retriable(exc) and not isinstance(exc, ConnectionLost):
+                raise self.lost(exc) from exc
+            raise
 
     def start(self) -> float:
         """The deadline of a retry that starts now."""

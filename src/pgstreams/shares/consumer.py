@@ -23,7 +23,7 @@ from ..consumer.wakeup import topic_wakeup
 from ..errors import InvalidArgument, TopicConflict, TopicNotFound
 from ..models import Event, Settlement, ShareOutcome
 from ..names import check_group, check_topic
-from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW
+from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW, AcquiredRow
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -296,28 +296,24 @@ class ShareConsumer:
         turn = self._next_turn(len(order))
         since = self._expiry_window(now) if expired else None
         with nullcontext(on) if on is not None else self._client.connection() as conn:
-            rows = self._store.acquire(
-                conn, self.group, self.topic_id, order, owner=self.consumer_id,
-                max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
-                dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                window=self.window, expired=expired, turn=turn, expired_window=since)
+
+            def take(scan_expired: bool, window: float | None, wait: bool = False) -> list[AcquiredRow]:
+                return self._store.acquire(
+                    conn, self.group, self.topic_id, order, owner=self.consumer_id,
+                    max_events=max_events, lock_timeout=self.lock_timeout,
+                    max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
+                    ordered=self.ordering == "key", window=self.window, expired=scan_expired, turn=turn,
+                    wait=wait, expired_window=window)
+
+            rows = take(expired, since)
             if not rows:
                 if not expired:
                     since = self._expiry_window(time.monotonic())
                 # nothing at hand: wait for a consumer advancing the first partition now (consumers of one
                 # partition take turns), and look for expired locks
-                rows = self._store.acquire(
-                    conn, self.group, self.topic_id, order, owner=self.consumer_id,
-                    max_events=max_events, lock_timeout=self.lock_timeout, max_deliveries=self.max_deliveries,
-                    dead_letter=self.dead_letter is not None, ordered=self.ordering == "key",
-                    window=self.window, expired=True, turn=turn, wait=True, expired_window=since)
+                rows = take(True, since, wait=True)
                 if not rows and not expired:
-                    rows = self._store.acquire(
-                        conn, self.group, self.topic_id, order, owner=self.consumer_id,
-                        max_events=max_events, lock_timeout=self.lock_timeout,
-                        max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None,
-                        ordered=self.ordering == "key", window=self.window, expired=True, turn=turn,
-                        expired_window=since)
+                    rows = take(True, since)
         if not rows:
             return []
         acquired: list[Event] = []

@@ -205,6 +205,7 @@ class AsyncClient:
         if not refresh and type(name) is str and (state := self._topics.get(name)) is not None:
             if time.monotonic() >= state.check_at:  # changed elsewhere? read its row beside the caller
                 state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+                state.quiet = False  # notify until the reading says that no consumer waits
                 task = asyncio.get_running_loop().create_task(self._check_topic(name, state))
                 self._checks.add(task)
                 task.add_done_callback(self._checks.discard)
@@ -225,6 +226,7 @@ class AsyncClient:
             version = await self.store.topic_version(state.id)
         except Exception:  # noqa: BLE001 - a lost connection, the pool closing: the next check reads again
             return
+        state.quiet = version is not None and not version.waiting
         if state.changed(version) and self._topics.get(name) is state:
             del self._topics[name]
 
@@ -422,7 +424,8 @@ class AsyncClient:
         """Insert on pooled ``c``; with ``notify``, the consumers' wake-up when one is due: riding in the
         same round trip after the commit, or scheduled on the notifier (as the sync producer's, see
         :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
-        wake = (self._channel, str(state.id)) if notify and self.sync.notifier.claim(state.id) else None
+        wake = (self._channel, str(state.id)) if (
+            notify and not state.quiet and self.sync.notifier.claim(state.id)) else None
         try:
             return await self.store.insert_pooled(c, state.id, row, wake)
         except psycopg.errors.UndefinedTable:
@@ -468,7 +471,8 @@ class AsyncClient:
             if not retriable(exc):
                 raise
             stored = await self._copy_again(state, batch, rows, floor, pid, producer, exc)
-        self.sync.notifier.poke(state.id)
+        if not state.quiet:
+            self.sync.notifier.poke(state.id)
         return stored
 
     async def _copy(self, c: psycopg.AsyncConnection, state: TopicState, rows: list[EventRow], has_ids: bool

@@ -44,7 +44,7 @@ from .models import (
     TopicInfo,
 )
 from .names import check_group, check_partitions, check_schema, check_topic
-from .producer import Producer, TopicState
+from .producer import TOPIC_CHECK_INTERVAL, Producer, TopicState
 from .reconnect import DEFAULT_RETRY_TIMEOUT, Reconnect, redact, retriable, server_label
 from .shares.consumer import SHARE_DEFAULTS, ShareConsumer, ShareOptions
 from .shares.consumer import Ordering as ShareOrdering
@@ -86,6 +86,10 @@ DEFAULT_SCHEMA = "pgstreams"
 DEFAULT_POOL_SIZE = 10
 #: Events :meth:`Client.read_events` returns unless told otherwise.
 DEFAULT_BROWSE_LIMIT = 20
+#: Seconds added to a publisher's reading interval during which a consumer that marked a topic as waited
+#: for after a lapse rechecks fast (the reading's round trip; see ``0027_topic_waiters.sql``).
+_MARK_MARGIN = 0.2
+
 #: Seconds between fallback polls of a waiting consumer when no notification arrives.
 DEFAULT_POLL_INTERVAL = 0.25
 #: The reserved header holding a publish delay in seconds (``publish(delay=...)``).
@@ -307,7 +311,9 @@ class Client:
         self._topics: dict[str, TopicState] = {}
         self._topics_lock = threading.Lock()
         self.notifier = Notifier(self.raw_connection, schema)
-        self.listener = Listener(self.raw_connection, schema)
+        # publishers see a consumer's mark with the topic's row, read at least every TOPIC_CHECK_INTERVAL
+        self.listener = Listener(self.raw_connection, schema, self._mark_waiting,
+                                 fast_window=TOPIC_CHECK_INTERVAL + _MARK_MARGIN)
         self._producer = Producer(self.store, self.topic_state, self.notifier.poke, self.notifier.claim,
                                   channel(schema), self.raw_connection, self._new_producer_id, self.retry,
                                   forget=self._forget_id, idempotent=idempotent)
@@ -319,6 +325,12 @@ class Client:
         """This client's producer id (see :mod:`pgstreams.producer`), drawn from the database at its first
         publish (or here), so that a client that only reads or administers draws none."""
         return self._producer._base >> 32
+
+    def _mark_waiting(self, topic_id: int, ttl: float) -> None:
+        """Mark topic ``topic_id`` as waited for (see :meth:`.Listener.waiting`): on a pooled
+        connection if one is free within 0.1 s, not retried (a consumer is about to wait)."""
+        with self._pool.connection(timeout=0.1) as c:
+            self.store.executor.one("topic_waiting", (topic_id, ttl), conn=c)
 
     def _new_producer_id(self) -> int:
         return self.run(self.store.events.new_producer_id)

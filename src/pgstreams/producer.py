@@ -76,6 +76,9 @@ class TopicState:
     max_bytes: int = int(TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])  # the topic's max.message.bytes
     known: int = 0  # a position handed out already: every publish starting later stores its events above
     check_at: float = 0.0  # time.monotonic() when a publish next reads the topic's row (see the module)
+    #: the last reading of the topic's row found no consumer waiting for its events: no wake-up
+    #: notification until the next reading (see ``0027_topic_waiters.sql``)
+    quiet: bool = False
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
@@ -430,11 +433,14 @@ class Producer:
     def _publish_on(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
         """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, with the consumers' wake-up when
         one is due (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
-        wake = (self.channel, str(state.id)) if self.claim(state.id) else None
-        if time.monotonic() >= state.check_at:  # read the topic's row too, in the same round trip
-            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
+        now = time.monotonic()
+        if now >= state.check_at:  # read the topic's row too, in the same round trip
+            state.check_at = now + TOPIC_CHECK_INTERVAL
+            state.quiet = False  # until the reading says otherwise
+            wake = (self.channel, str(state.id)) if self.claim(state.id) else None
             stored = self._insert_pooled(c, topic, state, row, wake, check=True)
         else:
+            wake = (self.channel, str(state.id)) if not state.quiet and self.claim(state.id) else None
             stored = self._insert_pooled(c, topic, state, row, wake)
         if stored.position >= state.segments.stats_from:
             state.segments.check_stats(self.store.executor, stored.position, c)
@@ -481,6 +487,7 @@ class Producer:
         try:
             if check:
                 def seen(version: TopicVersion | None) -> None:
+                    state.quiet = version is not None and not version.waiting
                     if state.changed(version):
                         self.forget(state.id)
 
@@ -499,7 +506,10 @@ class Producer:
         state = self.topic(topic)
         if time.monotonic() >= state.check_at:  # the topic may have changed elsewhere: read its row
             state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
-            if state.changed(self.store.events.topic_version(None, state.id)):
+            state.quiet = False
+            version = self.store.events.topic_version(None, state.id)
+            state.quiet = version is not None and not version.waiting
+            if state.changed(version):
                 self.forget(state.id)
                 state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None
@@ -526,7 +536,8 @@ class Producer:
             if not retriable(exc):
                 raise
             stored = self._copy_again(state, rows, floor, pid, producer, exc)
-        self.announce(state.id)
+        if not state.quiet:
+            self.announce(state.id)
         return stored
 
     def _copy_again(self, state: TopicState, rows: Batch, floor: int, pid: int | None, producer: int | None,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..storage.notifications import MIN_INTERVAL
+from ..storage.notifications import FAST_RECHECK, MIN_INTERVAL
 
 if TYPE_CHECKING:
     from ..client import Client
@@ -24,19 +24,6 @@ _SLICE = 0.05
 #: most a few empty reads per notification.
 HOT_RECHECK = 0.0005
 
-if TYPE_CHECKING:
-    from ..client import Client
-    from ..storage.notifications import Listener
-
-#: Longest uninterrupted wait of an interruptible :class:`Wakeup`: stop requests are seen this fast.
-_SLICE = 0.05
-
-#: While events flow (a notification came within :data:`HOT_WINDOW`), a read that found nothing is
-#: retried after this long even without a new notification: a publishing client announces the events
-#: that follow a notification at most :data:`~pgstreams.storage.notifications.MIN_INTERVAL` later, so
-#: waiting for that announcement alone would add up to that much latency to them.
-HOT_RECHECK = 0.0005
-
 
 class Wakeup:
     """When a polling loop reads a topic again: the one wait/backoff rule of every such loop.
@@ -47,7 +34,10 @@ class Wakeup:
     found events, it rechecks after :data:`HOT_RECHECK`, twice that, ... while below the notifier's
     interval (events that follow a notification are announced that much later). After a notification
     whose read found nothing (its events were still behind the read fence of an open transaction) it
-    rechecks after 2, 4, 8, ... ms up to ``poll_interval``. With ``interrupt``, the wait is cut into slices
+    rechecks after 2, 4, 8, ... ms up to ``poll_interval``. Each wait marks the topic as waited for (see
+    :meth:`pgstreams.storage.notifications.Listener.waiting`: publishers notify only topics with a waiter)
+    and, while publishers may not have seen that mark yet, rechecks every 5 ms. With ``interrupt``, the
+    wait is cut into slices
     of 50 ms and ends early (returning false) as soon as ``interrupt()`` is true. Make one with
     :func:`topic_wakeup`.
     """
@@ -95,6 +85,8 @@ class Wakeup:
             self._recheck *= 2
             if self._recheck >= MIN_INTERVAL:
                 self._recheck = 0.0
+        if self._listener.waiting(self._tid):  # publishers may not know yet that a consumer waits
+            wait = min(wait, FAST_RECHECK)
         woke = self._wait(wait)
         if woke:
             self._backoff = 0.002  # the events may still be behind the fence: recheck quickly

@@ -8,7 +8,6 @@ values; a poll sends the read fence and the read together (one round trip), like
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -147,7 +146,7 @@ class AsyncStore:
     async def topic_version(self, topic_id: int) -> TopicVersion | None:
         """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
         row = await self.ex.one("topic_version", (topic_id,))
-        return None if row is None else TopicVersion(int(row[0]), json.loads(row[1]) if row[1] else {})
+        return None if row is None else TopicVersion.of(*row)
 
     async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None
                               ) -> int:

@@ -85,10 +85,17 @@ SINGLE_KEY_TOPICS = 1024
 
 class TopicVersion(NamedTuple):
     """What a publishing client compares with its cached row of a topic: the partition count and
-    configuration."""
+    configuration; and ``waiting``, whether a consumer waits for the topic's events (see
+    ``0027_topic_waiters.sql``)."""
 
     partitions: int
     config: dict[str, Any]
+    waiting: bool = True
+
+    @classmethod
+    def of(cls, partitions: int | str | bytes, config: str | bytes | None, waiting: object) -> TopicVersion:
+        """From the columns of query ``topic_version`` (as Python values, or as text from libpq)."""
+        return cls(int(partitions), json.loads(config) if config else {}, waiting in (True, "t", b"t"))
 
 
 _NOTIFY: Final = b"SELECT pg_notify($1, $2)"
@@ -206,7 +213,7 @@ class EventStore:
     def topic_version(self, conn: psycopg.Connection | None, topic_id: int) -> TopicVersion | None:
         """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
         got = self.ex.one("topic_version", (topic_id,), conn=conn)
-        return None if got is None else TopicVersion(int(got[0]), json.loads(got[1]) if got[1] else {})
+        return None if got is None else TopicVersion.of(*got)
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
         params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
@@ -255,8 +262,8 @@ class EventStore:
                 version(None)
             else:
                 config = checked.get_value(0, 1)
-                version(TopicVersion(int(checked.get_value(0, 0)),  # type: ignore[arg-type]
-                                     json.loads(bytes(config).decode(enc)) if config else {}))
+                version(TopicVersion.of(checked.get_value(0, 0) or 0, config and bytes(config).decode(enc),
+                                        checked.get_value(0, 2)))
         return int(res.get_value(0, 0))  # type: ignore[arg-type]
 
     def copy(self, conn: psycopg.Connection, topic_id: int, rows: Rows, has_ids: bool,

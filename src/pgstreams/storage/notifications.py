@@ -9,6 +9,13 @@ that needs no WAL flush, at most once per :data:`MIN_INTERVAL` (a busy producer 
 for many commits instead of one each). Publishes that join a caller's transaction (``conn=``) notify
 inside it. Consumers wait on the client's :class:`Listener` service, one LISTEN connection per client.
 
+Publishers notify only while a consumer waits for the topic (``0027_topic_waiters.sql``): a client about to
+wait marks the topic as waited for in the database (:meth:`Listener.waiting`, at most every
+:data:`WAITING_REFRESH` s, each mark lasting :data:`WAITING_TTL` s), and a publishing client that read no
+such mark with the topic's row sends no notification for that topic until it reads the row again. A mark
+that follows a lapse is seen by every publisher within its reading interval; meanwhile the waiter rechecks
+every :data:`FAST_RECHECK` s.
+
 Both are :class:`pgstreams.services.Service` loops owned by the client: started on first use (a client
 that never publishes sends no notification, one that never waits listens to none) and stopped when it
 closes.
@@ -40,6 +47,16 @@ MIN_INTERVAL = 0.005
 #: (see :meth:`Notifier.claim`), which costs far less than waking the thread. So a client publishing
 #: steadily sends its notifications with its publishes, and the thread covers the last commits of a burst.
 TRAILING_INTERVAL = 2 * MIN_INTERVAL
+
+
+#: Seconds a client's mark that it waits for a topic lasts in the database (see :meth:`Listener.waiting`).
+WAITING_TTL = 30.0
+
+#: Seconds between two marks of the same topic by a client that keeps waiting for it.
+WAITING_REFRESH = 10.0
+
+#: While publishers may not have seen a new mark yet, a waiter reads again after this many seconds.
+FAST_RECHECK = 0.005
 
 
 def channel(schema: str) -> str:
@@ -145,7 +162,8 @@ class Listener(Service):
     0.1 s, doubling up to 5 s while it keeps failing. :attr:`connected` is set while listening.
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection], schema: str) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection], schema: str,
+                 mark: Callable[[int, float], None] | None = None, fast_window: float = 0.0) -> None:
         super().__init__("listener", interval=self._delay)
         self._connect = connect
         self._channel = channel(schema)
@@ -155,6 +173,44 @@ class Listener(Service):
         self._backoff = 0.1
         self._retry_in = 0.0
         self.connected = threading.Event()
+        self._mark = mark
+        self._fast_window = fast_window
+        self._marked: dict[int, float] = {}  # topic id -> time.monotonic() of this client's last mark
+        self._fast: dict[int, float] = {}  # topic id -> recheck fast until this time.monotonic()
+        self._mark_lock = threading.Lock()
+
+    def waiting(self, topic_id: int) -> bool:
+        """A consumer of this client is about to wait for ``topic_id``'s events: mark the topic as waited
+        for (with ``mark(topic_id, WAITING_TTL)``, when this client's last mark is :data:`WAITING_REFRESH`
+        s old or more), so that publishers notify. True while the waiter should read again after
+        :data:`FAST_RECHECK` s instead of waiting for a notification: publishers may not have seen a mark
+        that followed a lapse yet (they read it with the topic's row, within ``fast_window`` s), or marking
+        failed. Cheap when nothing is due: two dictionary reads."""
+        now = time.monotonic()
+        if self._mark is None:
+            return False
+        last = self._marked.get(topic_id)
+        if last is None or now - last >= WAITING_REFRESH:
+            with self._mark_lock:
+                last = self._marked.get(topic_id)
+                if last is None or now - last >= WAITING_REFRESH:
+                    self._mark_now(topic_id, now, last)
+        return now < self._fast.get(topic_id, 0.0)
+
+    def _mark_now(self, topic_id: int, now: float, last: float | None) -> None:
+        assert self._mark is not None
+        try:
+            self._mark(topic_id, WAITING_TTL)
+        except Exception as exc:  # noqa: BLE001 - a hint: the waiter polls fast and tries again soon
+            log.warning("could not mark topic %d as waited for (%s); polling every %g s meanwhile",
+                        topic_id, exc, FAST_RECHECK)
+            self._marked[topic_id] = now - WAITING_REFRESH + 1.0  # again in a second
+            self._fast[topic_id] = now + 1.0
+            return
+        done = time.monotonic()
+        self._marked[topic_id] = done
+        if last is None or now - last > WAITING_TTL - WAITING_REFRESH:  # the previous mark may have lapsed
+            self._fast[topic_id] = done + self._fast_window
 
     def generation(self, topic_id: int) -> int:
         """A counter that grows with every notification about ``topic_id``."""

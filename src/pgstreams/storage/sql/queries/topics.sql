@@ -14,8 +14,15 @@ SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
 
 -- name: topic_version
 -- What a publishing client compares with its cached row of the topic now and then (pgstreams.producer):
--- the partition count and configuration.
-SELECT partitions, config::text FROM {schema}.topics WHERE id = %s;
+-- the partition count and configuration; and whether a consumer waits for the topic's events (see
+-- 0027_topic_waiters.sql): if not, the client sends no wake-up notification until it reads this again.
+SELECT t.partitions, t.config::text,
+       EXISTS (SELECT 1 FROM {schema}.topic_waiters w WHERE w.topic_id = t.id AND w.until > now())
+  FROM {schema}.topics t WHERE t.id = %s;
+
+-- name: topic_waiting
+-- A consumer of the topic is about to wait for its events: publishers notify for the next p_ttl_s seconds.
+SELECT {schema}.topic_waiting(%s, %s);
 
 -- name: topics_by_names
 SELECT t.id, t.name, t.partitions, t.segment_size, t.config, t.created_at,
@@ -39,7 +46,9 @@ SELECT {schema}.ensure_segments(%s, %s);
 SELECT {schema}.analyze_segment(%s, %s);
 
 -- name: delete_topic
-DELETE FROM {schema}.topics WHERE name = %s RETURNING id;
+WITH gone AS (DELETE FROM {schema}.topics WHERE name = %s RETURNING id),
+     waiters AS (DELETE FROM {schema}.topic_waiters w USING gone WHERE w.topic_id = gone.id)
+SELECT id FROM gone;
 
 -- name: partition_stats
 -- Events stored (the lag of a cursor before every event) and head of each partition.

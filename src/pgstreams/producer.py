@@ -214,14 +214,17 @@ def _fields(ev: object) -> Mapping[str, Any]:
 
 
 class Batch:
-    """A ``publish_many`` batch. Its events are routed when it is made (checked keys and partitions: the
-    publisher's registration names the partitions before the COPY starts); each row is validated, encoded
-    and size-checked when the COPY takes it, so that the server stores the first rows while the client
-    encodes the next ones. Iterating gives the rows in order (encoded once, kept for another attempt); an
-    invalid event raises :class:`InvalidArgument` (or :class:`MessageTooLarge`) naming it, which rolls the
-    COPY back."""
+    """A ``publish_many`` batch. The publisher's registration names the batch's partitions before the COPY
+    starts (:meth:`fence_partitions`); its events are routed (keys checked, partitions chosen) only as far
+    as that needs: when events of a :class:`Message` without an explicit partition have covered every
+    partition of the topic, the rest are routed as the COPY takes them. Each row is validated, encoded and
+    size-checked when the COPY takes it, so that the server stores the first rows while the client encodes
+    the next ones. Iterating gives the rows in order (encoded once, kept for another attempt); an invalid
+    event raises :class:`InvalidArgument` (or :class:`MessageTooLarge`) naming it, which rolls the COPY
+    back. Explicit partitions and dict events are routed when the batch is made (an explicit partition
+    beyond the cached partition count makes the caller read the topic again)."""
 
-    __slots__ = ("events", "has_ids", "partitions", "producer", "rows", "state")
+    __slots__ = ("_covered", "events", "has_ids", "partitions", "producer", "rows", "state")
 
     def __init__(self, state: TopicState, events: Iterable[Message | Mapping[str, Any]],
                  producer: int | None = None) -> None:
@@ -232,23 +235,46 @@ class Batch:
         self.events = events if isinstance(events, (list, tuple)) else list(events)
         self.producer = producer
         self.rows: list[EventRow] = []
-        partitions: list[int] = []
-        has_ids = False
-        for i, ev in enumerate(self.events):
+        #: the partitions of the events routed so far (a prefix of the events)
+        self.partitions: list[int] = []
+        self._covered: set[int] = set()
+        has_ids = eager = False
+        for ev in self.events:
+            if type(ev) is not Message or ev.partition is not None:
+                eager = True
+                break
+            if ev.event_id is not None:
+                has_ids = True
+        if eager:
+            self._route(len(self.events))
+            has_ids = any((ev.event_id if type(ev) is Message else _fields(ev).get("event_id")) is not None
+                          for ev in self.events)
+        self.has_ids = has_ids
+
+    def _route(self, until: int) -> None:
+        """Route the events up to index ``until`` (exclusive) not routed yet."""
+        state, partitions, events = self.state, self.partitions, self.events
+        for i in range(len(partitions), until):
+            ev = events[i]
             try:
                 if type(ev) is Message:  # the common case, without a dict's lookups
-                    partitions.append(route(state, ev.key, ev.partition))
-                    if ev.event_id is not None:
-                        has_ids = True
+                    p = route(state, ev.key, ev.partition)
                 else:
                     f = _fields(ev)
-                    partitions.append(route(state, f.get("key"), f.get("partition")))
-                    if f.get("event_id") is not None:
-                        has_ids = True
+                    p = route(state, f.get("key"), f.get("partition"))
             except InvalidArgument as exc:
                 raise InvalidArgument(f"event {i}: {exc}") from None
-        self.partitions = partitions
-        self.has_ids = has_ids
+            partitions.append(p)
+            self._covered.add(p)
+
+    def fence_partitions(self) -> list[int]:
+        """The partitions of the batch's events, each once, in order: its events are routed until they
+        cover every partition of the topic (then the rest can only fall in them) or are all routed."""
+        everything = self.state.partitions
+        n = len(self.events)
+        while len(self.partitions) < n and len(self._covered) < everything:
+            self._route(min(n, len(self.partitions) + 16))
+        return sorted(self._covered)
 
     def __len__(self) -> int:
         return len(self.events)
@@ -260,6 +286,8 @@ class Batch:
         limit = self.state.max_bytes
         for i in range(len(rows), len(events)):
             ev = events[i]
+            if i >= len(partitions):
+                self._route(i + 1)
             try:
                 if type(ev) is Message:
                     row = encode_row(partitions[i], ev.value, ev.key, ev.headers, ev.event_type, ev.event_id,
@@ -281,8 +309,9 @@ class Batch:
             yield row
 
     def used_partitions(self) -> list[int]:
-        """The partitions of the batch's events, each once, in order."""
-        return sorted(set(self.partitions))
+        """The partitions of the batch's events, each once, in order (routing every event)."""
+        self._route(len(self.events))
+        return sorted(self._covered)
 
 
 @dataclass
@@ -569,10 +598,10 @@ class Producer:
             last = segments.ensure_room_after(ex, len(rows), conn)
         state.copies_until_check -= len(rows)
         try:
-            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.used_partitions())
+            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.fence_partitions())
         except psycopg.errors.CheckViolation:
             segments.ensure_room_after(ex, len(rows), conn)
-            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.used_partitions())
+            stored = self.store.events.copy(conn, state.id, rows, rows.has_ids, rows.fence_partitions())
         # positions of other clients' events only move the true last position further: this is a lower
         # bound, read again with the segments every 1/16 segment
         if last >= 0:

@@ -172,9 +172,10 @@ def test_outbox_event_is_visible_only_after_commit(client: pgstreams.Client, dsn
 
 def test_a_bad_event_found_while_the_copy_runs_stores_nothing_and_holds_nothing_back(
         client: pgstreams.Client, dsn: str) -> None:
-    """publish_many routes a batch before its COPY starts and validates each row as the COPY takes it:
-    an event found bad half way (a bad header, a value over max.message.bytes) is refused naming it, the
-    rows already sent are rolled back, and the batch's partitions are not held back afterwards."""
+    """publish_many routes a batch's events before its COPY starts only until they cover every partition,
+    and routes and validates the rest as the COPY takes them: an event found bad half way (a bad key or
+    header, a value over max.message.bytes) is refused naming it, the rows already sent are rolled back,
+    and the batch's partitions are not held back afterwards."""
     client.create_topic("t", 3, config={"max.message.bytes": "1000"})
     consumer = client.consumer("t", "g")
     before = db_state(dsn)
@@ -182,6 +183,7 @@ def test_a_bad_event_found_while_the_copy_runs_stores_nothing_and_holds_nothing_
         (700, {"headers": {"h": "a\x00b"}}, pgstreams.InvalidArgument, "event 700: header 'h'"),
         (1500, {"value": b"x" * 2000}, pgstreams.MessageTooLarge, "event 1500: 2001 bytes"),
         (10, {"event_type": 5}, pgstreams.InvalidArgument, "event 10: event_type"),
+        (1200, {"key": "a\x00b"}, pgstreams.InvalidArgument, "event 1200: key .* contains a NUL"),
     ]
     for i, bad, error, message in cases:
         batch = [Message(value=b"v%d" % n, key=f"k{n % 17}") for n in range(2000)]

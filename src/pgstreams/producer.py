@@ -79,6 +79,8 @@ class TopicState:
     #: the last reading of the topic's row found no consumer waiting for its events: no wake-up
     #: notification until the next reading (see ``0027_topic_waiters.sql``)
     quiet: bool = False
+    #: keys of ``publish_many`` events already checked, and their partitions (at most 16,384 kept)
+    key_partitions: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: TopicRecord) -> TopicState:
@@ -213,6 +215,13 @@ def _fields(ev: object) -> Mapping[str, Any]:
     raise InvalidArgument(f"expected a Message or a dict, not {type(ev).__name__}")
 
 
+#: Events a batch routes at a time while the COPY takes its rows.
+_ROUTE_AHEAD = 256
+
+#: Keys a client keeps checked and routed per topic (:attr:`TopicState.key_partitions`).
+_KEYS_KEPT = 16384
+
+
 class Batch:
     """A ``publish_many`` batch. The publisher's registration names the batch's partitions before the COPY
     starts (:meth:`fence_partitions`); its events are routed (keys checked, partitions chosen) only as far
@@ -254,11 +263,20 @@ class Batch:
     def _route(self, until: int) -> None:
         """Route the events up to index ``until`` (exclusive) not routed yet."""
         state, partitions, events = self.state, self.partitions, self.events
+        keyed = state.key_partitions
         for i in range(len(partitions), until):
             ev = events[i]
             try:
                 if type(ev) is Message:  # the common case, without a dict's lookups
-                    p = route(state, ev.key, ev.partition)
+                    key = ev.key
+                    if ev.partition is None and type(key) is str and (p := keyed.get(key, -1)) >= 0:
+                        pass  # a key checked and routed before
+                    else:
+                        p = route(state, key, ev.partition)
+                        if ev.partition is None and type(key) is str:
+                            if len(keyed) >= _KEYS_KEPT:
+                                keyed.clear()
+                            keyed[key] = p
                 else:
                     f = _fields(ev)
                     p = route(state, f.get("key"), f.get("partition"))
@@ -284,14 +302,21 @@ class Batch:
         yield from rows[:]
         events, partitions, producer = self.events, self.partitions, self.producer
         limit = self.state.max_bytes
+        row: EventRow
         for i in range(len(rows), len(events)):
             ev = events[i]
-            if i >= len(partitions):
-                self._route(i + 1)
+            if i >= len(partitions):  # route ahead in blocks: a call per event would cost a third more
+                self._route(min(len(events), i + _ROUTE_AHEAD))
             try:
                 if type(ev) is Message:
-                    row = encode_row(partitions[i], ev.value, ev.key, ev.headers, ev.event_type, ev.event_id,
-                                     ev.correlation_id, ev.causation_id, producer)
+                    if type(ev.value) is bytes and ev.headers is None and ev.event_type is None \
+                            and ev.event_id is None and ev.correlation_id is None and ev.causation_id is None:
+                        # the common case, as encode_row makes it (the key was checked by routing)
+                        row = (partitions[i], KIND_BYTES, ev.key, ev.value, None, None, None, None, None,
+                               producer)
+                    else:
+                        row = encode_row(partitions[i], ev.value, ev.key, ev.headers, ev.event_type,
+                                         ev.event_id, ev.correlation_id, ev.causation_id, producer)
                 else:
                     f = _fields(ev)
                     row = encode_row(partitions[i], f["value"], f.get("key"), f.get("headers"),

@@ -48,3 +48,15 @@ def test_a_bad_key_beyond_the_routed_prefix_is_refused_when_the_copy_takes_it() 
     assert batch.fence_partitions() == [0, 1]
     with pytest.raises(InvalidArgument, match="event 400: key .* NUL"):
         list(batch)
+
+
+def test_keys_routed_once_are_remembered_per_topic_and_route_the_same() -> None:
+    state = _state(3)
+    keys = [f"k{i % 50}" for i in range(300)]
+    first = [r[0] for r in Batch(state, [Message(b"v", key=k) for k in keys])]
+    assert state.key_partitions == {k: partition_for_key(k, 3) for k in set(keys)}
+    again = [r[0] for r in Batch(state, [Message(b"v", key=k) for k in keys])]
+    assert first == again == [partition_for_key(k, 3) for k in keys]
+    with pytest.raises(InvalidArgument, match="event 0: key .* NUL"):
+        list(Batch(state, [Message(b"v", key="bad\x00")]))
+    assert "bad\x00" not in state.key_partitions

@@ -466,24 +466,15 @@ class Direct:
         rolls everything back and is raised."""
         pg = conn.pgconn
         pg.send_query(query)
-        failed: pq.abc.PGresult | None = None
-        while True:
-            res = _result(pg)
-            if res is None:
-                _check_alive(pg)
-                if failed is not None:
-                    raise psycopg.errors.error_from_result(failed, encoding=conn.info.encoding)
-                raise psycopg.ProgrammingError("the query did not start a COPY")
-            if res.status == pq.ExecStatus.COPY_IN:
-                break
-            if res.status not in _OK and failed is None:
-                failed = res
         cur = conn.cursor()
         # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
         cur.adapters.register_dumper(None, BytesBinaryDumper)
+        # the first rows are encoded while the server runs the statements and starts the COPY: the writer
+        # waits for the COPY to start only when it has its first data to send
+        writer = CopyWriter(pg, conn.info.encoding, started=False)
         try:
             # ends the COPY; raises its error
-            with psycopg.Copy(cur, binary=True, writer=CopyWriter(pg, conn.info.encoding)) as cp:
+            with psycopg.Copy(cur, binary=True, writer=writer) as cp:
                 cp.set_types(types)
                 for r in rows:
                     cp.write_row(r)
@@ -538,13 +529,35 @@ class CopyWriter(psycopg.copy.Writer):
     theirs (psycopg's own waits for the socket have no bound: a connection cut silently during a COPY
     would hold it forever)."""
 
-    def __init__(self, pg: pq.abc.PGconn, encoding: str) -> None:
+    def __init__(self, pg: pq.abc.PGconn, encoding: str, started: bool = True) -> None:
         self._pg = pg
         self._encoding = encoding
         self._queued = 0
+        self._started = started
+
+    def _start(self) -> None:
+        """Wait until the query sent on the connection has started its COPY (``started=False``): read the
+        results of the statements before it, and raise the first error among them (the server then ran
+        no COPY)."""
+        pg = self._pg
+        failed: pq.abc.PGresult | None = None
+        while True:
+            res = _result(pg)
+            if res is None:
+                _check_alive(pg)
+                if failed is not None:
+                    raise psycopg.errors.error_from_result(failed, encoding=self._encoding)
+                raise psycopg.ProgrammingError("the query did not start a COPY")
+            if res.status == pq.ExecStatus.COPY_IN:
+                break
+            if res.status not in _OK and failed is None:
+                failed = res
+        self._started = True
 
     def write(self, data: Any) -> None:
         """Queue ``data`` (COPY data) in libpq, flushing it to the server every :data:`_COPY_FLUSH` bytes."""
+        if not self._started:
+            self._start()
         view = memoryview(data)
         for i in range(0, len(view), _COPY_CHUNK):
             chunk = view[i:i + _COPY_CHUNK]
@@ -560,6 +573,14 @@ class CopyWriter(psycopg.copy.Writer):
         pg = self._pg
         if exc is not None and pg.status != pq.ConnStatus.OK:
             return  # the connection is gone (closed by a bounded wait): exc is the error to raise
+        if not self._started:
+            if exc is None:
+                self._start()
+            else:
+                try:
+                    self._start()
+                except psycopg.Error:
+                    return  # no COPY ran: exc is the error to raise
         message = _copy_end_message(exc, self._encoding)
         while not pg.put_copy_end(message):
             _flush(pg, force=True)

@@ -64,7 +64,7 @@ from .models import (
     TopicInfo,
 )
 from .names import check_topic
-from .producer import TOPIC_CHECK_INTERVAL, Batch, TopicState, _backend_pid, _Interrupted, checked_row
+from .producer import Batch, TopicState, _backend_pid, _Interrupted, checked_row
 from .reconnect import DEFAULT_RETRY_TIMEOUT, AsyncReconnect, retriable
 from .storage import EventRow, StoredAt
 from .storage.asyncstore import AsyncStore
@@ -203,9 +203,7 @@ class AsyncClient:
         """The client's state of topic ``name`` (read once and cached; ``refresh`` reads it again).
         Raises :class:`TopicNotFound`."""
         if not refresh and type(name) is str and (state := self._topics.get(name)) is not None:
-            if time.monotonic() >= state.check_at:  # changed elsewhere? read its row beside the caller
-                state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
-                state.quiet = False  # notify until the reading says that no consumer waits
+            if state.check_due():  # changed elsewhere? read its row beside the caller
                 task = asyncio.get_running_loop().create_task(self._check_topic(name, state))
                 self._checks.add(task)
                 task.add_done_callback(self._checks.discard)
@@ -226,8 +224,7 @@ class AsyncClient:
             version = await self.store.topic_version(state.id)
         except Exception:  # noqa: BLE001 - a lost connection, the pool closing: the next check reads again
             return
-        state.quiet = version is not None and not version.waiting
-        if state.changed(version) and self._topics.get(name) is state:
+        if state.seen(version) and self._topics.get(name) is state:
             del self._topics[name]
 
     # -- administration (the sync client's, in a worker thread) ---------------------------------------

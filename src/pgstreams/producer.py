@@ -97,6 +97,22 @@ class TopicState:
         return (version is None or version.partitions != self.partitions
                 or version.config != self.record.config)
 
+    def check_due(self) -> bool:
+        """Whether a publish should read the topic's row now (every :data:`TOPIC_CHECK_INTERVAL`); if so,
+        the next reading is scheduled and wake-ups are sent until this one's answer (:meth:`seen`)."""
+        now = time.monotonic()
+        if now < self.check_at:
+            return False
+        self.check_at = now + TOPIC_CHECK_INTERVAL
+        self.quiet = False
+        return True
+
+    def seen(self, version: TopicVersion | None) -> bool:
+        """Take in the topic's row read now (``None``: the topic is gone): whether a consumer waits
+        (:attr:`quiet`); true if the row differs from the cached one (see :meth:`changed`)."""
+        self.quiet = version is not None and not version.waiting
+        return self.changed(version)
+
 
 def event_size(row: EventRow) -> int:
     """The size :data:`max.message.bytes <pgstreams.topicconfig.MAX_MESSAGE_BYTES>` limits: the value's bytes
@@ -487,15 +503,9 @@ class Producer:
     def _publish_on(self, c: psycopg.Connection, topic: str, state: TopicState, row: EventRow) -> StoredAt:
         """Store ``row`` on ``c`` (autocommit, idle) in its own transaction, with the consumers' wake-up when
         one is due (see :meth:`pgstreams.storage.notifications.Notifier.claim`)."""
-        now = time.monotonic()
-        if now >= state.check_at:  # read the topic's row too, in the same round trip
-            state.check_at = now + TOPIC_CHECK_INTERVAL
-            state.quiet = False  # until the reading says otherwise
-            wake = (self.channel, str(state.id)) if self.claim(state.id) else None
-            stored = self._insert_pooled(c, topic, state, row, wake, check=True)
-        else:
-            wake = (self.channel, str(state.id)) if not state.quiet and self.claim(state.id) else None
-            stored = self._insert_pooled(c, topic, state, row, wake)
+        check = state.check_due()  # then read the topic's row too, in the same round trip
+        wake = (self.channel, str(state.id)) if not state.quiet and self.claim(state.id) else None
+        stored = self._insert_pooled(c, topic, state, row, wake, check=check)
         if stored.position >= state.segments.stats_from:
             state.segments.check_stats(self.store.executor, stored.position, c)
         return stored
@@ -541,8 +551,7 @@ class Producer:
         try:
             if check:
                 def seen(version: TopicVersion | None) -> None:
-                    state.quiet = version is not None and not version.waiting
-                    if state.changed(version):
+                    if state.seen(version):
                         self.forget(state.id)
 
                 return events.insert_pooled(c, state.id, row, notify, version=seen)
@@ -558,12 +567,8 @@ class Producer:
     def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
         """Publish a batch in one transaction (see :meth:`pgstreams.Client.publish_many`)."""
         state = self.topic(topic)
-        if time.monotonic() >= state.check_at:  # the topic may have changed elsewhere: read its row
-            state.check_at = time.monotonic() + TOPIC_CHECK_INTERVAL
-            state.quiet = False
-            version = self.store.events.topic_version(None, state.id)
-            state.quiet = version is not None and not version.waiting
-            if state.changed(version):
+        if state.check_due():  # the topic may have changed elsewhere: read its row
+            if state.seen(self.store.events.topic_version(None, state.id)):
                 self.forget(state.id)
                 state = self.topic(topic)
         producer = self._base | (next(self._numbers) & 0xFFFFFFFF) if self.idempotent else None

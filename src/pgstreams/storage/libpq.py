@@ -574,13 +574,12 @@ class CopyWriter(psycopg.copy.Writer):
         if exc is not None and pg.status != pq.ConnStatus.OK:
             return  # the connection is gone (closed by a bounded wait): exc is the error to raise
         if not self._started:
-            if exc is None:
+            try:
                 self._start()
-            else:
-                try:
-                    self._start()
-                except psycopg.Error:
-                    return  # no COPY ran: exc is the error to raise
+            except psycopg.Error:
+                if exc is None:
+                    raise
+                return  # no COPY ran: exc is the error to raise
         message = _copy_end_message(exc, self._encoding)
         while not pg.put_copy_end(message):
             _flush(pg, force=True)

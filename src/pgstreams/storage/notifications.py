@@ -186,9 +186,9 @@ class Listener(Service):
         :data:`FAST_RECHECK` s instead of waiting for a notification: publishers may not have seen a mark
         that followed a lapse yet (they read it with the topic's row, within ``fast_window`` s), or marking
         failed. Cheap when nothing is due: two dictionary reads."""
-        now = time.monotonic()
         if self._mark is None:
             return False
+        now = time.monotonic()
         last = self._marked.get(topic_id)
         if last is None or now - last >= WAITING_REFRESH:
             with self._mark_lock:

@@ -75,17 +75,24 @@ def run_variant(db: str, trigger: str, seconds: float, mept: int, partitions: in
     """Run the clean query with ``trigger`` against the simulator for ``seconds``; measure."""
     from pgstreams_ml.clean import build_clean_query
     from pgstreams_ml.config import Topology, setup
-    from pgstreams_ml.demo import QUERY_RESTARTS, TRANSIENT_QUERY_FAILURES
     from pgstreams_ml.latency import measure_clean
+    from pgstreams_ml.serving import SERVING_SPARK_CONF
     from pgstreams_ml.simulator import SimConfig, Simulator
-    from pgstreams_ml.sparkutil import spark_session
+    from pgstreams_ml.sparkutil import (
+        QUERY_RESTARTS,
+        TRANSIENT_QUERY_FAILURES,
+        checkpoint_conf,
+        spark_session,
+    )
 
     topo = Topology(partitions=partitions)
     tmp = Path(tempfile.mkdtemp(prefix="pgstreams-bench-"))
     with pgstreams.connect(db) as client:
         setup(client, topo, reset=True)
+        # the clean query's own application, as the demo runs it (pgstreams_ml.serving)
         spark = spark_session(shuffle_partitions=partitions,
-                              conf={"spark.sql.streaming.numRecentProgressUpdates": "100000",
+                              conf={**SERVING_SPARK_CONF, **checkpoint_conf(str(tmp)),
+                                    "spark.sql.streaming.numRecentProgressUpdates": "100000",
                                     "spark.driver.extraJavaOptions": os.environ.get("BENCH_JAVA_OPTS", "")})
         def start() -> Any:
             return build_clean_query(spark, db, topo, str(tmp / "ck"), trigger=trigger,

@@ -65,11 +65,33 @@ def _topology(partitions: int) -> Any:
     return Topology(partitions=partitions)
 
 
-def _until_signal() -> threading.Event:
+ExitWithParentOption = Annotated[
+    bool,
+    typer.Option(
+        "--exit-with-parent",
+        help="Stop (cleanly) when the process that started this one ends (as the demo's serving "
+        "processes do).",
+    ),
+]
+
+
+def _until_signal(exit_with_parent: bool = False) -> threading.Event:
+    """An event set on SIGINT or SIGTERM and, with ``exit_with_parent``, when the parent process ends."""
     stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
+    if exit_with_parent:
+        import os
+
+        parent = os.getppid()
+
+        def watch() -> None:
+            while not stop.wait(0.5):
+                if os.getppid() != parent:
+                    stop.set()
+
+        threading.Thread(target=watch, name="pgstreams-ml-parent-watch", daemon=True).start()
     return stop
 
 
@@ -126,6 +148,25 @@ def demo_command(
     max_events: Annotated[
         int, typer.Option("--max-events-per-trigger", min=1, help="Spark admission control per micro-batch.")
     ] = 20000,
+    serving: Annotated[
+        str,
+        typer.Option(
+            "--serving",
+            help="Where the serving path (clean query, scorers) runs: 'processes' (processes of its own, "
+            "the other parts at lower CPU priority), 'session' (the demo's Spark session) or 'auto' "
+            "(processes with a local master, else session).",
+        ),
+    ] = "auto",
+    background_nice: Annotated[
+        int,
+        typer.Option(
+            "--background-nice",
+            min=0,
+            max=19,
+            help="With the serving path in processes of its own: how much to lower the CPU priority of "
+            "the other parts (0: not at all).",
+        ),
+    ] = 10,
     timeout: Annotated[
         float, typer.Option("--timeout", min=1, help="Give up after this many seconds.")
     ] = 900.0,
@@ -157,6 +198,8 @@ def demo_command(
         master=master,
         checkpoints=checkpoints,
         max_events_per_trigger=max_events,
+        serving=serving,
+        background_nice=background_nice,
         timeout=timeout,
         progress=progress,
     )
@@ -291,15 +334,18 @@ def enrich_command(dsn: DsnOption = None, partitions: PartitionsOption = 4) -> N
 
 
 @app.command("score")
-def score_command(dsn: DsnOption = None, partitions: PartitionsOption = 4) -> None:
-    """Run a scoring worker (group ml-scorer) until SIGINT/SIGTERM; start several to share the partitions."""
+def score_command(
+    dsn: DsnOption = None, partitions: PartitionsOption = 4, exit_with_parent: ExitWithParentOption = False
+) -> None:
+    """Run a scoring worker (group ml-scorer) until SIGINT/SIGTERM; start several to share the partitions.
+    Prints the scorer's counts as JSON when it stops."""
     from .config import setup
     from .scoring import run_scorer
 
     topo = _topology(partitions)
     with pgstreams.connect(dsn) as client:
         setup(client, topo)
-        scorer = run_scorer(client, topo, _until_signal())
+        scorer = run_scorer(client, topo, _until_signal(exit_with_parent))
     sys.stdout.write(json.dumps(dict(scorer.counts)) + "\n")
 
 
@@ -339,9 +385,55 @@ def clean_command(
     trigger: TriggerOption = "availableNow",
     partitions: PartitionsOption = 4,
     master: Annotated[str | None, typer.Option("--master")] = None,
+    status: Annotated[
+        Path | None,
+        typer.Option(
+            "--status",
+            help="Keep the query's progress in this JSON file (state, batches, rows, busy seconds), "
+            "rewritten after every micro-batch.",
+        ),
+    ] = None,
+    warm_up: Annotated[
+        bool, typer.Option("--warm-up/--no-warm-up", help="Start Spark's Python workers before the query.")
+    ] = False,
+    max_events: Annotated[
+        int | None,
+        typer.Option("--max-events-per-trigger", min=1, help="Spark admission control per micro-batch."),
+    ] = None,
+    exit_with_parent: ExitWithParentOption = False,
 ) -> None:
-    """Run the clean query (ml.raw -> ml.clean + ml.quarantine)."""
-    _run_query("clean", dsn, checkpoint, trigger, partitions, master)
+    """Run the clean query (ml.raw -> ml.clean + ml.quarantine) until it ends (availableNow, once) or until
+    SIGINT/SIGTERM; a transient Spark start-up failure restarts it from its checkpoint."""
+    _need("pyspark", "pyarrow")
+    from .config import setup
+    from .serving import SERVING_SPARK_CONF, run_clean_service
+    from .sparkutil import checkpoint_conf, spark_session
+
+    topo = _topology(partitions)
+    with pgstreams.connect(dsn) as client:
+        setup(client, topo)
+        spark = spark_session(
+            master,
+            app_name="pgstreams-ml-clean",
+            shuffle_partitions=partitions,
+            conf={**SERVING_SPARK_CONF, **checkpoint_conf(str(checkpoint))},
+        )
+        stop = _until_signal(exit_with_parent)
+        try:
+            st = run_clean_service(
+                spark,
+                client.dsn,
+                topo,
+                str(checkpoint),
+                trigger=trigger,
+                max_events_per_trigger=max_events,
+                status_path=status,
+                stop=stop,
+                warm_up=warm_up,
+            )
+        finally:
+            spark.stop()
+    sys.stdout.write(json.dumps({"batches": st.batches, "rows": st.rows, "restarts": st.restarts}) + "\n")
 
 
 @app.command("join")

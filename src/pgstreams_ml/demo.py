@@ -41,7 +41,9 @@ from pgstreams.errors import InvalidArgument, PgStreamsError
 
 from . import _sql, audit, latency, report
 from .config import Topology, setup
+from .serving import BACKGROUND_NICE, ServingPath, lower_priority, resolve_mode, warm_python_workers
 from .simulator import SimConfig, Simulator
+from .sparkutil import QUERY_RESTARTS, checkpoint_conf, is_transient
 
 log = logging.getLogger(__name__)
 
@@ -50,27 +52,12 @@ class DemoError(PgStreamsError):
     """The demo could not complete (a stage did not finish within the time limit, a worker died, ...)."""
 
 
-#: Failures of a streaming query that restarting it (from its checkpoint: nothing is lost or repeated) gets
-#: past: Spark gives a new Python planner process a fixed few seconds to connect back, which a heavily
-#: loaded machine can miss.
-TRANSIENT_QUERY_FAILURES = ("Python worker failed to connect back",)
-#: How many times the demo restarts a query that failed transiently.
-QUERY_RESTARTS = 5
 #: The clean query's default trigger: the next micro-batch starts as soon as the previous one ended (the
 #: clean query is on the serving path: impression -> clean -> prediction; see docs/ml-system.md).
 CLEAN_TRIGGER = "0 seconds"
 #: The Spark scheduler pool of the clean query (the session schedules pools fairly, so the clean query's
 #: short jobs do not queue behind the join's, the monitor's and training's).
 SERVING_POOL = "serving"
-
-
-def _warm_worker(dsn: str, schema: str) -> list[int]:
-    """In a Spark Python worker: import the clean pipeline and make the worker's pgstreams client."""
-    from . import clean  # noqa: F401 - imported for its module-level work
-    from .sparkutil import executor_client
-
-    executor_client(dsn, schema)
-    return [1]
 
 
 @dataclass(frozen=True)
@@ -86,6 +73,10 @@ class DemoOptions:
     scoring (:data:`CLEAN_TRIGGER`), ``master`` (``local[2]``) and ``max_events_per_trigger`` (20000);
     ``checkpoints``, where the queries keep their checkpoints (``None``: a temporary folder of the driver;
     on a cluster of several machines a location every executor reaches, such as ``hdfs://...``);
+    ``serving``: where the serving path (clean query, scorers) runs (:data:`serving.SERVING_MODES`; default
+    ``auto``: in processes of its own with a local master, in the demo's Spark session otherwise);
+    ``background_nice``: with the serving path in processes of its own, how much the demo lowers the CPU
+    priority of its other parts (:data:`serving.BACKGROUND_NICE`, 10; 0 leaves it alone);
     ``timeout`` for the whole run (900 s); ``progress`` bars (true).
     """
 
@@ -106,6 +97,8 @@ class DemoOptions:
     master: str | None = None
     checkpoints: str | None = None
     max_events_per_trigger: int = 20000
+    serving: str = "auto"
+    background_nice: int = BACKGROUND_NICE
     timeout: float = 900.0
     progress: bool = True
 
@@ -118,6 +111,17 @@ class DemoOptions:
             raise InvalidArgument(f"scorers must be a positive integer, got {self.scorers!r}")
         if self.timeout <= 0:
             raise InvalidArgument(f"timeout must be positive, got {self.timeout!r}")
+        try:
+            resolve_mode(self.serving, self.master)
+        except ValueError as exc:
+            raise InvalidArgument(str(exc)) from None
+        if not 0 <= self.background_nice <= 19:
+            raise InvalidArgument(f"background_nice must be between 0 and 19, got {self.background_nice!r}")
+
+    @property
+    def serving_mode(self) -> str:
+        """``processes`` or ``session`` (``serving`` resolved for ``master``)."""
+        return resolve_mode(self.serving, self.master)
 
     @property
     def window_seconds(self) -> int:
@@ -167,6 +171,7 @@ class Demo:
         self.restarts: dict[str, int] = {}
         self.workers: list[Any] = []
         self.scorers: list[Any] = []
+        self.serving: ServingPath | None = None
         self.enrich_counts: Any = None
         self.t0 = time.monotonic()
 
@@ -185,6 +190,8 @@ class Demo:
         for w in self.workers:
             if w.failure is not None:
                 raise DemoError(f"a worker failed: {w.failure}")
+        if self.serving is not None:
+            self.serving.check()
         if time.monotonic() - self.t0 > self.opts.timeout:
             raise DemoError(
                 f"the demo did not finish within {self.opts.timeout:.0f} s (phase: {self.state.phase})"
@@ -264,6 +271,8 @@ class Demo:
         try:
             setup(self.client, self.topo, reset=True)
             self.sim = Simulator(self.client, self.sim_config, self.topo)
+            if opts.serving_mode == "processes":
+                self._start_serving()
             self.console.print("starting Spark ...")
             self.spark = spark_session(
                 opts.master,
@@ -271,6 +280,7 @@ class Demo:
                 conf={
                     "spark.sql.streaming.numRecentProgressUpdates": "100000",
                     "spark.scheduler.mode": "FAIR",
+                    **checkpoint_conf(self._checkpoints()),
                 },
             )
             return self._run()
@@ -284,8 +294,35 @@ class Demo:
                     log.exception("stopping a query")
             for w in self.workers:
                 w.stop(10)
+            if self.serving is not None:
+                self.serving.stop()
             self.client.close()
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def _checkpoints(self) -> str:
+        return self.opts.checkpoints.rstrip("/") if self.opts.checkpoints else str(self.tmp / "checkpoints")
+
+    def _start_serving(self) -> None:
+        """Start the serving path in processes of its own (:class:`serving.ServingPath`), then lower the CPU
+        priority of this process's threads (the simulator, the enrichment worker and the Spark application
+        started next inherit it), so that the serving path gets the CPU first."""
+        opts = self.opts
+        self.console.print("starting the serving path (clean query, scorers) in processes of its own ...")
+        master = opts.master or "local[2]"
+        self.serving = ServingPath(
+            self.client.dsn,
+            self.topo,
+            self.tmp / "serving",
+            checkpoint=f"{self._checkpoints()}/clean",
+            scorers=opts.scorers,
+            trigger=opts.clean_trigger,
+            master=master if master.startswith("local") else "local[2]",
+            max_events_per_trigger=opts.max_events_per_trigger,
+        )
+        self.serving.start()
+        import os
+
+        lower_priority(os.getpid(), opts.background_nice)
 
     def sim_stop(self) -> None:
         """Stop the simulator (and release its gates)."""
@@ -304,13 +341,13 @@ class Demo:
         opts, dsn, topo = self.opts, self.client.dsn, self.topo
         w, self.enrich_counts = enrichment_worker(self.client, topo)
         self.workers.append(w)
-        for _ in range(opts.scorers):
+        for _ in range(opts.scorers if self.serving is None else 0):
             sw, sc = scorer_worker(self.client, topo)
             self.workers.append(sw)
             self.scorers.append(sc)
         for w in self.workers:
             w.start()
-        ck = opts.checkpoints.rstrip("/") if opts.checkpoints else str(self.tmp / "checkpoints")
+        ck = self._checkpoints()
         mept = opts.max_events_per_trigger
         spark = self.spark
 
@@ -340,24 +377,14 @@ class Demo:
                 max_events_per_trigger=mept,
             ),
         }
-        self._warm_up()
+        if self.serving is not None:
+            del self.builders["clean"]  # it runs in the serving path's own process
+            self.serving.wait_running(300)
+        else:
+            # the serving path's Python workers start before any impression arrives
+            warm_python_workers(self.spark, dsn, topo.pgstreams_schema, pool=SERVING_POOL)
         for name in self.builders:
             self._start_query(name)
-
-    def _warm_up(self) -> None:
-        """Start the serving path's Python workers before any impression arrives: one task per executor
-        core, in the clean query's pool, imports the clean pipeline and makes the worker's pgstreams client
-        (``sparkutil.executor_client``); Spark reuses those workers, so the first micro-batches do not pay
-        for starting them (about a second on a quiet 2-core machine, which the first impressions waited)."""
-        context = self.spark.sparkContext
-        slots = max(1, int(context.defaultParallelism))
-        dsn, schema = self.client.dsn, self.topo.pgstreams_schema
-        context.setLocalProperty("spark.scheduler.pool", SERVING_POOL)
-        try:
-            context.parallelize(range(slots), slots).mapPartitions(
-                lambda _rows: _warm_worker(dsn, schema)).collect()
-        finally:
-            context.setLocalProperty("spark.scheduler.pool", None)  # type: ignore[arg-type]
 
     def _start_query(self, name: str) -> None:
         """Start query ``name`` and wait until it is past initialising its sources, so that the queries'
@@ -381,9 +408,7 @@ class Demo:
         """Restart query ``name`` (from its checkpoint) when it died of a transient Spark start-up failure
         (:data:`TRANSIENT_QUERY_FAILURES`), at most :data:`QUERY_RESTARTS` times; return whether it did."""
         text = str(exc)
-        if self.restarts.get(name, 0) >= QUERY_RESTARTS or not any(
-            t in text for t in TRANSIENT_QUERY_FAILURES
-        ):
+        if self.restarts.get(name, 0) >= QUERY_RESTARTS or not is_transient(exc):
             return False
         self.restarts[name] = self.restarts.get(name, 0) + 1
         log.warning("restarting the %s query after: %s", name, text.splitlines()[0])
@@ -509,6 +534,10 @@ class Demo:
                 prog = q.lastProgress
                 if prog is None or prog.get("numInputRows", 0) > 0 or q.status.get("isDataAvailable"):
                     busy = True
+            if self.serving is not None:
+                st = self.serving.status()
+                if st is None or st.last_input_rows is None or st.last_input_rows > 0 or st.data_available:
+                    busy = True
             quiet[0] = 0 if busy else quiet[0] + 1
             return quiet[0] >= 3
 
@@ -536,14 +565,23 @@ class Demo:
             completed=min(n_ex, s.impressions),
             info=f"{n_ex:,} examples",
         )
-        scored = sum(sc.counts["scored"] for sc in self.scorers)
-        skipped = sum(sc.counts["no_model"] for sc in self.scorers)
-        progress.update(
-            tasks["score"],
-            total=max(1, s.impressions),
-            completed=min(scored + skipped, s.impressions),
-            info=f"{scored:,} scored, {skipped:,} before a model",
-        )
+        if self.serving is None:
+            scored = sum(sc.counts["scored"] for sc in self.scorers)
+            skipped = sum(sc.counts["no_model"] for sc in self.scorers)
+            progress.update(
+                tasks["score"],
+                total=max(1, s.impressions),
+                completed=min(scored + skipped, s.impressions),
+                info=f"{scored:,} scored, {skipped:,} before a model",
+            )
+        else:  # the scorers run in processes of their own: the predictions they published
+            predicted = self.client.describe_topic(self.topo.predictions_topic).events
+            progress.update(
+                tasks["score"],
+                total=max(1, s.impressions),
+                completed=min(predicted, s.impressions),
+                info=f"{predicted:,} predictions, lag {self._lag(self.topo.scorer_group)}",
+            )
         wins = self._scalar("count_complete_windows") or 0
         flagged = self._scalar("count_degraded") or 0
         progress.update(tasks["monitor"], completed=wins, info=f"{flagged} flagged degraded")
@@ -559,7 +597,8 @@ class Demo:
     def _query_rows(self, name: str) -> int:
         q = self.queries.get(name)
         if q is None:
-            return 0
+            st = self.serving.status() if self.serving is not None and name == "clean" else None
+            return st.rows if st is not None else 0
         return sum(int(p.get("numInputRows", 0)) for p in q.recentProgress)
 
     # -- summary -----------------------------------------------------------------------------------------
@@ -572,6 +611,16 @@ class Demo:
         rec = audit.reconcile(client, topo)
         summary["reconciliation"] = asdict(rec) | {"ok": rec.ok}
         pipes: dict[str, Any] = {}
+        st = self.serving.status() if self.serving is not None else None
+        if st is not None:
+            pipes["clean"] = {
+                "kind": "Spark streaming (own process)",
+                "rows": st.rows,
+                "seconds": st.busy_seconds,
+                "rows_per_s": st.rows / st.busy_seconds if st.busy_seconds else None,
+                "lag": self._lag(topo.clean_group),
+                "batches": st.batches,
+            }
         for name, q in self.queries.items():
             progs = q.recentProgress
             rows = sum(int(p.get("numInputRows", 0)) for p in progs)
@@ -585,7 +634,12 @@ class Demo:
                 "lag": self._lag(group),
                 "batches": len(progs),
             }
-        scored = sum(sc.counts["scored"] for sc in self.scorers)
+        if self.serving is None:
+            scored = sum(sc.counts["scored"] for sc in self.scorers)
+            scorer_rows = sum(w.stats.snapshot().get("events", 0) for w in self.workers[1:])
+        else:  # the scorer processes: what their group committed, and what they published
+            scored = summary["events"][topo.predictions_topic]
+            scorer_rows = summary["events"][topo.clean_topic] - (self._lag(topo.scorer_group) or 0)
         wstats = [w.stats.snapshot() for w in self.workers]
         pipes["enrichment"] = {
             "kind": "worker group",
@@ -595,8 +649,8 @@ class Demo:
             "lag": self._lag(topo.enrichment_group),
         }
         pipes["scoring"] = {
-            "kind": f"worker group x{opts.scorers}",
-            "rows": sum(w.get("events", 0) for w in wstats[1:]),
+            "kind": f"worker group x{opts.scorers}" + (" (own processes)" if self.serving else ""),
+            "rows": scorer_rows,
             "seconds": None,
             "rows_per_s": None,
             "lag": self._lag(topo.scorer_group),
@@ -646,6 +700,15 @@ class Demo:
             "windows_after_change": after,
             "false_alarms": false_alarms,
         }
+        summary["serving"] = {
+            "mode": opts.serving_mode,
+            "background_nice": opts.background_nice if self.serving is not None else 0,
+        }
+        if st is not None and st.batches:
+            summary["serving"]["clean_batch_ms"] = {
+                k: round(v / st.batches, 1) for k, v in sorted(st.phases_ms.items())
+            }
+            summary["serving"]["clean_rows_per_batch"] = round(st.rows / st.batches, 1)
         summary["quality"] = self._quality(summary)
         lat = latency.measure(client, topo)
         summary["latency"] = lat.to_json()

@@ -16,6 +16,43 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import DataStreamReader
 
 
+#: Failures of a streaming query that restarting it (from its checkpoint: nothing is lost or repeated) gets
+#: past: Spark gives a new Python planner process a fixed few seconds to connect back, which a heavily
+#: loaded machine can miss.
+TRANSIENT_QUERY_FAILURES = ("Python worker failed to connect back",)
+#: How many times a query that failed transiently is restarted.
+QUERY_RESTARTS = 5
+
+
+#: Spark's checkpoint file manager that renames through the Hadoop ``FileSystem`` API. For a local checkpoint
+#: folder the default (``FileContext``) one starts a ``stat``/``ls`` process per rename when Hadoop's native
+#: library is missing (as in pyspark's own jars): tens of milliseconds of every micro-batch, twice (offset
+#: and commit logs). A local file system renames atomically either way.
+FILE_SYSTEM_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+
+
+def is_local_path(location: str) -> bool:
+    """Whether a checkpoint ``location`` is a folder of the local file system (no scheme, or ``file:``)."""
+    return "://" not in location or location.startswith("file:")
+
+
+def checkpoint_conf(location: str) -> dict[str, str]:
+    """Session settings for queries checkpointing under ``location``: the ``FileSystem`` checkpoint file
+    manager (:data:`FILE_SYSTEM_CHECKPOINTS`) for a local folder, nothing otherwise."""
+    if is_local_path(location):
+        return {"spark.sql.streaming.checkpointFileManagerClass": FILE_SYSTEM_CHECKPOINTS}
+    return {}
+
+
+def is_transient(exc: Any) -> bool:
+    """Whether a streaming query's failure ``exc`` is one a restart gets past
+    (:data:`TRANSIENT_QUERY_FAILURES`)."""
+    text = str(exc)
+    return any(t in text for t in TRANSIENT_QUERY_FAILURES)
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "pgstreams-ml",

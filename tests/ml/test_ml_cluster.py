@@ -160,3 +160,4 @@ def test_demo_on_a_standalone_cluster_reconciles_and_meets_the_quality_bars(dsn:
     assert all(q["ok"] for q in summary["quality"].values()), summary["quality"]
     assert summary["latency"]["raw -> prediction"]["count"] > 500
     assert summary["options"]["master"] == url
+    assert summary["serving"]["mode"] == "session"  # one application on the cluster: the clean query too

@@ -33,6 +33,13 @@ def test_demo_help_and_bad_options_through_the_cli() -> None:
         [*_pgstreams(), "sim", "--duration", "soon"], capture_output=True, text=True, timeout=120
     )
     assert bad.returncode == 2 and "--duration" in bad.stderr
+    bad = subprocess.run(
+        [*_pgstreams(), "demo", "--serving", "threads", "--dsn", "postgresql://nowhere"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and "serving mode" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_demo_defaults_are_the_same_from_python_and_the_cli() -> None:
@@ -44,7 +51,10 @@ def test_demo_defaults_are_the_same_from_python_and_the_cli() -> None:
 
     cli = inspect.signature(demo_command).parameters
     opts = DemoOptions()
-    for name in ("rate", "speed", "users", "ads", "partitions", "scorers", "trigger", "seed"):
+    for name in (
+        "rate", "speed", "users", "ads", "partitions", "scorers", "trigger", "seed", "serving",
+        "background_nice",
+    ):
         assert cli[name].default == getattr(opts, name), name
     assert opts.rate == SimConfig().rate
 
@@ -109,6 +119,10 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     for p in summary["plots"]:
         assert Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["pipelines"]["clean"]["rows"] >= rec["raw"]
+    # the serving path ran in processes of its own (the default with a local master), the rest niced
+    assert summary["serving"]["mode"] == "processes" and summary["serving"]["background_nice"] == 10
+    serving = summary["serving"]
+    assert serving["clean_rows_per_batch"] > 0 and serving["clean_batch_ms"]["addBatch"] > 0
     # latency per stage from the events' timestamps, and the same figures computed independently from the
     # topics (Spark batch reads, bench/ml_latency.py --from-topics)
     lat = summary["latency"]

@@ -46,7 +46,7 @@ def test_a_bad_key_beyond_the_routed_prefix_is_refused_when_the_copy_takes_it() 
     events[400] = Message(b"v", key="a\x00")
     batch = Batch(_state(2), events)
     assert batch.fence_partitions() == [0, 1]
-    with pytest.raises(InvalidArgument, match="event 400: key .* NUL"):
+    with pytest.raises(InvalidArgument, match=r"event 400: key .* NUL"):
         list(batch)
 
 
@@ -57,6 +57,6 @@ def test_keys_routed_once_are_remembered_per_topic_and_route_the_same() -> None:
     assert state.key_partitions == {k: partition_for_key(k, 3) for k in set(keys)}
     again = [r[0] for r in Batch(state, [Message(b"v", key=k) for k in keys])]
     assert first == again == [partition_for_key(k, 3) for k in keys]
-    with pytest.raises(InvalidArgument, match="event 0: key .* NUL"):
+    with pytest.raises(InvalidArgument, match=r"event 0: key .* NUL"):
         list(Batch(state, [Message(b"v", key="bad\x00")]))
     assert "bad\x00" not in state.key_partitions

@@ -775,7 +775,9 @@ def _hm(start: datetime, t: datetime) -> str:
 
 
 def run_demo(opts: DemoOptions, console: Console | None = None) -> dict[str, Any]:
-    """Run the demo with ``opts``, print the summary, and return it."""
+    """Run the demo with ``opts``, print the summary, and return it. With the serving path in processes of
+    its own (``opts.serving_mode == "processes"``), the calling process's threads are left at a lower CPU
+    priority (``opts.background_nice``): run it in a process of its own, as ``pgstreams demo`` does."""
     console = console or Console()
     demo = Demo(opts, console)
     summary = demo.run()

@@ -58,8 +58,11 @@ SERVING_MODES = ("auto", "processes", "session")
 SERVING_SPARK_CONF = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    "spark.sql.streaming.numRecentProgressUpdates": "1000",
+    # the status loop reads the recent progress reports every POLL seconds: a short list is enough
+    "spark.sql.streaming.numRecentProgressUpdates": "50",
 }
+#: How often the clean process reads its query's progress (seconds).
+POLL = 0.25
 
 
 class ServingError(PgStreamsError):
@@ -220,13 +223,14 @@ def run_clean_service(
                 status.state, status.error = "failed", str(exc)
                 raise ServingError(f"the clean query failed: {exc}")
             changed = False
+            window: set[tuple[int, str]] = set()
             for p in query.recentProgress:
                 # an idle query reports progress with the id of the batch it will run next: the batch id
                 # and the report's time together tell reports apart
                 key = (int(p.get("batchId", -1)), str(p.get("timestamp")))
+                window.add(key)
                 if key in seen:
                     continue
-                seen.add(key)
                 changed = True
                 rows = int(p.get("numInputRows", 0))
                 durations = p.get("durationMs", {})
@@ -236,6 +240,7 @@ def run_clean_service(
                     status.rows += rows
                     for phase, ms in durations.items():
                         status.phases_ms[phase] = status.phases_ms.get(phase, 0.0) + float(ms)
+            seen = window  # a report that left the list of recent ones does not come back
             last = query.lastProgress
             if last is not None:
                 status.last_input_rows = int(last.get("numInputRows", 0))
@@ -250,7 +255,7 @@ def run_clean_service(
                 next_write = now + 1.0
             if stop.is_set() or not query.isActive:
                 break
-            stop.wait(0.1)
+            stop.wait(POLL)
         query.stop()
         status.state = "stopped"
         return status

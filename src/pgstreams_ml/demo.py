@@ -535,8 +535,10 @@ class Demo:
                 if prog is None or prog.get("numInputRows", 0) > 0 or q.status.get("isDataAvailable"):
                     busy = True
             if self.serving is not None:
+                # the clean process: its group's lag (checked above) is 0 once every raw event was
+                # processed and committed; and its source must see nothing more
                 st = self.serving.status()
-                if st is None or st.last_input_rows is None or st.last_input_rows > 0 or st.data_available:
+                if st is None or st.last_input_rows is None or st.data_available:
                     busy = True
             quiet[0] = 0 if busy else quiet[0] + 1
             return quiet[0] >= 3

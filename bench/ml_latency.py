@@ -80,8 +80,8 @@ def run_variant(db: str, trigger: str, seconds: float, mept: int, partitions: in
     from pgstreams_ml.simulator import SimConfig, Simulator
     from pgstreams_ml.sparkutil import (
         QUERY_RESTARTS,
-        TRANSIENT_QUERY_FAILURES,
         checkpoint_conf,
+        is_transient,
         spark_session,
     )
 
@@ -108,8 +108,7 @@ def run_variant(db: str, trigger: str, seconds: float, mept: int, partitions: in
             restarts = 0
             while not any(int(p.get("numInputRows", 0)) for p in query.recentProgress):
                 exc = query.exception()
-                if exc is not None and restarts < QUERY_RESTARTS and any(
-                        t in str(exc) for t in TRANSIENT_QUERY_FAILURES):
+                if exc is not None and restarts < QUERY_RESTARTS and is_transient(exc):
                     restarts += 1  # as the demo does: restart from the checkpoint
                     query = start()
                     continue

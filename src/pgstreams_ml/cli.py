@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import signal
 import sys
 import threading
@@ -82,8 +83,6 @@ def _until_signal(exit_with_parent: bool = False) -> threading.Event:
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
     if exit_with_parent:
-        import os
-
         parent = os.getppid()
 
         def watch() -> None:

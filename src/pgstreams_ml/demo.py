@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -308,7 +309,8 @@ class Demo:
         started next inherit it), so that the serving path gets the CPU first."""
         opts = self.opts
         self.console.print("starting the serving path (clean query, scorers) in processes of its own ...")
-        master = opts.master or "local[2]"
+        # its own local application, whatever the others' master
+        master = opts.master if opts.master and opts.master.startswith("local") else "local[2]"
         self.serving = ServingPath(
             self.client.dsn,
             self.topo,
@@ -316,12 +318,10 @@ class Demo:
             checkpoint=f"{self._checkpoints()}/clean",
             scorers=opts.scorers,
             trigger=opts.clean_trigger,
-            master=master if master.startswith("local") else "local[2]",
+            master=master,
             max_events_per_trigger=opts.max_events_per_trigger,
         )
         self.serving.start()
-        import os
-
         lower_priority(os.getpid(), opts.background_nice)
 
     def sim_stop(self) -> None:
@@ -406,7 +406,8 @@ class Demo:
 
     def _restart_if_transient(self, name: str, exc: Any) -> bool:
         """Restart query ``name`` (from its checkpoint) when it died of a transient Spark start-up failure
-        (:data:`TRANSIENT_QUERY_FAILURES`), at most :data:`QUERY_RESTARTS` times; return whether it did."""
+        (:data:`sparkutil.TRANSIENT_QUERY_FAILURES`), at most :data:`sparkutil.QUERY_RESTARTS` times; return
+        whether it did."""
         text = str(exc)
         if self.restarts.get(name, 0) >= QUERY_RESTARTS or not is_transient(exc):
             return False
@@ -636,13 +637,13 @@ class Demo:
                 "lag": self._lag(group),
                 "batches": len(progs),
             }
+        wstats = [w.stats.snapshot() for w in self.workers]
         if self.serving is None:
             scored = sum(sc.counts["scored"] for sc in self.scorers)
-            scorer_rows = sum(w.stats.snapshot().get("events", 0) for w in self.workers[1:])
+            scorer_rows = sum(w.get("events", 0) for w in wstats[1:])
         else:  # the scorer processes: what their group committed, and what they published
             scored = summary["events"][topo.predictions_topic]
             scorer_rows = summary["events"][topo.clean_topic] - (self._lag(topo.scorer_group) or 0)
-        wstats = [w.stats.snapshot() for w in self.workers]
         pipes["enrichment"] = {
             "kind": "worker group",
             "rows": wstats[0].get("events", 0),

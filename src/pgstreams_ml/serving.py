@@ -31,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pgstreams.errors import PgStreamsError
 
@@ -241,14 +241,14 @@ def run_clean_service(
                     for phase, ms in durations.items():
                         status.phases_ms[phase] = status.phases_ms.get(phase, 0.0) + float(ms)
             seen = window  # a report that left the list of recent ones does not come back
-            last = query.lastProgress
+            last, now_status = query.lastProgress, query.status
             if last is not None:
                 status.last_input_rows = int(last.get("numInputRows", 0))
-                if status.state == "starting":
-                    status.state, changed = "running", True
-            elif status.state == "starting" and query.status.get("message") != "Initializing sources":
+            if status.state == "starting" and (
+                last is not None or now_status.get("message") != "Initializing sources"
+            ):
                 status.state, changed = "running", True
-            status.data_available = bool(query.status.get("isDataAvailable"))
+            status.data_available = bool(now_status.get("isDataAvailable"))
             now = time.monotonic()
             if status_path is not None and (changed or now >= next_write):
                 status.write(status_path)
@@ -346,7 +346,7 @@ class ServingPath:
         if st is not None and st.state == "failed":
             raise ServingError(f"the clean query failed: {st.error}")
 
-    def wait_running(self, timeout: float, tick: Any = None) -> None:
+    def wait_running(self, timeout: float) -> None:
         """Wait until the clean query is running (past its warm-up and its sources' initialisation)."""
         deadline = time.monotonic() + timeout
         while True:
@@ -358,22 +358,7 @@ class ServingPath:
                 raise ServingError(
                     f"the clean query did not start within {timeout:.0f} s:\n{self._tail('clean')}"
                 )
-            if tick is not None:
-                tick()
             time.sleep(0.2)
-
-    def scorer_counts(self) -> dict[str, int]:
-        """The scorers' counts (``scored``, ``no_model``, ...) they printed when they stopped, added up."""
-        total: dict[str, int] = {}
-        for name in self.procs:
-            if not name.startswith("scorer-"):
-                continue
-            for line in reversed(self._tail(name, 5).splitlines()):
-                if line.startswith("{"):
-                    for k, v in json.loads(line).items():
-                        total[k] = total.get(k, 0) + int(v)
-                    break
-        return total
 
     def stop(self, timeout: float = 60.0) -> None:
         """Stop every process (SIGTERM: each stops its query or worker cleanly), killing what outlives

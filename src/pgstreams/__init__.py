@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .client import DEFAULT_RETRY_TIMEOUT, DEFAULT_SEGMENT_SIZE, Client, connect
+from .client import DEFAULT_RETRY_TIMEOUT, DEFAULT_SEGMENT_SIZE, Client
+from .connecting import connect
 from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
     ConfigurationError,

@@ -44,8 +44,8 @@ from .client import (
     Client,
     _check_idempotent,
     _check_options,
-    resolve_dsn,
 )
+from .connecting import resolve_dsns
 from .consumer.consumer import _check_limits
 from .consumer.reader import _GONE, _ORIGIN, Cursor, Start, StreamReader, events_of
 from .errors import InvalidArgument, TopicNotFound
@@ -95,7 +95,11 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
     _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
     _check_idempotent(idempotent)
-    resolved = await asyncio.to_thread(resolve_dsn, dsn)
+    dsns = await asyncio.to_thread(resolve_dsns, dsn)
+    if len(dsns) > 1:
+        raise InvalidArgument(f"the asyncio client connects to one server, but {len(dsns)} DSNs (the shards "
+                              "of a cluster) were given")
+    resolved = dsns[0]
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
                                    pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval,
                                    retry_timeout=retry_timeout, idempotent=idempotent)

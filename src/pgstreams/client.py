@@ -7,12 +7,11 @@
 from __future__ import annotations
 
 import math
-import os
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 
@@ -54,12 +53,11 @@ from .storage.libpq import CheckedPool
 from .storage.notifications import Listener, Notifier, channel
 
 if TYPE_CHECKING:
-    from .cluster import ClusterClient
     from .consumer import Consumer, Start
 
 
 __all__ = ["DEFAULT_POLL_INTERVAL", "DEFAULT_POOL_SIZE", "DEFAULT_RETRY_TIMEOUT", "DEFAULT_SCHEMA",
-           "DEFAULT_SEGMENT_SIZE", "Client", "connect", "resolve_dsn"]
+           "DEFAULT_SEGMENT_SIZE", "Client"]
 
 T = TypeVar("T")
 
@@ -96,104 +94,6 @@ DEFAULT_POLL_INTERVAL = 0.25
 DELAY_HEADER = "pgstreams.delay"
 #: Longest publish delay (seconds): a year.
 MAX_PUBLISH_DELAY = 365 * 86_400.0
-
-#: libpq's environment variables that name a server (with them, an empty DSN connects there).
-LIBPQ_SERVER_VARIABLES = ("PGSERVICE", "PGHOST", "PGHOSTADDR", "PGDATABASE")
-
-
-def resolve_dsn(dsn: str | None) -> str:
-    """The DSN to use: ``dsn``, else ``$PGSTREAMS_DSN``, else libpq's own environment when it names a
-    server (``PGSERVICE`` with the service file, ``PGHOST``, ``PGHOSTADDR``, ``PGDATABASE``; the password
-    may come from ``PGPASSWORD`` or ``PGPASSFILE``), else the embedded server's."""
-    if dsn:
-        return dsn
-    env = os.environ.get("PGSTREAMS_DSN")
-    if env:
-        return env
-    if any(os.environ.get(v) for v in LIBPQ_SERVER_VARIABLES):
-        return " "  # an empty conninfo: libpq reads its environment and service file
-    from .embedded import embedded_dsn
-
-    return embedded_dsn()
-
-
-@overload
-def connect(
-    dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
-    pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
-) -> Client: ...
-
-
-@overload
-def connect(
-    dsn: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
-    pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
-) -> Client | ClusterClient: ...
-
-
-def connect(
-    dsn: str | Sequence[str] | None = None,
-    *,
-    schema: str = DEFAULT_SCHEMA,
-    migrate: bool = True,
-    pool_size: int = DEFAULT_POOL_SIZE,
-    poll_interval: float = DEFAULT_POLL_INTERVAL,
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
-    idempotent: bool = True,
-) -> Any:
-    """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager), or, given
-    several DSNs, a :class:`pgstreams.ClusterClient` over the shards of a cluster (docs/shards.md).
-
-    ``dsn``: one DSN; a list of DSNs (the shards of a cluster, in its order; a list of one is one
-    server); or a string of several separated by commas (see :func:`pgstreams.cluster.split_dsns`;
-    typed as a :class:`Client` then: pass a list for precise types). It defaults to ``$PGSTREAMS_DSN``
-    (which may hold several, separated by commas), else libpq's environment when it names a server
-    (``PGSERVICE``, ``PGHOST``, ...), else an embedded PostgreSQL started on demand (see
-    :mod:`pgstreams.embedded`). ``schema`` (default ``"pgstreams"``) holds every table. ``migrate``
-    (default true) applies pending migrations. ``pool_size`` (default 10) bounds the connection pool.
-    ``poll_interval`` (default 0.25 s) is how often waiting consumers poll when no notification arrives.
-    ``retry_timeout`` (default :data:`DEFAULT_RETRY_TIMEOUT`, 30 s; 0 turns retrying off): how long a
-    publish, poll, commit or other call keeps being retried on fresh connections after the connection
-    broke or the server restarted, before it raises :class:`pgstreams.ConnectionLost` (see
-    :mod:`pgstreams.reconnect`).
-    ``idempotent`` (default true): publishes are tagged with the client's producer id and number, so that a
-    publish retried after its outcome was lost is stored once (see :mod:`pgstreams.producer`); false stores
-    no tag and draws no producer id: a publish retried after a connection broke during its commit may then
-    be stored twice (events with an ``event_id`` never are). It exists to measure what idempotence costs
-    (``python -m bench.idempotence``) and for callers who deduplicate themselves.
-    """
-    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
-    _check_idempotent(idempotent)
-    options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
-                               "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
-                               "idempotent": idempotent}
-    if isinstance(dsn, (list, tuple)):
-        from .cluster.layout import check_dsns
-
-        dsns = check_dsns(dsn)
-        return _cluster_or_client(dsns, options)
-    if dsn is not None and not isinstance(dsn, str):
-        raise InvalidArgument(f"dsn must be a string or a list of strings, not {type(dsn).__name__}")
-    if dsn is not None and not dsn.strip():
-        # an empty DSN would silently fall back to $PGSTREAMS_DSN or the embedded server
-        raise InvalidArgument("dsn must not be empty (None uses $PGSTREAMS_DSN or the embedded server)")
-    resolved = resolve_dsn(dsn)
-    if "," in resolved:  # perhaps several DSNs (a cluster), perhaps one of libpq's multi-host DSNs
-        from .cluster.layout import check_dsns, split_dsns
-
-        return _cluster_or_client(check_dsns(split_dsns(resolved)), options)
-    return Client(resolved, **options)
-
-
-def _cluster_or_client(dsns: list[str], options: dict[str, Any]) -> Client | ClusterClient:
-    """A :class:`Client` for one DSN, a :class:`pgstreams.ClusterClient` for several."""
-    if len(dsns) == 1:
-        return Client(dsns[0], **options)
-    from .cluster import ClusterClient
-
-    return ClusterClient(dsns, **options)
 
 
 def _check_idempotent(idempotent: object) -> None:

@@ -74,6 +74,9 @@ def test_cluster_init_describe_and_topics_over_repeated_dsns(shard_dsns: list[st
     assert shown["cluster_id"] == created["cluster_id"]
     assert [s["topics"] for s in shown["shards"]] == [{"orders": 3}] * 3
     assert "orders" in _ok("topics", "list", env={"PGSTREAMS_DSN": ",".join(shard_dsns)})
+    # one --dsn holding the shards separated by commas, as connect() accepts it
+    listed = json.loads(_ok("topics", "describe", "orders", "--json", "--dsn", ",".join(shard_dsns)))
+    assert listed["span"] == 3 and len(listed["shards"]) == 3
 
 
 def test_bad_cluster_input_exits_2_and_changes_nothing(shard_dsns: list[str]) -> None:

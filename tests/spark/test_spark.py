@@ -748,7 +748,8 @@ def test_bad_options_and_columns_fail_at_analysis_naming_them(
         with pytest.raises(Exception, match=match):
             fn()
 
-    fails("option 'dsn' is required", lambda: spark.read.format("pgstreams").option("topic", "known").load())
+    fails("option 'dsn': shard 1: invalid DSN", lambda: spark.read.format("pgstreams").option(
+        "dsn", f"{dsn},host='unterminated").option("topic", "known").load())
     fails("option 'topic'", lambda: spark.read.format("pgstreams").option("dsn", dsn).load())
     fails("topic.*'nope'.*do not exist", lambda: reader(spark, dsn, "nope"))
     fails("option 'startingOffsets' is not valid JSON",
@@ -768,6 +769,19 @@ def test_bad_options_and_columns_fail_at_analysis_naming_them(
     fails("append-only", lambda: fine.mode("overwrite").option("dsn", dsn).option("topic", "known").save())
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgstreams.spark_sink_tasks").fetchone() == (0,)
+
+
+def test_dsn_option_accepts_what_connect_accepts(
+        spark: SparkSession, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without option ``dsn`` the source resolves the DSN as :func:`pgstreams.connect` does (here from
+    ``$PGSTREAMS_DSN``), and the DSN it reads from is the one ``connect()`` would use."""
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("env-topic", 1)
+        client.publish_many("env-topic", [{"value": i} for i in range(5)])
+    visible(dsn)
+    monkeypatch.setenv("PGSTREAMS_DSN", dsn)
+    rows = spark.read.format("pgstreams").option("topic", "env-topic").load().select("value").collect()
+    assert sorted(json.loads(r.value) for r in rows) == list(range(5))
 
 
 # --------------------------------------------------------------------------------------------------------

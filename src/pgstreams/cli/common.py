@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import inspect
-import os
 import re
 import sys
 from collections.abc import Iterator, Sequence
@@ -17,8 +16,8 @@ import typer
 from psycopg.conninfo import conninfo_to_dict
 
 import pgstreams
-from pgstreams.client import resolve_dsn
 from pgstreams.cluster import ClusterClient, split_dsns
+from pgstreams.connecting import env_dsn, resolve_dsns
 from pgstreams.consumer import Start
 from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 
@@ -90,7 +89,7 @@ def exit_code_of(exc: BaseException) -> tuple[int, str | None]:
     code, message = _exit_code_of(exc)
     if message is None:
         return code, None
-    for dsn in split_dsns(os.environ.get("PGSTREAMS_DSN") or ""):
+    for dsn in split_dsns(env_dsn() or ""):
         message = redact(message, dsn)
     return code, redact(message, None)
 
@@ -131,10 +130,11 @@ def check_dsn(dsn: str | None) -> str | None:
     """Validate the syntax of a ``--dsn`` value (exit 2 when malformed); ``None``/empty means default."""
     if not dsn:
         return None
-    try:
-        conninfo_to_dict(dsn)
-    except psycopg.Error as exc:
-        raise usage_error(f"invalid --dsn: {redact(str(exc), dsn)}") from None
+    for part in split_dsns(dsn) or [dsn]:  # one value may hold several DSNs separated by commas
+        try:
+            conninfo_to_dict(part)
+        except psycopg.Error as exc:
+            raise usage_error(f"invalid --dsn: {redact(str(exc), part)}") from None
     return dsn
 
 
@@ -144,33 +144,37 @@ def given_dsns(dsn: str | Sequence[str] | None) -> list[str]:
     return [d for d in (check_dsn(item) for item in items) if d is not None]
 
 
-def resolve(dsn: str | Sequence[str] | None) -> str:
-    """The one server's DSN: ``--dsn``, else ``$PGSTREAMS_DSN``, else the embedded server (started on
-    demand). Several DSNs (a cluster) are a usage error: the command works on one server."""
+def _resolved(dsn: str | Sequence[str] | None) -> list[str]:
+    """The servers named by the ``--dsn`` values, or without one by ``$PGSTREAMS_DSN``, libpq's environment
+    or the embedded server (started on demand, with a spinner on a terminal): exactly what
+    :func:`pgstreams.connect` accepts (see :func:`pgstreams.connecting.resolve_dsns`). One ``--dsn`` may
+    hold several DSNs separated by commas, as ``$PGSTREAMS_DSN`` may."""
     given = given_dsns(dsn)
-    env = os.environ.get("PGSTREAMS_DSN")
-    if len(given) > 1 or (not given and env and len(split_dsns(env)) > 1):
-        count = len(given) if given else len(split_dsns(env or ""))
-        raise usage_error(f"this command works on one server, but {count} DSNs (the shards of a cluster) "
-                          "were given: give one --dsn")
-    if not given and not env:
+    if len(given) > 1:  # --dsn repeated, each perhaps holding several
+        return resolve_dsns([part for value in given for part in split_dsns(value)])
+    if not given and not env_dsn():
         console = err_console()
         if console.is_terminal:
             with console.status("starting the embedded PostgreSQL..."):
-                return resolve_dsn(None)
-    return resolve_dsn(given[0] if given else None)
+                return resolve_dsns(None)
+    return resolve_dsns(given[0] if given else None)
+
+
+def resolve(dsn: str | Sequence[str] | None) -> str:
+    """The one server's DSN: ``--dsn``, else ``$PGSTREAMS_DSN``, else libpq's environment, else the
+    embedded server (started on demand). Several DSNs (a cluster) are a usage error: the command works on
+    one server."""
+    dsns = _resolved(dsn)
+    if len(dsns) > 1:
+        raise usage_error(f"this command works on one server, but {len(dsns)} DSNs (the shards of a cluster) "
+                          "were given: give one --dsn")
+    return dsns[0]
 
 
 def resolve_all(dsn: str | Sequence[str] | None) -> list[str]:
-    """Every DSN given: the ``--dsn`` values, else those of ``$PGSTREAMS_DSN`` (separated by commas),
-    else the one server :func:`resolve` finds."""
-    given = given_dsns(dsn)
-    if given:
-        return given
-    env = os.environ.get("PGSTREAMS_DSN")
-    if env and len(split_dsns(env)) > 1:
-        return [d for d in (check_dsn(d) for d in split_dsns(env)) if d is not None]
-    return [resolve(None)]
+    """Every DSN given: the ``--dsn`` values (each may hold several separated by commas), else those of
+    ``$PGSTREAMS_DSN``, else the one server :func:`resolve` finds."""
+    return _resolved(dsn)
 
 
 @contextmanager

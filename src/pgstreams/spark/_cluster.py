@@ -45,8 +45,9 @@ SHARD_COLUMN = "shard"
 
 
 def shard_dsns(dsn: str) -> list[str]:
-    """The DSNs of option ``dsn`` (several separated by commas: a cluster's shards, in order)."""
-    return split_dsns(dsn)
+    """The DSNs of option ``dsn`` as resolved (several separated by commas: a cluster's shards, in order;
+    an empty conninfo, libpq's environment, is one server)."""
+    return split_dsns(dsn) or [dsn]
 
 
 def cluster_schema(schema: StructType) -> StructType:

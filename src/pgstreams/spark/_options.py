@@ -7,12 +7,12 @@ Every error names the option at fault and is raised while Spark analyses the que
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Union
 
+from ..connecting import resolve_dsns
 from ..errors import InvalidArgument, InvalidName
 from ..names import check_group, check_schema, check_topic
 from ..storage import Cursor
@@ -95,12 +95,15 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
 
 
 def resolve_dsn(options: Mapping[str, str]) -> str:
-    """Option ``dsn``, else ``$PGSTREAMS_DSN``; raises if neither is set."""
-    dsn = _get(options, "dsn") or os.environ.get("PGSTREAMS_DSN", "").strip()
-    if not dsn:
-        raise InvalidArgument("option 'dsn' is required (a PostgreSQL connection string), "
-                              "or set PGSTREAMS_DSN")
-    return dsn
+    """Option ``dsn``, resolved as :func:`pgstreams.connect` resolves its ``dsn`` (see
+    :mod:`pgstreams.connecting`): without it ``$PGSTREAMS_DSN``, else libpq's environment, else the
+    embedded server (started on demand, on the driver). Several DSNs separated by commas name the shards
+    of a cluster. Returned as one text (the shards' DSNs joined by commas), which the executors receive."""
+    try:
+        dsns = resolve_dsns(_get(options, "dsn"))
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"option 'dsn': {exc}") from None
+    return ",".join(dsns)
 
 
 def schema_option(options: Mapping[str, str]) -> str:

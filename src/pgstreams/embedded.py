@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import fcntl
 import os
+import pwd
+import shutil
+import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -50,6 +54,7 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
                     # platformdirs warns when $XDG_RUNTIME_DIR is unset (no login session: containers, CI,
                     # cron) before using its own fallback, which serves as well.
                     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR", category=UserWarning)
+                    # imported when first needed: a client given a DSN never pays its import (0.1 to 0.5 s)
                     import pgserver
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise ConfigurationError(
@@ -101,8 +106,6 @@ class TemporaryServer:
 
     def restart(self, mode: str = "fast", down: float = 0.0) -> None:
         """:meth:`stop` with ``mode``, stay down ``down`` seconds (default 0), :meth:`start`."""
-        import time
-
         self.stop(mode)
         if down > 0:
             time.sleep(down)
@@ -113,12 +116,9 @@ class TemporaryServer:
 def restartable_server(settings: Mapping[str, str] | None = None) -> Iterator[TemporaryServer]:
     """As :func:`temporary_server`, but yields the :class:`TemporaryServer`, which can be stopped and
     restarted (for fault tests and benchmarks)."""
-    import pwd
-    import shutil
-    import tempfile
-
     embedded_dsn()  # first-time set-up of the binaries (and, as root, of the system user that runs them)
 
+    # pgserver is imported when first needed, as in embedded_dsn
     from pgserver import _commands
     from pgserver.utils import find_suitable_port
 

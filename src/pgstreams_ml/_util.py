@@ -12,6 +12,8 @@ from typing import Any
 
 from pgstreams.errors import InvalidArgument
 
+from . import __version__
+
 _DURATION_RE = re.compile(r"(\d+(?:\.\d+)?)(h|m|s)")
 
 
@@ -44,11 +46,20 @@ def parse_duration(text: str | float | int, what: str = "duration") -> float:
     return value
 
 
+def interval_seconds(text: str) -> float:
+    """Seconds in a Spark interval such as ``15 minutes`` or ``1 hour`` (units second, minute, hour, day,
+    singular or plural), else in a duration of :func:`parse_duration` (``what`` is ``window``)."""
+    num, _, unit = text.strip().partition(" ")
+    unit = unit.rstrip("s") or "second"
+    mult = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}.get(unit)
+    if mult is None:
+        return parse_duration(text, "window")
+    return float(num) * mult
+
+
 @functools.cache
 def code_version() -> str:
     """The application's version plus the git commit of its source tree when it runs from a checkout."""
-    from . import __version__
-
     root = Path(__file__).resolve().parents[2]
     try:
         out = subprocess.run(

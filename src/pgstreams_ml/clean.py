@@ -17,14 +17,19 @@ of the raw record), which the topics store only once.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import events
+import psycopg
+
+import pgstreams
+
+from . import _sql, events
 from .domain import DEVICES, SLOTS
+from .sparkutil import executor_client, read_stream, trigger_kwargs
 
 if TYPE_CHECKING:
-    import psycopg
     from pyspark.sql import Column, DataFrame, Row, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -266,10 +271,6 @@ def publish_partition(
     count)``: ``clean`` (events stored in the clean topic), :data:`DUPLICATES` (clean rows not stored),
     each quarantine reason (rows sent to the quarantine topic) and :data:`ALREADY_QUARANTINED` (those
     not stored)."""
-    import pgstreams
-
-    from .sparkutil import executor_client
-
     by_topic: dict[str, list[pgstreams.Message]] = {}
     reasons: dict[str, int] = {}
     for r in rows:
@@ -324,12 +325,6 @@ class CleanBatchWriter:
         return state
 
     def _book(self, batch_id: int, counts: dict[str, int]) -> None:
-        import json
-
-        import psycopg
-
-        from . import _sql
-
         # rows in: every raw record of the batch (an already quarantined row was counted by its reason)
         rows_in = sum(n for k, n in counts.items() if k != ALREADY_QUARANTINED)
         args = ("clean", batch_id, rows_in, json.dumps(counts))
@@ -376,8 +371,6 @@ def build_clean_query(
     ``trigger`` is ``availableNow`` (default), ``once`` or an interval like ``2 seconds``. Stateless: each
     micro-batch is one Spark stage (read, parse, publish) and duplicates are dropped by the clean topic's
     idempotent event ids (:func:`publish_partition`)."""
-    from .sparkutil import read_stream, trigger_kwargs
-
     raw = read_stream(
         spark,
         dsn,

@@ -14,7 +14,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+import psycopg
+
+from . import _sql
 from .clean import JSON_TS_OPTIONS
+from .sparkutil import read_stream, trigger_kwargs, write_table
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -87,8 +91,6 @@ def write_examples(labelled: DataFrame, dsn: str, schema: str) -> None:
     rows into a staging table and one statement looks up, by key, the user profile and ad catalogue versions
     valid at each impression's time in the enrichment history (``enriched`` is false when either is missing).
     Idempotent per impression."""
-    from .sparkutil import write_table
-
     write_table(labelled, dsn, schema, "stage_examples", "copy_examples", "merge_examples", EXAMPLE_COLUMNS)
 
 
@@ -101,10 +103,7 @@ class JoinBatchWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Write one micro-batch (called by Spark)."""
-        import psycopg
         from pyspark.sql import functions as F
-
-        from . import _sql
 
         batch = batch.persist()
         try:
@@ -134,8 +133,6 @@ def build_join_query(
 ) -> StreamingQuery:
     """Start the join query: read ``topo.clean_topic`` as group ``topo.join_group`` and upsert training
     examples. Windows and delays as in :func:`label_impressions`; ``trigger`` as in the clean query."""
-    from .sparkutil import read_stream, trigger_kwargs
-
     src = read_stream(
         spark,
         dsn,

@@ -24,11 +24,19 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+from psycopg.types.json import Jsonb
+
+from . import _sql, registry
 from . import metrics as M
+from ._util import interval_seconds
+from .clean import JSON_TS_OPTIONS
 from .domain import DRIFT_CATEGORICAL, DRIFT_NUMERIC
+from .join import parse_clean
+from .sparkutil import aware, read_stream, trigger_kwargs, write_table
+from .train import drift_bucket_columns
 
 if TYPE_CHECKING:
-    import psycopg
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
@@ -46,8 +54,6 @@ _DRIFT_INPUTS = tuple(DRIFT_CATEGORICAL) + tuple(DRIFT_NUMERIC)
 def parse_predictions(df: DataFrame) -> DataFrame:
     """Decode predictions-topic rows (column ``value``) into the columns of :data:`PREDICTION_SCHEMA`."""
     from pyspark.sql import functions as F
-
-    from .clean import JSON_TS_OPTIONS
 
     return df.select(
         F.from_json(F.col("value").cast("string"), PREDICTION_SCHEMA, JSON_TS_OPTIONS).alias("e")
@@ -95,9 +101,6 @@ def partial_statistics(labelled: DataFrame, window: str) -> dict[tuple[datetime,
     row is exploded into its score-histogram bin and its drift bucket of every monitored input, and one
     aggregation counts rows, clicks, predictions and log loss per (window, model, key, bucket)."""
     from pyspark.sql import functions as F
-
-    from .sparkutil import aware
-    from .train import drift_bucket_columns
 
     q = F.least(F.greatest(F.col("p"), F.lit(M.EPS)), F.lit(1 - M.EPS))
     y = F.col("label").cast("double")
@@ -231,14 +234,12 @@ class MonitorBatchWriter:
         self.dsn = dsn
         self.topo = topo
         self.window = window
-        self.window_len = _interval_seconds(window)
+        self.window_len = interval_seconds(window)
         self.complete_after = complete_after
         self.rule = rule or M.DegradationRule()
         self._baselines: dict[int, dict[str, Any]] = {}
 
     def _baseline(self, conn: psycopg.Connection, model_id: int) -> dict[str, Any]:
-        from . import registry
-
         if model_id not in self._baselines:
             rec = registry.get(conn, self.topo.schema, model_id)
             self._baselines[model_id] = dict(rec.metrics) if rec else {}
@@ -246,12 +247,6 @@ class MonitorBatchWriter:
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Process one micro-batch (called by Spark)."""
-        import psycopg
-        from psycopg.types.json import Jsonb
-
-        from . import _sql
-        from .sparkutil import write_table
-
         schema = self.topo.schema
         batch = batch.persist()
         try:
@@ -297,10 +292,6 @@ class MonitorBatchWriter:
         """Recompute the metrics of windows ``keys`` (default none) and of every window that has become
         complete; return how many. Only complete windows are judged (an incomplete one holds its clicked
         rows but not yet all of its unclicked ones)."""
-        from psycopg.types.json import Jsonb
-
-        from . import _sql
-
         schema = self.topo.schema
         row = conn.execute(_sql.q("max_partial_ts", schema)).fetchone()
         horizon = row[0] if row else None
@@ -343,17 +334,6 @@ class MonitorBatchWriter:
         return len(todo)
 
 
-def _interval_seconds(text: str) -> float:
-    from ._util import parse_duration
-
-    num, _, unit = text.strip().partition(" ")
-    unit = unit.rstrip("s") or "second"
-    mult = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}.get(unit)
-    if mult is None:
-        return parse_duration(text, "window")
-    return float(num) * mult
-
-
 def build_monitor_query(
     spark: SparkSession,
     dsn: str,
@@ -371,9 +351,6 @@ def build_monitor_query(
 ) -> StreamingQuery:
     """Start the monitoring query: predictions topic (group ``topo.monitor_group``) joined with the clean
     topic's clicks; metrics per ``window`` (default 15 minutes of event time) into ``online_metrics``."""
-    from .join import parse_clean
-    from .sparkutil import read_stream, trigger_kwargs
-
     preds = parse_predictions(
         read_stream(
             spark,
@@ -395,9 +372,9 @@ def build_monitor_query(
     )
     labelled = label_predictions(preds, clean, attribution, prediction_delay, click_delay)
     complete_after = timedelta(
-        seconds=_interval_seconds(attribution)
-        + _interval_seconds(prediction_delay)
-        + _interval_seconds(click_delay)
+        seconds=interval_seconds(attribution)
+        + interval_seconds(prediction_delay)
+        + interval_seconds(click_delay)
     )
     writer = MonitorBatchWriter(dsn, topo, window, complete_after, rule)
     return (

@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -60,8 +61,6 @@ class ModelRecord:
 
 def pack_artefact(mllib_dir: str | None, intercept: float, coefficients: Sequence[float]) -> bytes:
     """Zip ``mllib_dir`` (if given) under ``mllib/`` with ``model.json``."""
-    import os
-
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(
@@ -92,8 +91,6 @@ def unpack_model_json(artefact: bytes) -> dict[str, Any]:
 
 def extract_mllib(artefact: bytes, target: str) -> str:
     """Extract the artefact's MLlib directory under ``target``; return its path."""
-    import os
-
     with zipfile.ZipFile(io.BytesIO(artefact)) as zf:
         for name in zf.namelist():
             if name.startswith("mllib/"):

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from .latency import STAGES, percentile
+
 
 def _f(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -263,8 +265,6 @@ def plot_latency(samples: list[Any], out: Path, bucket: float = 5.0) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from .latency import STAGES, percentile
 
     fig, ax = plt.subplots(figsize=(10, 5))
     if samples:

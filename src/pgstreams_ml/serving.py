@@ -35,6 +35,9 @@ from typing import TYPE_CHECKING
 
 from pgstreams.errors import PgStreamsError
 
+from .clean import build_clean_query
+from .sparkutil import QUERY_RESTARTS, executor_client, is_transient
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
@@ -151,10 +154,8 @@ class CleanStatus:
 
 
 def _warm_worker(dsn: str, schema: str) -> list[int]:
-    """In a Spark Python worker: import the clean pipeline and make the worker's pgstreams client."""
-    from . import clean  # noqa: F401 - imported for its module-level work
-    from .sparkutil import executor_client
-
+    """In a Spark Python worker: make the worker's pgstreams client (the worker imported this module, and
+    with it the clean pipeline, to run this)."""
     executor_client(dsn, schema)
     return [1]
 
@@ -193,9 +194,6 @@ def run_clean_service(
     at most :data:`sparkutil.QUERY_RESTARTS` times), and report its progress in ``status_path``
     (:class:`CleanStatus`). ``warm_up`` starts the Python workers first (:func:`warm_python_workers`).
     Raises :class:`ServingError` when the query fails otherwise."""
-    from .clean import build_clean_query
-    from .sparkutil import QUERY_RESTARTS, is_transient
-
     status = CleanStatus(pid=os.getpid())
     if status_path is not None:
         status.write(status_path)

@@ -3,6 +3,7 @@ and idempotent writes of DataFrames into PostgreSQL tables from the executors.""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Sequence
@@ -185,6 +186,8 @@ def write_table(
     """Write ``df``'s ``columns`` into PostgreSQL from the executors: each partition COPYs into a temporary
     table (named query ``stage``, then ``copy``) and merges it with the named query ``merge`` (an idempotent
     upsert) in one transaction."""
+    # imported here: Spark's Python workers import this module to run _copy_partition, which needs psycopg
+    # alone, and pgstreams_ml._sql would add the pgstreams client's import (0.15 to 0.4 s) to every new one
     from . import _sql
 
     stage_sql = _sql.q(stage, schema).as_string(None)
@@ -208,8 +211,7 @@ def read_topic_local(
 ) -> DataFrame:
     """A whole topic as a batch DataFrame with the source's columns, read in this process through the core
     client (group ``group``, rewound first). For small topics: tests, debugging, notebooks."""
-    import json as _json
-
+    # imported here, as in write_table
     from ._util import read_committed
 
     rows = []
@@ -218,7 +220,7 @@ def read_topic_local(
         if isinstance(v, str):
             v = v.encode()
         elif not isinstance(v, (bytes, bytearray)):
-            v = _json.dumps(v).encode()
+            v = json.dumps(v).encode()
         rows.append(
             (
                 e.topic,
@@ -248,7 +250,7 @@ def executor_client(dsn: str, pgstreams_schema: str = "pgstreams") -> Any:
     key = (dsn, pgstreams_schema)
     client = _EXECUTOR_CLIENTS.get(key)
     if client is None:
-        import pgstreams
+        import pgstreams  # imported here, as in write_table
 
         client = pgstreams.connect(dsn, schema=pgstreams_schema, migrate=False, pool_size=2)
         _EXECUTOR_CLIENTS[key] = client

@@ -16,9 +16,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 import pgstreams
 
-from . import registry
+from . import _sql, registry
 from ._util import code_version
 from .domain import DRIFT_CATEGORICAL, DRIFT_NUMERIC, FEATURE_NAMES, FEATURES, PRICE_REF
 from .metrics import EPS
@@ -138,10 +140,7 @@ def reference_distributions(df: DataFrame) -> dict[str, dict[str, float]]:
 def load_examples(spark: SparkSession, dsn: str, schema: str, start: datetime, end: datetime) -> DataFrame:
     """Enriched training examples with ``start <= ts < end`` as a DataFrame (fetched with one query and
     handed to Spark as Arrow)."""
-    import psycopg
     import pyarrow as pa
-
-    from . import _sql
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         cur = conn.execute(_sql.q("load_examples", schema), (start, end))

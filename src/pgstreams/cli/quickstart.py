@@ -91,6 +91,7 @@ def run_quickstart(dsn: str, *, schema: str = DEFAULT_SCHEMA, keep: bool = False
                    console: Console | None = None) -> QuickstartResult:
     """Run the tour on ``dsn`` (schema ``schema``, default ``"pgstreams"``), printing to ``console``
     (default: a new stdout console). Deletes its topic at the end unless ``keep`` (default false)."""
+    # imported when it prints, as in .output: every other command starts without rich
     from rich.console import Console
 
     con = console or Console()

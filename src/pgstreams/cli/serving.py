@@ -8,7 +8,7 @@ import signal
 import threading
 from types import FrameType, ModuleType
 
-from .common import CliError
+from .common import CliError, usage_error
 
 
 def load_extra(module: str, extra: str) -> ModuleType:
@@ -23,8 +23,6 @@ def load_extra(module: str, extra: str) -> ModuleType:
 def check_port(option: str, port: int) -> None:
     """A TCP port (0: any free one)."""
     if not 0 <= port <= 65535:
-        from .common import usage_error
-
         raise usage_error(f"{option} must be a port from 0 to 65535, not {port}")
 
 

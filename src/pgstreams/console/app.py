@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 try:
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
     from starlette.middleware import Middleware
     from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -287,14 +289,10 @@ def _share_groups(shares: tuple[ShareGroupStatus, ...]) -> dict[str, dict[str, A
 
 
 def _q(text: str) -> str:
-    from urllib.parse import quote
-
     return quote(text, safe="")
 
 
 async def _threaded(fn: Any, *args: Any) -> Any:
-    from starlette.concurrency import run_in_threadpool
-
     return await run_in_threadpool(fn, *args)
 
 

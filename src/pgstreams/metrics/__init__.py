@@ -15,6 +15,7 @@ This package depends on the core's public API; the core imports nothing of it. S
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from .defaults import (
@@ -38,8 +39,6 @@ if not TYPE_CHECKING:
 
     def __getattr__(name: str) -> Any:
         if name in _LAZY:
-            import importlib
-
             value = getattr(importlib.import_module(_LAZY[name], __name__), name)
             globals()[name] = value
             return value

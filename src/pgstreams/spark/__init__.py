@@ -19,11 +19,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from typing import TYPE_CHECKING
 
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
 from ._source import SCHEMA_DDL, PgStreamsDataSource, read_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
 __all__ = ["SCHEMA_DDL", "PgStreamsDataSource", "decode_json", "read_schema", "register"]
 
@@ -65,9 +67,6 @@ def decode_json(df: DataFrame, schema: StructType | str, *, column: str = "value
     with ``corrupt_column``, such a value's raw text is put in that (string) column, NULL otherwise.
     Works on batch and streaming DataFrames (it is Spark's ``from_json``, run in the JVM).
     """
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
-
     parsed = StructType.fromDDL(schema) if isinstance(schema, str) else schema
     if not isinstance(parsed, StructType):
         raise TypeError(f"schema must be a StructType or a DDL string of fields, not {schema!r}")

@@ -21,6 +21,7 @@ import psycopg
 import pyarrow as pa
 from psycopg import sql
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
 from ..errors import DataLoss
@@ -391,8 +392,6 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     bytes as well as events (see ``CHUNK_BYTES``); a chunk PostgreSQL refuses for size is asked again for
     half the events.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     filters, fparams = (pushed or Pushed()).sql()
     base = {"partition": split.partition, "end": split.end, **fparams}
@@ -440,8 +439,6 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
     bytes as well as events (see ``CHUNK_BYTES``); a chunk PostgreSQL refuses for size (see
     :func:`too_large`) is read again in smaller page groups, then one row per event.
     """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     arrow_schema = to_arrow_schema(schema, timezone="UTC")
     filters, fparams = (pushed or Pushed()).sql()
     params: dict[str, Any] = {"ends": list(split.ends), **fparams}

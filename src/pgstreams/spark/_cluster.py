@@ -32,13 +32,13 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 
 from ..cluster.client import shard_for_key
 from ..cluster.layout import check_layout, split_dsns
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, TopicConflict, TopicNotFound
 from ..storage import Store, TopicRecord
 from . import _db
 from ._batch import BatchReader
 from ._options import ReadOptions, WriteOptions
 from ._stream import StreamReader
-from ._write import BatchWriter, StreamWriter, _task
+from ._write import BatchWriter, StreamWriter, task_identity
 
 #: The column that rows read from a cluster carry: the shard holding the event.
 SHARD_COLUMN = "shard"
@@ -203,7 +203,7 @@ class _Router:
 
     def route(self, iterator: Iterator[pa.RecordBatch]) -> list[list[pa.RecordBatch]]:
         per: list[list[pa.RecordBatch]] = [[] for _ in range(self.span)]
-        part, _, _ = _task()
+        part, _, _ = task_identity()
         offset = part
         for batch in iterator:
             for s, piece in enumerate(split_by_shard(batch, self.partitions, self.span, offset)):
@@ -267,8 +267,6 @@ class ClusterStreamWriter(DataSourceStreamArrowWriter):
 def topic_span(dsns: Sequence[str], schema: str, topic: str) -> tuple[list[TopicRecord], int]:
     """The topic's record on each shard of its span, and its span (``TopicConflict`` for a topic created
     without the cluster)."""
-    from ..errors import TopicConflict, TopicNotFound
-
     store = Store(None, schema)
     with _db.connect(dsns[0]) as conn:
         span = store.cluster.span(topic, conn)

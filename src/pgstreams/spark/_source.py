@@ -9,7 +9,16 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from ..errors import InvalidArgument
 from ..storage import TopicRecord
@@ -27,16 +36,6 @@ SCHEMA_DDL = ("topic string, partition int, position long, key string, value bin
 
 def read_schema() -> StructType:
     """The read schema as a :class:`StructType` (``value`` is the only non-nullable column)."""
-    from pyspark.sql.types import (
-        BinaryType,
-        IntegerType,
-        LongType,
-        MapType,
-        StringType,
-        StructField,
-        TimestampType,
-    )
-
     return StructType([
         StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),

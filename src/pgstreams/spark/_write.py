@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+from pyspark import TaskContext
 from pyspark.sql.datasource import (
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
@@ -177,9 +178,9 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
     return TaskCommit(sink_id, batch_id, task_partition, events, stored, False)
 
 
-def _task() -> tuple[int, str | None, str | None]:
-    from pyspark import TaskContext
-
+def task_identity() -> tuple[int, str | None, str | None]:
+    """The running Spark task's partition id, streaming query id and micro-batch id (``None`` for a batch
+    write); raises :class:`RuntimeError` outside a Spark task."""
     ctx = TaskContext.get()
     if ctx is None:  # pragma: no cover - always set inside a Spark task
         raise RuntimeError("pgstreams.spark writers run inside Spark tasks only")
@@ -209,7 +210,7 @@ class BatchWriter(DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         """Publish one task's rows."""
-        part, _, _ = _task()
+        part, _, _ = task_identity()
         return write_task(self.opts, self.meta, self.used, self.job_id, 0, part, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
@@ -231,7 +232,7 @@ class StreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> TaskCommit:
         """Publish one task's rows of the current micro-batch, once."""
-        part, query_id, batch = _task()
+        part, query_id, batch = task_identity()
         if not query_id or batch is None:  # pragma: no cover - Spark always sets both for micro-batches
             raise RuntimeError("the streaming query id and batch id are not set in this task")
         return write_task(self.opts, self.meta, self.used, f"query-{query_id}", int(batch), part, iterator)

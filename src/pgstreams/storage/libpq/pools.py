@@ -1,0 +1,67 @@
+"""Connection pools whose check of a connection waits for the server's answer a bounded time."""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import time
+from typing import Any
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from .waits import check_alive, polled
+
+#: Seconds a pooled connection's check (:class:`CheckedPool`) waits for the server's answer.
+CHECK_TIMEOUT = 5.0
+
+
+def check(pg: pq.abc.PGconn, timeout: float = CHECK_TIMEOUT) -> None:
+    """Whether ``pg`` (idle) still reaches its server: an empty query answered within ``timeout`` seconds;
+    else ``pg`` is closed and :class:`psycopg.OperationalError` raised."""
+    pg.send_query(b"")
+    ends = time.monotonic() + timeout
+    while (pending := pg.flush()) or pg.is_busy():
+        left = ends - time.monotonic()
+        if left <= 0 or not polled(pg.socket, left, select.POLLIN | (select.POLLOUT if pending else 0)):
+            pg.finish()
+            raise psycopg.OperationalError(f"connection check: no answer within {timeout:g} s")
+        pg.consume_input()
+    while (res := pg.get_result()) is not None:
+        if res.status == pq.ExecStatus.FATAL_ERROR:
+            raise psycopg.errors.error_from_result(res)
+    check_alive(pg)
+
+
+class CheckedPool(ConnectionPool):
+    """psycopg's pool, whose :meth:`check` (after a lost connection: see :mod:`pgstreams.reconnect`) waits
+    :data:`CHECK_TIMEOUT` seconds at most for each connection's answer (psycopg's check waits for it
+    without a bound: one connection cut silently would hold the check forever)."""
+
+    @staticmethod
+    def check_connection(conn: psycopg.Connection) -> None:
+        """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
+        :data:`CHECK_TIMEOUT` seconds."""
+        if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise psycopg.OperationalError("connection check: the connection is not idle")
+        check(conn.pgconn)
+
+
+class AsyncCheckedPool(AsyncConnectionPool):
+    """:class:`CheckedPool` for the asyncio client: psycopg's async pool, whose :meth:`check` (after a lost
+    connection: see :class:`pgstreams.reconnect.AsyncReconnect`) waits :data:`CHECK_TIMEOUT` seconds at
+    most for each connection's answer."""
+
+    @staticmethod
+    async def check_connection(conn: psycopg.AsyncConnection[Any]) -> None:
+        """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
+        :data:`CHECK_TIMEOUT` seconds (it is closed then)."""
+        if conn.closed or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE:
+            raise psycopg.OperationalError("connection check: the connection is not idle")
+        try:
+            await asyncio.wait_for(conn.execute(""), CHECK_TIMEOUT)
+        except TimeoutError:
+            await conn.close()
+            raise psycopg.OperationalError(
+                f"connection check: no answer within {CHECK_TIMEOUT:g} s") from None

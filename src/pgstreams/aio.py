@@ -42,8 +42,7 @@ from .client import (
     DEFAULT_POOL_SIZE,
     DEFAULT_SCHEMA,
     Client,
-    _check_idempotent,
-    _check_options,
+    check_connect_options,
 )
 from .connecting import resolve_dsns
 from .consumer.consumer import _check_limits
@@ -93,8 +92,7 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     :class:`pgstreams.ConnectionLost`), ``idempotent`` (true: publishes carry producer tags, so that one
     retried after its outcome was lost is stored once); the same errors
     (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
-    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
-    _check_idempotent(idempotent)
+    check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
     dsns = await asyncio.to_thread(resolve_dsns, dsn)
     if len(dsns) > 1:
         raise InvalidArgument(f"the asyncio client connects to one server, but {len(dsns)} DSNs (the shards "

@@ -28,8 +28,7 @@ from .client import (
     DEFAULT_RETRY_TIMEOUT,
     DEFAULT_SCHEMA,
     Client,
-    _check_idempotent,
-    _check_options,
+    check_connect_options,
 )
 from .cluster import ClusterClient
 from .cluster.layout import check_dsns, split_dsns
@@ -135,8 +134,7 @@ def connect(
     be stored twice (events with an ``event_id`` never are). It exists to measure what idempotence costs
     (``python -m bench.idempotence``) and for callers who deduplicate themselves.
     """
-    _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
-    _check_idempotent(idempotent)
+    check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
     options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
                                "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
                                "idempotent": idempotent}

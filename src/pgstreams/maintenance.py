@@ -50,7 +50,7 @@ from .services import Service
 from .storage.operations import TopicToCheck
 
 if TYPE_CHECKING:
-    from .client import Client
+    from .ports import HasSession, SessionPort
 
 log = logging.getLogger("pgstreams.maintenance")
 
@@ -85,12 +85,14 @@ def _report(summary: dict[str, Any], seconds: float) -> MaintenanceReport:
 
 
 class Maintenance:
-    """Runs maintenance passes of a client's schema (see the module docstring). ``clock`` (default
-    :func:`time.monotonic`) times them."""
+    """Runs maintenance passes of the schema of ``client`` (a :class:`pgstreams.Client` or its session; see
+    the module docstring). ``clock`` (default :func:`time.monotonic`) times them."""
 
-    def __init__(self, client: Client, *, clock: Callable[[], float] = time.monotonic) -> None:
-        self.client = client
-        self._ops = client.store.operations
+    def __init__(self, client: HasSession, *, clock: Callable[[], float] = time.monotonic) -> None:
+        #: the session the passes run on
+        self.session = session = client.session
+        self._ops = session.store.operations
+        self._groups = session.store.groups
         self._clock = clock
 
     def run(
@@ -118,8 +120,8 @@ class Maintenance:
             "topics_checked": 0,
         }
         ops = self._ops
-        with self.client.raw_connection() as conn:
-            self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
+        with self.session.raw_connection() as conn:
+            self._groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
             ops.prepare_pass(conn)
             ops.lock_pass(conn)
             try:
@@ -164,8 +166,8 @@ class Maintenance:
     def purge(self) -> int:
         """Drop every segment retention detached and not dropped yet (of every topic; one purge of a schema
         at a time: returns 0 at once while another runs). Returns how many were dropped."""
-        with self.client.raw_connection() as conn:
-            self.client.store.groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
+        with self.session.raw_connection() as conn:
+            self._groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
             self._ops.prepare_pass(conn)
             return self._purge(conn, None)[0]
 
@@ -203,8 +205,8 @@ class Maintenance:
                         return
                     if not todo:
                         return
-                    with self.client.raw_connection() as extra:
-                        self.client.store.groups.prepare_member_connection(extra, DETACH_LOCK_TIMEOUT)
+                    with self.session.raw_connection() as extra:
+                        self._groups.prepare_member_connection(extra, DETACH_LOCK_TIMEOUT)
                         ops.prepare_pass(extra)
                         results[i] = self._drop(extra, take)
                 except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
@@ -272,18 +274,20 @@ class MaintenanceService(Service):
     while it leads its schema: of all the services of a database, only the one holding the schema's
     leader lock (a session advisory lock on a connection of its own) runs passes; the others try to take
     it over every ``interval`` seconds, and do once the leader stops or its connection dies. Database
-    errors of a pass are logged and the pass retried at the next tick (with a new connection)."""
+    errors of a pass are logged and the pass retried at the next tick (with a new connection). ``client``:
+    a :class:`pgstreams.Client` or its session."""
 
     def __init__(
-        self, client: Client, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *, name: str = "maintenance"
+        self, client: HasSession, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *, name: str = "maintenance"
     ) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
             raise InvalidArgument(
                 f"maintenance interval must be a positive number of seconds, got {interval!r}"
             )
         super().__init__(name, interval=float(interval))
-        self.client = client
-        self.maintenance = Maintenance(client)
+        #: the session the passes run on
+        self.session = session = client.session
+        self.maintenance = Maintenance(session)
         self.leader = False
         self.passes = 0
         self.last_report: MaintenanceReport | None = None
@@ -294,13 +298,14 @@ class MaintenanceService(Service):
         try:
             if self._conn is None or self._conn.closed:
                 self.leader = False
-                self._conn = self.client.raw_connection()
+                self._conn = self.session.raw_connection()
+            ops = self.session.store.operations
             if not self.leader:
-                self.leader = self.client.store.operations.try_lead(self._conn)
+                self.leader = ops.try_lead(self._conn)
                 if self.leader:
-                    log.info("maintenance: this process leads schema %s", self.client.schema)
+                    log.info("maintenance: this process leads schema %s", self.session.schema)
             if self.leader:
-                self.client.store.operations.ping(self._conn)  # still connected: still the leader
+                ops.ping(self._conn)  # still connected: still the leader
                 self.last_report = self.maintenance.run()
                 self.passes += 1
         except (psycopg.OperationalError, ConnectionLost, PermissionDenied) as exc:
@@ -352,65 +357,70 @@ def cron_schedule(every: str) -> str:
     )
 
 
-def cron_job_name(client: Client) -> str:
-    """The name of a schema's pg_cron job: ``pgstreams-maintain:<database>:<schema>``."""
-    _, _, database = client.store.operations.pg_cron_settings()
-    return f"pgstreams-maintain:{database}:{client.schema}"
+def cron_job_name(client: HasSession) -> str:
+    """The name of a schema's pg_cron job: ``pgstreams-maintain:<database>:<schema>`` (``client``: a
+    :class:`pgstreams.Client` or its session)."""
+    session = client.session
+    _, _, database = session.store.operations.pg_cron_settings()
+    return f"pgstreams-maintain:{database}:{session.schema}"
 
 
-def _cron_connection(client: Client) -> tuple[psycopg.Connection, str]:
-    loaded, cron_db, database = client.store.operations.pg_cron_settings()
+def _cron_connection(session: SessionPort) -> tuple[psycopg.Connection, str]:
+    loaded, cron_db, database = session.store.operations.pg_cron_settings()
     if not loaded or not cron_db:
         raise ConfigurationError(
             "pg_cron is not loaded on this server (shared_preload_libraries): run maintenance with "
             "workers (their maintenance service) or `pgstreams maintain --loop` instead"
         )
     try:
-        conn = psycopg.connect(make_conninfo(client.dsn, dbname=cron_db), autocommit=True)
+        conn = psycopg.connect(make_conninfo(session.dsn, dbname=cron_db), autocommit=True)
     except psycopg.Error as exc:
         raise ConfigurationError(f"cannot connect to pg_cron's database {cron_db!r}: {exc}") from exc
     return conn, database
 
 
-def schedule_maintenance(client: Client, every: str = DEFAULT_SCHEDULE_EVERY) -> int:
+def schedule_maintenance(client: HasSession, every: str = DEFAULT_SCHEDULE_EVERY) -> int:
     """Register (or replace) the pg_cron job that runs the SQL function ``maintain()`` of the client's
     schema in its database every ``every`` (default :data:`DEFAULT_SCHEDULE_EVERY`; see
     :func:`cron_schedule`); creates the pg_cron extension in pg_cron's database if needed. Returns the
     job id. Raises :class:`ConfigurationError` where pg_cron is not loaded."""
+    session = client.session
     schedule = cron_schedule(every)
-    name = cron_job_name(client)
-    ex = client.store.executor
-    conn, database = _cron_connection(client)
+    name = cron_job_name(session)
+    ex = session.store.executor
+    conn, database = _cron_connection(session)
     with conn:
         ex.run("pg_cron_create", conn=conn)
-        command = sql.SQL("SELECT {}.maintain()").format(sql.Identifier(client.schema)).as_string(conn)
+        command = sql.SQL("SELECT {}.maintain()").format(sql.Identifier(session.schema)).as_string(conn)
         row = ex.one("pg_cron_schedule", (name, schedule, command, database), conn=conn)
     assert row is not None
     return int(row[0])
 
 
-def unschedule_maintenance(client: Client) -> bool:
+def unschedule_maintenance(client: HasSession) -> bool:
     """Remove the schema's pg_cron job; False when there was none."""
-    ex = client.store.executor
-    conn, _ = _cron_connection(client)
+    session = client.session
+    ex = session.store.executor
+    conn, _ = _cron_connection(session)
     with conn:
         try:
-            rows = ex.all("pg_cron_unschedule", (cron_job_name(client),), conn=conn)
+            rows = ex.all("pg_cron_unschedule", (cron_job_name(session),), conn=conn)
         except psycopg.errors.UndefinedTable:  # the extension is not created: no job
             return False
     return bool(rows)
 
 
-def scheduled_job(client: Client) -> dict[str, Any] | None:
+def scheduled_job(client: HasSession) -> dict[str, Any] | None:
     """The schema's pg_cron job (``jobid``, ``schedule``, ``command``, ``database``, ``active``), ``None``
     when there is none or pg_cron is not loaded."""
-    loaded, cron_db, _ = client.store.operations.pg_cron_settings()
+    session = client.session
+    loaded, cron_db, _ = session.store.operations.pg_cron_settings()
     if not loaded or not cron_db:
         return None
-    conn, _ = _cron_connection(client)
+    conn, _ = _cron_connection(session)
     with conn:
         try:
-            row = client.store.executor.one("pg_cron_job", (cron_job_name(client),), conn=conn)
+            row = session.store.executor.one("pg_cron_job", (cron_job_name(session),), conn=conn)
         except psycopg.errors.UndefinedTable:
             return None
     if row is None:

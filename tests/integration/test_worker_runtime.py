@@ -1,4 +1,4 @@
-"""The worker runtime: Consumer.run, named services and their supervisor, hand-over between workers,
+"""The worker runtime: run_consumer, named services and their supervisor, hand-over between workers,
 graceful stop, and bad input."""
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import pgstreams
 from _core_helpers import until
 from pgstreams import InvalidArgument, ServiceFailed, Worker
 from pgstreams.services import Service, Supervisor
+from pgstreams.worker import run_consumer
 
 
-def test_consumer_run_handles_its_partitions_until_told_to_stop(client: pgstreams.Client) -> None:
+def test_run_consumer_handles_its_partitions_until_told_to_stop(client: pgstreams.Client) -> None:
     client.create_topic("t", 3)
     client.publish_many("t", [{"value": i, "partition": i % 3} for i in range(30)])
     consumer = client.consumer("t", "g")
@@ -30,11 +31,13 @@ def test_consumer_run_handles_its_partitions_until_told_to_stop(client: pgstream
         if len(seen) == 10:
             done.set()
 
-    worker = only.run(handle, until=done, install_signal_handlers=False)
+    worker = run_consumer(client, only, handle, until=done, install_signal_handlers=False)
     assert sorted(seen) == list(range(1, 30, 3))
     assert worker.stats.events == 10
     assert {s.partition: s.lag for s in pgstreams.group_status(client, "g")} == {0: 10, 1: 0, 2: 10}
     assert consumer.poll(100, timeout=1) and not pgstreams.group_members(client, "g")
+    with pgstreams.connect(client.dsn, schema=client.schema) as other, pytest.raises(InvalidArgument):
+        run_consumer(other, only, handle, install_signal_handlers=False)  # not other's consumer
 
 
 def test_a_dead_service_stops_the_worker_loudly(client: pgstreams.Client,

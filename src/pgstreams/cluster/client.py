@@ -19,20 +19,20 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import psycopg
 
+from ..admin.topics import check_same_topic, topic_definition
 from ..client import (
     DEFAULT_POLL_INTERVAL,
     DEFAULT_POOL_SIZE,
     DEFAULT_RETRY_TIMEOUT,
     DEFAULT_SCHEMA,
     Client,
-    _check_options,
-    check_same_topic,
-    topic_definition,
+    check_connect_options,
 )
+from ..consumer import Start
 from ..errors import (
     ConfigurationError,
     ConnectionLost,
@@ -54,11 +54,8 @@ from ..models import (
 )
 from ..names import check_topic
 from ..partitioner import murmur2
+from .consumer import ClusterConsumer
 from .layout import ClusterLayout, check_dsns, check_layout, shard_label
-
-if TYPE_CHECKING:
-    from ..consumer import Start
-    from .consumer import ClusterConsumer
 
 __all__ = ["ClusterClient", "ClusterTopic", "ClusterTopicDescription", "shard_for_key"]
 
@@ -132,7 +129,7 @@ class ClusterClient:
                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> None:
         dsns = check_dsns(list(dsns) if not isinstance(dsns, str) else dsns)
-        _check_options(schema, migrate, pool_size, poll_interval, retry_timeout)
+        check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
         self._dsns = tuple(dsns)
         self.schema = schema
         self.poll_interval = float(poll_interval)
@@ -455,8 +452,6 @@ class ClusterClient:
         """A :class:`pgstreams.cluster.ClusterConsumer` of ``topic`` in stream group ``group``: it reads
         every (shard, partition) of the topic; each shard keeps the group's checkpoints of its partitions.
         ``start`` is as for :meth:`pgstreams.Client.consumer` (default ``"earliest"``)."""
-        from .consumer import ClusterConsumer
-
         return ClusterConsumer(self, topic, group, start=start)
 
 

@@ -32,7 +32,7 @@ log = logging.getLogger("pgstreams.cluster")
 SHARD_RETRY_INTERVAL = 2.0
 
 
-def _tag(events: Sequence[Event], shard: int) -> None:
+def tag_shard(events: Sequence[Event], shard: int) -> None:
     """Record ``shard`` in events built by a shard's reader (their instances are fresh, never shared)."""
     if shard:
         for e in events:
@@ -95,7 +95,7 @@ class ClusterConsumer:
                                        f"{self.cluster.shard_name(shard)}: {exc}") from exc
             return []
         if got:
-            _tag(got, shard)
+            tag_shard(got, shard)
             self._last = shard
             self._next = shard + 1
         return got
@@ -198,7 +198,7 @@ class ClusterConsumer:
 
             def poll(max_events: int = 500, timeout: float = 1.0) -> list[Event]:
                 got = original(max_events, timeout)
-                _tag(got, shard)
+                tag_shard(got, shard)
                 return got
 
             tx.poll = poll  # type: ignore[method-assign]

@@ -20,11 +20,12 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument
 from ..groups import new_member_id
 from ..models import Event
+from ..worker import Worker
+from ..worker.handlers import is_async
 from ..worker.worker import signals_handled
-from .consumer import SHARD_RETRY_INTERVAL, _tag
+from .consumer import SHARD_RETRY_INTERVAL, tag_shard
 
 if TYPE_CHECKING:
-    from ..worker import Worker
     from .client import ClusterClient
 
 __all__ = ["ClusterWorker"]
@@ -41,17 +42,15 @@ class _OnShard:
         self.__signature__ = inspect.signature(handler)
 
     def __call__(self, first: Event | Sequence[Event], *rest: Any) -> Any:
-        _tag([first] if isinstance(first, Event) else first, self.shard)
+        tag_shard([first] if isinstance(first, Event) else first, self.shard)
         return self.handler(first, *rest)
 
 
 def _on_shard(handler: Any, shard: int) -> Any:
     """``handler`` tagging its events with ``shard`` (an ``async def`` handler stays one)."""
-    from ..worker.handlers import is_async
-
     if is_async(handler):
         async def call(first: Event | Sequence[Event], *rest: Any) -> Any:
-            _tag([first] if isinstance(first, Event) else first, shard)
+            tag_shard([first] if isinstance(first, Event) else first, shard)
             return await handler(first, *rest)
 
         call.__signature__ = inspect.signature(handler)  # type: ignore[attr-defined]
@@ -89,8 +88,6 @@ class ClusterWorker:
         return f"<pgstreams.ClusterWorker {self.member_id!r} shards={sorted(self._subs)}>"
 
     def _new(self, shard: int, check_only: bool = False) -> Worker:
-        from ..worker import Worker
-
         worker = Worker(self.cluster.shards[shard], member_id=self.member_id, install_signal_handlers=False,
                         **self._options)
         if not check_only:

@@ -11,8 +11,9 @@ publishers of other partitions and topics, hold back nobody.
 through a :class:`StreamReader` (module ``reader``): the read cursors and committed checkpoints of a
 group on some partitions; it fetches, stores checkpoints (fenced by a :class:`LeaseClaim` for group
 members) and applies them once committed. :func:`create_checkpoints` gives a group its missing
-checkpoints. :class:`Wakeup` (module ``wakeup``) is the wait/backoff rule of every polling loop. All SQL
-of stream-group reading is in the private ``_sql`` module.
+checkpoints. :class:`Wakeup` (module ``wakeup``) is the wait/backoff rule of every polling loop. The
+private ``_storage`` module is the reader's one door to the storage layer. Everything here works on a
+session (:class:`pgstreams.ports.SessionPort`); the public constructors take a client and use its session.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import psycopg
 from ..models import CommitOutcome
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..storage import Store
     from .reader import Cursor, LeaseClaim
 
 
@@ -23,9 +23,9 @@ class ReaderStorage:
 
     __slots__ = ("_ex", "_group", "_store", "_tid")
 
-    def __init__(self, client: Client, group: str, topic_id: int) -> None:
-        self._store = client.store
-        self._ex = client.store.executor
+    def __init__(self, store: Store, group: str, topic_id: int) -> None:
+        self._store = store
+        self._ex = store.executor
         self._group = group
         self._tid = topic_id
 

@@ -1,11 +1,10 @@
-"""The public consumer: a facade over a :class:`StreamReader` with polling, commits, seeks, exactly-once
-transactions and running a handler."""
+"""The public consumer: a facade over a :class:`StreamReader` with polling, commits, seeks and exactly-once
+transactions (:func:`pgstreams.worker.run_consumer` runs a handler on one)."""
 
 from __future__ import annotations
 
 import functools
 import math
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -19,8 +18,7 @@ from .batch import EventBatch
 from .reader import _GONE, _ORIGIN, Cursor, Row, Start, StreamReader, create_checkpoints, events_of
 
 if TYPE_CHECKING:
-    from ..client import Client
-    from ..worker import Clock, Mode, RetryPolicy, Worker
+    from ..ports import HasSession
 
 _Method = TypeVar("_Method", bound=Callable[..., Any])
 
@@ -55,10 +53,12 @@ class Consumer:
     :meth:`transaction`. ``start`` (default ``"earliest"``) is as in :meth:`Client.consumer`;
     ``partitions`` (default ``None``: every partition of the topic) restricts the consumer to some.
     Constructing one directly is the same as :meth:`Client.consumer`: partitions without a checkpoint
-    of the group get one (:func:`create_checkpoints`), then the checkpoints are loaded.
+    of the group get one (:func:`create_checkpoints`), then the checkpoints are loaded. ``client``: a
+    :class:`pgstreams.Client` (or its session). :func:`pgstreams.worker.run_consumer` runs a handler on
+    the consumer's partitions.
     """
 
-    def __init__(self, client: Client, topic: str, group: str, *, start: Start = "earliest",
+    def __init__(self, client: HasSession, topic: str, group: str, *, start: Start = "earliest",
                  partitions: Sequence[int] | None = None) -> None:
         self._attach(create_checkpoints(client, topic, group, start=start, partitions=partitions))
 
@@ -70,7 +70,7 @@ class Consumer:
         return consumer
 
     def _attach(self, reader: StreamReader) -> None:
-        self._client = reader.client
+        self._session = reader.session
         self._reader = reader
         self.group = reader.group
         self.start = reader.start
@@ -99,7 +99,7 @@ class Consumer:
     @property
     def reader(self) -> StreamReader:
         """The :class:`StreamReader` holding this consumer's cursors and checkpoints (what
-        :meth:`run` hands to the worker runtime)."""
+        :func:`pgstreams.worker.run_consumer` hands to the worker runtime)."""
         return self._reader
 
     def committed(self) -> dict[int, int | None]:
@@ -168,11 +168,11 @@ class Consumer:
         # IGNORED (already stored) and is applied as well
         if not isinstance(durable, bool):
             raise InvalidArgument(f"durable must be a bool, not {type(durable).__name__}")
-        return self._client.run(lambda conn: self._reader.commit(conn, targets, durable=durable))
+        return self._session.run(lambda conn: self._reader.commit(conn, targets, durable=durable))
 
     # -- seeking -------------------------------------------------------------------------------------
     def _set(self, cursors: dict[int, Cursor]) -> None:
-        self._client.run(lambda conn: self._reader.seek(conn, cursors))
+        self._session.run(lambda conn: self._reader.seek(conn, cursors))
         self._last = {}
 
     def _check_partition(self, partition: object) -> int:
@@ -188,7 +188,7 @@ class Consumer:
         p = self._check_partition(partition)
         if isinstance(position, bool) or not isinstance(position, int) or position < 0:
             raise InvalidArgument(f"position must be an integer >= 0, got {position!r}")
-        target = self._client.run(lambda conn: self._reader.position_cursor(conn, p, position))
+        target = self._session.run(lambda conn: self._reader.position_cursor(conn, p, position))
         self._set({p: target})
 
     @_topic_must_exist
@@ -200,7 +200,7 @@ class Consumer:
     def seek_to_end(self) -> None:
         """Move every partition's checkpoint after the last event stored now (events of transactions
         still in progress are read when they commit)."""
-        heads = self._client.run(self._reader.head_cursors)
+        heads = self._session.run(self._reader.head_cursors)
         self._set(heads)
 
     @_topic_must_exist
@@ -209,32 +209,8 @@ class Consumer:
         ``dt`` (an aware datetime); to the end where there is none."""
         if not isinstance(dt, datetime) or dt.tzinfo is None or dt.utcoffset() is None:
             raise InvalidArgument("seek_to_time needs a timezone-aware datetime")
-        cursors = self._client.run(lambda conn: self._reader.time_cursors(conn, dt))
+        cursors = self._session.run(lambda conn: self._reader.time_cursors(conn, dt))
         self._set(cursors)
-
-    # -- running a handler -----------------------------------------------------------------------------
-    def run(self, handler: Callable[..., Any], *, until: threading.Event | None = None,
-            install_signal_handlers: bool = True, batch: bool = False, min_events: int = 1,
-            max_events: int = 100, max_wait: float = 1.0, mode: Mode = "at-least-once",
-            retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
-            clock: Clock | None = None) -> Worker:
-        """Run ``handler`` on this consumer's partitions until SIGINT/SIGTERM (or ``until``, a
-        ``threading.Event``, is set); return the stopped :class:`pgstreams.Worker`.
-
-        The consumer does not join the group's membership (no leases: it reads exactly its
-        ``partitions``); use :class:`pgstreams.Worker` for that. The options are those of
-        :meth:`pgstreams.Worker.subscribe` except ``start`` and the membership timings (``batch`` default
-        false, ``min_events`` 1, ``max_events`` 100, ``max_wait`` 1.0 s, ``mode`` ``"at-least-once"``,
-        ``retry`` ``RetryPolicy()``, ``dead_letter`` the group's configuration), plus ``until``,
-        ``install_signal_handlers`` (default true) and ``clock`` (default ``time.monotonic``). Failing
-        events are retried and dead-lettered as by a worker; no retry state is recorded in the group
-        status.
-        """
-        from ..worker import run_consumer
-
-        return run_consumer(self, handler, until=until, install_signal_handlers=install_signal_handlers,
-                            batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
-                            mode=mode, retry=retry, dead_letter=dead_letter, clock=clock)
 
     # -- exactly-once ----------------------------------------------------------------------------------
     @contextmanager
@@ -253,7 +229,7 @@ class Consumer:
         reader = self._reader
         saved = reader.positions()
         try:
-            with self._client.connection() as conn:
+            with self._session.connection() as conn:
                 # IGNORED with events means another member already stored this checkpoint after handling
                 # these same events: committing this handler's writes would repeat them
                 with reader.transaction(conn, keep_ignored=False) as ckpt:

@@ -22,7 +22,7 @@ from ._storage import ReaderStorage
 from .wakeup import topic_wakeup
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import HasSession
 
 log = logging.getLogger("pgstreams.consumer")
 
@@ -170,12 +170,12 @@ class StreamReader:
     thread-safe. ``start`` (default ``"earliest"``): where :meth:`create_checkpoints` starts a partition.
     """
 
-    def __init__(self, client: Client, topic: str, group: str, *, start: Start = "earliest",
+    def __init__(self, client: HasSession, topic: str, group: str, *, start: Start = "earliest",
                  partitions: Sequence[int] | None = None) -> None:
-        self.client = client
+        self.session = session = client.session
         self.group = check_group(group)
         self.start = check_start(start)
-        meta = client.topic_state(topic, refresh=True)  # not a deleted topic's cached id
+        meta = session.topic_state(topic, refresh=True)  # not a deleted topic's cached id
         self.topic: str = meta.name
         self.topic_id: int = meta.id
         #: the number of partitions of the topic
@@ -202,8 +202,8 @@ class StreamReader:
         self._rotate = 0
         self._ahead: tuple[dict[str, Any], Future[Polled]] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
-        self._storage = ReaderStorage(client, self.group, meta.id)
-        self._wakeup = topic_wakeup(client, meta.id)
+        self._storage = ReaderStorage(session.store, self.group, meta.id)
+        self._wakeup = topic_wakeup(session, meta.id)
 
     def __repr__(self) -> str:
         return (f"<pgstreams.StreamReader topic={self.topic!r} group={self.group!r} "
@@ -358,8 +358,8 @@ class StreamReader:
                 got = self._storage.load(conn, new)
             return got
 
-        cursors = self.client.run(checkpoints)
-        self.client.topic_state(self.topic, refresh=True)  # publishers of this client hash over them too
+        cursors = self.session.run(checkpoints)
+        self.session.topic_state(self.topic, refresh=True)  # publishers of this session hash over them too
         self.partition_count = count
         self.partitions = (*self.partitions, *new)
         self._committed.update(cursors)
@@ -403,10 +403,10 @@ class StreamReader:
         params = self._params(max_events, None)
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix=f"pgstreams-read-ahead-{self.topic}")
-        storage, client = self._storage, self.client
+        storage, session = self._storage, self.session
 
         def read() -> Polled:
-            return client.run(lambda c: storage.poll(c, params))
+            return session.run(lambda c: storage.poll(c, params))
 
         self._ahead = (params, self._ahead_pool.submit(read))
 
@@ -434,14 +434,14 @@ class StreamReader:
                 if len(got[0]) == max_events:
                     self._read_ahead(max_events)
                 return got
-        client = self.client
+        session = self.session
         wakeup = self._wakeup
         wakeup.restart()
         deadline = time.monotonic() + timeout
         while True:
             wakeup.mark()
             if conn is None:  # retried on a fresh connection if it broke (the cursors move after a read)
-                got = client.run(lambda c: self.fetch_rows(c, max_events))
+                got = session.run(lambda c: self.fetch_rows(c, max_events))
                 if len(got[0]) == max_events:  # a backlog: read on while the caller works
                     self._read_ahead(max_events)
             else:
@@ -553,7 +553,7 @@ class StreamReader:
         return max(0, min(int(position) - 1, head))
 
 
-def create_checkpoints(client: Client, topic: str, group: str, *, start: Start = "earliest",
+def create_checkpoints(client: HasSession, topic: str, group: str, *, start: Start = "earliest",
                        partitions: Sequence[int] | None = None) -> StreamReader:
     """Give ``group`` a checkpoint at ``start`` on every partition of ``topic`` (or of ``partitions``)
     where it has none; existing checkpoints are kept. ``start`` (default ``"earliest"``): ``"latest"`` is
@@ -561,7 +561,7 @@ def create_checkpoints(client: Client, topic: str, group: str, *, start: Start =
     checkpoints."""
     reader = StreamReader(client, topic, group, start=start, partitions=partitions)
     try:
-        client.run(reader.create_checkpoints)
+        reader.session.run(reader.create_checkpoints)
     except _GONE as exc:
         raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
     return reader

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..storage.notifications import FAST_RECHECK, MIN_INTERVAL
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import SessionPort
     from ..storage.notifications import Listener
 
 #: Longest uninterrupted wait of an interruptible :class:`Wakeup`: stop requests are seen this fast.
@@ -58,11 +58,11 @@ class Wakeup:
 
     @property
     def poll_interval(self) -> float:
-        """The longest wait without a notification (the client's ``poll_interval``)."""
+        """The longest wait without a notification (the session's ``poll_interval``)."""
         return self._poll_interval
 
     def restart(self) -> None:
-        """A loop starts: listen (the client's listener starts on first use) and forget the backoff (not
+        """A loop starts: listen (the session's listener starts on first use) and forget the backoff (not
         whether events are flowing)."""
         self._listener.start()
         self._backoff = 0.0
@@ -108,6 +108,7 @@ class Wakeup:
                 return False
 
 
-def topic_wakeup(client: Client, topic_id: int, *, interrupt: Callable[[], bool] | None = None) -> Wakeup:
-    """A :class:`Wakeup` for a topic of ``client`` (its listener and ``poll_interval``)."""
-    return Wakeup(client.listener, topic_id, client.poll_interval, interrupt)
+def topic_wakeup(session: SessionPort, topic_id: int, *, interrupt: Callable[[], bool] | None = None
+                 ) -> Wakeup:
+    """A :class:`Wakeup` for a topic of ``session`` (its listener and ``poll_interval``)."""
+    return Wakeup(session.listener, topic_id, session.poll_interval, interrupt)

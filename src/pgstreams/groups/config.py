@@ -11,7 +11,7 @@ from ..errors import InvalidArgument
 from ..names import check_group, check_topic
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import HasSession
 
 #: Default seconds between two heartbeats of a member (and between two balancing runs).
 DEFAULT_HEARTBEAT_INTERVAL = 3.0
@@ -71,10 +71,11 @@ class GroupConfig:
         return self.dead_letter_topic or default_dead_letter_topic(topic)
 
 
-def get_group_config(client: Client, group: str) -> GroupConfig:
-    """The configuration of ``group`` (the defaults when it was never configured)."""
+def get_group_config(client: HasSession, group: str) -> GroupConfig:
+    """The configuration of ``group`` (the defaults when it was never configured). ``client``: a
+    :class:`pgstreams.Client` or a session."""
     check_group(group)
-    row = client.store.groups.config(group)
+    row = client.session.store.groups.config(group)
     if row is None:
         return GroupConfig(group)
     hb_ms, st_ms = row["heartbeat_interval_ms"], row["session_timeout_ms"]
@@ -88,7 +89,7 @@ def get_group_config(client: Client, group: str) -> GroupConfig:
     )
 
 
-def configure_group(client: Client, group: str, *, heartbeat_interval: float | None = None,
+def configure_group(client: HasSession, group: str, *, heartbeat_interval: float | None = None,
                     session_timeout: float | None = None,
                     dead_letter: str | bool | None = None) -> GroupConfig:
     """Change the configuration of ``group``; arguments left ``None`` keep their current value.
@@ -111,5 +112,5 @@ def configure_group(client: Client, group: str, *, heartbeat_interval: float | N
         dl, dlt = True, check_topic(dead_letter)
     elif dead_letter is not None:
         raise InvalidArgument(f"dead_letter must be a topic name, True or False, not {dead_letter!r}")
-    client.store.groups.put_config(group, hb, st, dl, dlt)
+    client.session.store.groups.put_config(group, hb, st, dl, dlt)
     return get_group_config(client, group)

@@ -41,7 +41,7 @@ from ..storage import GroupStore, LeaseRow
 from .config import check_timing, get_group_config
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import HasSession
 
 log = logging.getLogger("pgstreams.groups")
 
@@ -80,20 +80,23 @@ class GroupMember:
 
     Thread-safe. :attr:`changed` is set whenever the leases change (the runtime clears it when it reads
     them). ``heartbeat_interval`` and ``session_timeout`` default to the group's configuration.
+    ``client``: a :class:`pgstreams.Client` (or its session).
     """
 
-    def __init__(self, client: Client, topic: str, group: str, *, member_id: str | None = None,
+    def __init__(self, client: HasSession, topic: str, group: str, *, member_id: str | None = None,
                  heartbeat_interval: float | None = None, session_timeout: float | None = None) -> None:
-        self._client = client
+        session = client.session
+        self._session = session
+        self._store: GroupStore = session.store.groups
         self.group = check_group(group)
-        record = client.topic_record(topic)
+        record = session.topic_record(topic)
         self.topic = record.name
         self.topic_id = record.id
         self.partitions = record.partitions
         self.member_id = member_id or new_member_id()
         if not isinstance(self.member_id, str) or not 0 < len(self.member_id) <= 200:
             raise InvalidArgument(f"member_id must be a string of 1 to 200 characters, got {member_id!r}")
-        cfg = get_group_config(client, self.group)
+        cfg = get_group_config(session, self.group)
         self.config = cfg
         self.heartbeat_interval, self.session_timeout = check_timing(
             cfg.heartbeat_interval if heartbeat_interval is None else heartbeat_interval,
@@ -125,10 +128,6 @@ class GroupMember:
         last = self._last_ok
         return last is not None and time.monotonic() - last < self.session_timeout - self.heartbeat_interval
 
-    @property
-    def _store(self) -> GroupStore:
-        return self._client.store.groups
-
     def _leases_call(self, name: str, role: ConnectionRole) -> LeaseRow | None:
         with self._connection(role) as conn:
             return self._store.leases(name, conn, self.group, self.topic_id, self.member_id)
@@ -146,14 +145,14 @@ class GroupMember:
     @contextmanager
     def _connection(self, role: ConnectionRole) -> Iterator[psycopg.Connection]:
         if role == "pool":
-            with self._client.connection() as conn:
+            with self._session.connection() as conn:
                 yield conn
             return
         with self._conn_locks[role]:
             own = self._conns.get(role)
             if own is None or own.closed or own.broken:
-                own = self._client.raw_connection()
-                self._client.store.groups.prepare_member_connection(own, self.session_timeout)
+                own = self._session.raw_connection()
+                self._store.prepare_member_connection(own, self.session_timeout)
                 self._conns[role] = own
             try:
                 yield own

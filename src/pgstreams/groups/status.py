@@ -8,22 +8,22 @@ from ..models import GroupPartitionStatus, MemberInfo
 from ..names import check_group, check_topic
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import HasSession
 
 
-def group_status(client: Client, group: str, topic: str | None = None) -> list[GroupPartitionStatus]:
+def group_status(client: HasSession, group: str, topic: str | None = None) -> list[GroupPartitionStatus]:
     """The status of ``group`` per topic and partition (of one ``topic`` if given), by topic and
     partition (the ``consumer_group_status`` view). Empty when the group has no checkpoints. Counting the
-    lag is proportional to it."""
+    lag is proportional to it. ``client``: a :class:`pgstreams.Client` or a session."""
     check_group(group)
     if topic is not None:
         check_topic(topic)
-    return client.store.groups.status(group, topic)
+    return client.session.store.groups.status(group, topic)
 
 
-def group_members(client: Client, group: str, topic: str | None = None) -> list[MemberInfo]:
+def group_members(client: HasSession, group: str, topic: str | None = None) -> list[MemberInfo]:
     """The registered members of ``group`` (on one ``topic`` if given), stale ones included."""
     check_group(group)
     if topic is not None:
         check_topic(topic)
-    return client.store.groups.members(group, topic)
+    return client.session.store.groups.members(group, topic)

@@ -5,19 +5,23 @@ Any number of :class:`ShareConsumer` objects, in any processes, share every part
 acks, releases, rejects or renews one by one. The group's state holds a frontier per partition and a row
 per event in flight (see ``0007_share_groups.sql``), so it grows with the events in flight, not with the
 log. A queue (:meth:`pgstreams.Client.create_queue`) is a topic with a share group of the same name.
+
+Modules: ``options`` (:class:`ShareOptions`, their defaults and checks), ``consumer``
+(:class:`ShareConsumer`: acquiring and settling), ``deadletters`` (the copies of events delivered too
+often or rejected).
 """
 
 from __future__ import annotations
 
-from .consumer import (
+from .consumer import ShareConsumer, ShareTransaction
+from .options import (
     DEFAULT_LOCK_TIMEOUT,
     DEFAULT_MAX_DELIVERIES,
     DEFAULT_SHARE_WINDOW,
     ORDERINGS,
     SHARE_DEFAULTS,
-    ShareConsumer,
+    Ordering,
     ShareOptions,
-    ShareTransaction,
 )
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "DEFAULT_SHARE_WINDOW",
     "ORDERINGS",
     "SHARE_DEFAULTS",
+    "Ordering",
     "ShareConsumer",
     "ShareOptions",
     "ShareTransaction",

@@ -3,42 +3,38 @@
 from __future__ import annotations
 
 import logging
-import math
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import psycopg
 from psycopg import pq
 
-from ..consumer.reader import Start, check_start, event_of_row
+from ..consumer.reader import Start, event_of_row
 from ..consumer.wakeup import topic_wakeup
-from ..errors import InvalidArgument, TopicConflict, TopicNotFound
+from ..errors import InvalidArgument, TopicNotFound
 from ..models import Event, Settlement, ShareOutcome
 from ..names import check_group, check_topic
-from ..storage.shares import ACK, FINISH_DEAD_LETTER, REJECT, RELEASE, RENEW, AcquiredRow
-
-if TYPE_CHECKING:
-    from ..client import Client
+from ..ports import SessionPort, SessionPublisher
+from ..session import denied
+from ..storage.shares import ACK, REJECT, RELEASE, RENEW, AcquiredRow
+from .deadletters import ShareDeadLetters
+from .options import (
+    DEFAULT_SHARE_WINDOW,
+    MAX_DELAY,
+    SHARE_DEFAULTS,
+    Ordering,
+    ShareOptions,
+    check_poll_limits,
+    check_seconds,
+    check_share_options,
+    new_consumer_id,
+)
 
 log = logging.getLogger("pgstreams.shares")
 
-#: Seconds an acquired event stays locked to its consumer unless acked, released or renewed.
-DEFAULT_LOCK_TIMEOUT = 30.0
-#: Deliveries of an event (each acquisition counts one) after which it goes to the dead-letter topic.
-DEFAULT_MAX_DELIVERIES = 5
-#: Rows a share group keeps at most per partition before its frontier stops (the bounded window of events
-#: in flight, released, delayed or waiting for their key); one poll may add a batch beyond it.
-DEFAULT_SHARE_WINDOW = 10_000
-#: The orderings of a share group: ``None`` (no order) or ``"key"``.
-ORDERINGS: tuple[str | None, ...] = (None, "key")
 #: Longest interval (seconds) between a busy consumer's searches for events whose lock expired (half the
 #: lock timeout when shorter; a consumer that finds nothing else searches at once).
 _EXPIRY_SCAN = 1.0
@@ -51,87 +47,9 @@ FULL_EXPIRY_SCAN = 30.0
 #: Seconds of expired locks the searches between full ones look at (several times :data:`_EXPIRY_SCAN`,
 #: so that a lock expiring while consumers poll is found by one of them).
 EXPIRY_WINDOW = 5.0
-#: Longest delay of a release (seconds): a day.
-_MAX_DELAY = 86_400.0
 
-Ordering = Literal["key"] | None
 _OUTCOMES = {"k": ShareOutcome.DONE, "e": ShareOutcome.EXPIRED, "o": ShareOutcome.LOST,
              "d": ShareOutcome.DEAD_LETTERED}
-
-
-@dataclass(frozen=True)
-class ShareOptions:
-    """The options of :meth:`pgstreams.Client.share_consumer` with their defaults: ``start``
-    (``"earliest"``), ``lock_timeout`` (:data:`DEFAULT_LOCK_TIMEOUT`, 30 s), ``max_deliveries``
-    (:data:`DEFAULT_MAX_DELIVERIES`, 5), ``dead_letter`` (``True``: ``"<topic>.dlt"``; a topic name;
-    ``False``: none) and ``ordering`` (``None``; ``"key"``)."""
-
-    start: Start = "earliest"
-    lock_timeout: float = DEFAULT_LOCK_TIMEOUT
-    max_deliveries: int = DEFAULT_MAX_DELIVERIES
-    dead_letter: bool | str = True
-    ordering: Ordering = None
-
-
-#: Every share-consumer option at its default: the one place their defaults come from.
-SHARE_DEFAULTS = ShareOptions()
-
-
-def _seconds(name: str, value: object, *, low: float, high: float = math.inf, low_ok: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidArgument(f"{name} must be a number of seconds, got {value!r}")
-    if value < low or (not low_ok and value == low) or value > high:
-        bound = f"{'at least' if low_ok else 'more than'} {low:g}" + (
-            f" and at most {high:g}" if high != math.inf else "")
-        raise InvalidArgument(f"{name} must be {bound} seconds, got {value!r}")
-    return float(value)
-
-
-def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
-    if isinstance(max_events, bool) or not isinstance(max_events, int) or not 1 <= max_events <= 100_000:
-        raise InvalidArgument(f"max_events must be an integer from 1 to 100000, got {max_events!r}")
-    return max_events, _seconds("timeout", timeout, low=0.0)
-
-
-def check_lock_timeout(value: object) -> float:
-    """Validate a share group's lock timeout: a number of seconds from 0.01 to a day (86400); raises
-    :class:`pgstreams.InvalidArgument` naming ``lock_timeout`` otherwise."""
-    lock = _seconds("lock_timeout", value, low=0.0, high=_MAX_DELAY, low_ok=False)
-    if lock < 0.01:
-        raise InvalidArgument(f"lock_timeout must be at least 0.01 seconds, got {value!r}")
-    return lock
-
-
-def check_share_options(topic: str, options: ShareOptions) -> tuple[Start, float, int, str | None, Ordering]:
-    """Validate share-consumer options for ``topic``; return ``(start, lock_timeout, max_deliveries,
-    dead-letter topic or None, ordering)``."""
-    start = check_start(options.start)
-    lock = check_lock_timeout(options.lock_timeout)
-    md = options.max_deliveries
-    if isinstance(md, bool) or not isinstance(md, int) or not 1 <= md <= 1_000_000:
-        raise InvalidArgument(f"max_deliveries must be an integer from 1 to 1000000, got {md!r}")
-    dl = options.dead_letter
-    dlt: str | None
-    if dl is True:
-        dlt = f"{topic}.dlt"
-    elif dl is False:
-        dlt = None
-    elif isinstance(dl, str):
-        dlt = dl
-    else:
-        raise InvalidArgument(f"dead_letter must be True, False or a topic name, not {dl!r}")
-    if dlt is not None:
-        check_topic(dlt)
-        if dlt == topic:
-            raise InvalidArgument(f"the dead-letter topic of {topic!r} cannot be the topic itself")
-    if options.ordering not in ORDERINGS:
-        raise InvalidArgument(f"ordering must be None or 'key', not {options.ordering!r}")
-    return start, lock, md, dlt, options.ordering
-
-
-def new_consumer_id() -> str:
-    """A consumer id: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class ShareConsumer:
@@ -151,15 +69,19 @@ class ShareConsumer:
     nothing.
     """
 
-    def __init__(self, client: Client, topic: str, group: str, options: ShareOptions = SHARE_DEFAULTS, *,
-                 queue: bool = False, consumer_id: str | None = None) -> None:
-        check_topic(topic)
+    def __init__(self, client: SessionPublisher, topic: str, group: str,
+                 options: ShareOptions = SHARE_DEFAULTS, *, queue: bool = False,
+                 consumer_id: str | None = None) -> None:
         check_group(group)
         if consumer_id is not None and (not isinstance(consumer_id, str) or not 0 < len(consumer_id) <= 200):
             raise InvalidArgument(f"consumer_id must be a string of 1 to 200 characters, got {consumer_id!r}")
-        state = client.topic_state(topic, refresh=True)
-        start, lock, md, dlt, ordering = check_share_options(state.name, options)
+        session = client.session
+        state = session.topic_state(topic, refresh=True)  # checks the name
+        checked = check_share_options(state.name, options)
+        start, lock, md, dlt, ordering = (checked.start, checked.lock_timeout, checked.max_deliveries,
+                                          checked.dead_letter, checked.ordering)
         self._client = client
+        self._session = session
         self.topic = state.name
         self.group = group
         self.topic_id = state.id
@@ -176,7 +98,7 @@ class ShareConsumer:
         #: past its frontier that retention removed, is ``lost_events`` of
         #: :meth:`pgstreams.Client.describe_share_group`.
         self.lost_events = 0
-        self._store = client.store.shares
+        self._store = session.store.shares
         # the events acquired and not settled, as poll returned them: only those very objects can be settled
         # (an event of another group of the same topic has the same position and maybe delivery count)
         self._held: dict[tuple[int, int], Event] = {}
@@ -189,13 +111,12 @@ class ShareConsumer:
         self._next_expiry_scan = 0.0
         self._next_full_expiry_scan = 0.0  # monotonic time of the next search of every expired lock
         self._last_expiry_scan: float | None = None  # monotonic time of the last search of expired locks
-        self._dlt_partitions: int | None = None
-        if dlt is not None:
-            self._ensure_dead_letter_topic(dlt)
-        from ..client import denied
-
+        self._dead_letters = ShareDeadLetters(session, client, group=group, topic_id=state.id,
+                                              partitions=state.partitions, consumer_id=self.consumer_id,
+                                              topic=dlt)
+        self._dead_letters.ensure_topic()
         try:
-            with denied(f"use share group {group!r} of topic {self.topic!r}"), client.connection() as conn:
+            with denied(f"use share group {group!r} of topic {self.topic!r}"), session.connection() as conn:
                 with conn.transaction():
                     self._store.upsert_group(conn, group, self.topic_id, queue=queue, lock_timeout=lock,
                                              max_deliveries=md, dead_letter=dlt, ordering=ordering)
@@ -214,23 +135,12 @@ class ShareConsumer:
     def __repr__(self) -> str:
         return f"<pgstreams.ShareConsumer topic={self.topic!r} group={self.group!r} id={self.consumer_id!r}>"
 
-    def _ensure_dead_letter_topic(self, name: str) -> None:
-        try:
-            meta = self._client.topic_state(name)
-        except TopicNotFound:
-            try:
-                self._client.create_topic(name, self.partition_count)
-            except TopicConflict:
-                pass
-            meta = self._client.topic_state(name, refresh=True)
-        self._dlt_partitions = meta.partitions
-
     def _init_partitions(self, conn: psycopg.Connection) -> None:
         parts = list(range(self.partition_count))
         missing = set(parts) - self._store.partitions(conn, self.group, self.topic_id)
         if not missing:
             return
-        events = self._client.store.events
+        events = self._session.store.events
         if self.start == "earliest":
             frontiers = dict.fromkeys(missing, 0)
         else:
@@ -242,9 +152,14 @@ class ShareConsumer:
         self._store.init_partitions(conn, self.group, self.topic_id, frontiers)
 
     @property
-    def client(self) -> Client:
-        """The client this consumer works through."""
+    def client(self) -> SessionPublisher:
+        """The client this consumer works through (it publishes the dead letters)."""
         return self._client
+
+    @property
+    def session(self) -> SessionPort:
+        """The session of :attr:`client`."""
+        return self._session
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -295,7 +210,7 @@ class ShareConsumer:
         order = list(self.partitions if partitions is None else partitions)
         turn = self._next_turn(len(order))
         since = self._expiry_window(now) if expired else None
-        with nullcontext(on) if on is not None else self._client.connection() as conn:
+        with nullcontext(on) if on is not None else self._session.connection() as conn:
 
             def take(scan_expired: bool, window: float | None, wait: bool = False) -> list[AcquiredRow]:
                 return self._store.acquire(
@@ -323,7 +238,7 @@ class ShareConsumer:
         removed = [(row[0], row[1]) for row in rows if row[4] is None]
         if removed:  # retention removed these events before the group settled them: lost
             rows = [row for row in rows if row[4] is not None]
-            with self._client.connection() as conn:
+            with self._session.connection() as conn:
                 n = self._store.forget(conn, self.group, self.topic_id, self.consumer_id, removed)
             if n:
                 with self._lock:
@@ -347,7 +262,7 @@ class ShareConsumer:
             for k, ps in members.items():
                 self._members[k] = tuple(ps)
         for ev in doomed:
-            self._dead_letter([ev], "DeliveryLimit",
+            self._dead_letters.finish([ev], "DeliveryLimit",
                               f"delivered {ev.delivery_count} times (max_deliveries {self.max_deliveries}); "
                               "the last lock expired", too_often=True)
         return acquired
@@ -365,8 +280,8 @@ class ShareConsumer:
 
     def _poll(self, max_events: int, timeout: float, on: psycopg.Connection | None = None) -> list[Event]:
         """:meth:`poll`, acquiring on connection ``on`` (idle, autocommit) if given."""
-        max_events, timeout = _check_limits(max_events, timeout)
-        wake = topic_wakeup(self._client, self.topic_id)
+        max_events, timeout = check_poll_limits(max_events, timeout)
+        wake = topic_wakeup(self._session, self.topic_id)
         wake.restart()
         deadline = time.monotonic() + timeout
         while True:
@@ -405,7 +320,9 @@ class ShareConsumer:
                     out.append((ev, ev.delivery_count))
         return out
 
-    def _forget(self, keys: Iterable[tuple[int, int]]) -> None:
+    def forget(self, keys: Iterable[tuple[int, int]]) -> None:
+        """Stop holding the events at ``keys`` (``(partition, position)``): their settlement is known (an
+        ack that did not take effect: their locks were lost or expire)."""
         with self._lock:
             for k in keys:
                 self._held.pop(k, None)
@@ -434,7 +351,7 @@ class ShareConsumer:
                 if conn is not None:
                     acked = self._store.ack_batches(conn, self.group, self.topic_id, self.consumer_id, whole)
                 else:
-                    with self._client.connection() as c:
+                    with self._session.connection() as c:
                         acked = self._store.ack_batches(c, self.group, self.topic_id, self.consumer_id, whole)
                 done = {(p, pos) for (p, first) in acked for pos in whole[(p, first)]}
                 rest = [(e, d) for e, d in held if (e.partition, e.position) not in done]
@@ -452,14 +369,14 @@ class ShareConsumer:
         if conn is not None:
             return self._store.settle(conn, self.group, self.topic_id, self.consumer_id, action, quads,
                                       **kw)
-        with self._client.connection() as c:
+        with self._session.connection() as c:
             return self._store.settle(c, self.group, self.topic_id, self.consumer_id, action, quads, **kw)
 
     def _settlement(self, name: str, codes: dict[tuple[int, int], str], held: list[tuple[Event, int]],
                     forget: bool = True) -> Settlement:
         outcomes = {(e.partition, e.position): _OUTCOMES[codes[(e.partition, e.position)]] for e, _ in held}
         if forget:
-            self._forget(outcomes)  # settled, expired or lost: this consumer holds none of them any more
+            self.forget(outcomes)  # settled, expired or lost: this consumer holds none of them any more
         return Settlement(name, outcomes)
 
     def ack(self, events: Iterable[Event] | Event, *, conn: psycopg.Connection | None = None) -> Settlement:
@@ -477,7 +394,7 @@ class ShareConsumer:
         (default 0). An event already delivered ``max_deliveries`` times goes to the dead-letter topic
         instead (outcome ``DEAD_LETTERED``; dropped without one), with ``error`` (default none) as the
         reason in its headers."""
-        d = _seconds("delay", delay, low=0.0, high=_MAX_DELAY)
+        d = check_seconds("delay", delay, low=0.0, high=MAX_DELAY)
         held = self._mine(events)
         codes = self._settle(RELEASE, held, None, delay=d, lock_timeout=self.lock_timeout,
                              max_deliveries=self.max_deliveries, dead_letter=self.dead_letter is not None)
@@ -485,7 +402,7 @@ class ShareConsumer:
         if doomed and self.dead_letter is not None:
             kind, msg = ("DeliveryLimit", "") if error is None else (type(error).__name__, str(error))
             msg = msg or f"delivered {self.max_deliveries} times (max_deliveries {self.max_deliveries})"
-            sent = self._dead_letter(doomed, kind, msg, too_often=True)
+            sent = self._dead_letters.finish(doomed, kind, msg, too_often=True)
             for e in doomed:
                 if (e.partition, e.position) not in sent:
                     codes[(e.partition, e.position)] = "o"
@@ -507,7 +424,7 @@ class ShareConsumer:
         held = self._mine(events)
         if conn is not None:
             return self._reject(conn, held, reason)
-        with self._client.connection() as c:
+        with self._session.connection() as c:
             with c.transaction():
                 return self._reject(c, held, reason)
 
@@ -517,46 +434,9 @@ class ShareConsumer:
         with conn.transaction():
             codes = self._settle(REJECT, held, conn)
             done = [by_key[k] for k, c in codes.items() if c == "k"]
-            self._publish_dead_letters(conn, done, "Rejected", reason or "rejected by a consumer",
+            self._dead_letters.publish(conn, done, "Rejected", reason or "rejected by a consumer",
                                        rejected=True)
         return self._settlement("reject", codes, held)
-
-    # -- dead letters ------------------------------------------------------------------------------------
-    def _dead_letter(self, events: list[Event], kind: str, message: str, *, too_often: bool
-                     ) -> set[tuple[int, int]]:
-        """Finish the dead-letter claims of ``events``: publish their copies and remove them from the
-        group in one transaction; return those this consumer sent (a claim taken over by another consumer
-        is theirs)."""
-        claims = [(e.partition, e.position, e.delivery_count, None) for e in events]
-        by_key = {(e.partition, e.position): e for e in events}
-        with self._client.connection() as conn:
-            with conn.transaction():
-                codes = self._store.settle(conn, self.group, self.topic_id, self.consumer_id,
-                                           FINISH_DEAD_LETTER, claims)
-                done = [by_key[k] for k, c in codes.items() if c == "k"]
-                self._publish_dead_letters(conn, done, kind, message, too_often=too_often)
-        return {(e.partition, e.position) for e in done}
-
-    def _publish_dead_letters(self, conn: psycopg.Connection, events: list[Event], kind: str, message: str,
-                              *, too_often: bool = False, rejected: bool = False) -> None:
-        from ..worker.deadletter import share_dead_letter_headers
-
-        now = datetime.now(timezone.utc)
-        counts: dict[int, int] = {}
-        for ev in events:
-            counts[ev.partition] = counts.get(ev.partition, 0) + 1
-            if self.dead_letter is None:
-                continue
-            headers = share_dead_letter_headers(ev, group=self.group, kind=kind, message=message,
-                                                member_id=self.consumer_id, failed_at=now)
-            same = self._dlt_partitions == self.partition_count
-            self._client.publish(self.dead_letter, ev.value, key=ev.key, headers=headers,
-                                 partition=ev.partition if same else None, event_type=ev.event_type,
-                                 correlation_id=ev.correlation_id, causation_id=ev.causation_id, conn=conn)
-        sent = self.dead_letter is not None
-        for p, n in counts.items():
-            self._store.count(conn, self.group, self.topic_id, p, too_often=n if too_often else 0,
-                              rejected=n if rejected else 0, dead_lettered=n if sent else 0)
 
     # -- exactly-once ------------------------------------------------------------------------------------
     @contextmanager
@@ -575,18 +455,18 @@ class ShareConsumer:
         server in one round trip (a block that wrote nothing commits its acks as a transaction of their
         own: one round trip for the poll, one for the acks).
         """
-        with self._client.connection() as conn:
+        with self._session.connection() as conn:
             tx = ShareTransaction(self, conn)
             try:
                 yield tx
                 self._finish(tx, conn)
                 if tx.settlement is not None:
-                    self._forget(tx.settlement.outcomes)
+                    self.forget(tx.settlement.outcomes)
             except _RollBack:
                 # the acks that took effect were rolled back with the writes: those events are still held
                 # here, give them back at once; the others are no longer this consumer's
                 assert tx.settlement is not None
-                self._forget(tx.settlement.failed())
+                self.forget(tx.settlement.failed())
                 again = [e for e in tx.events if tx.settlement.outcome(e).ok]
                 if again:
                     try:
@@ -609,14 +489,15 @@ class ShareConsumer:
             if tx.began:
                 end_transaction(conn, b"COMMIT", check=True)
             return
-        tx.settlement = self._ack_commit(tx.events, conn, began=tx.began)
+        tx.settlement = self.ack_commit(tx.events, conn, began=tx.began)
         if not tx.settlement.ok:
             raise _RollBack
 
-    def _ack_commit(self, events: Sequence[Event], conn: psycopg.Connection, *, began: bool) -> Settlement:
-        """Ack ``events`` in ``conn``'s open transaction (``began``; else as a transaction of their own) and
+    def ack_commit(self, events: Sequence[Event], conn: psycopg.Connection, *, began: bool) -> Settlement:
+        r"""Ack ``events`` in ``conn``'s open transaction (``began``; else as a transaction of their own) and
         commit it, all or nothing: when some ack does not take effect, the whole transaction is rolled
-        back and the settlement says which failed. Nothing is forgotten here (the caller decides)."""
+        back and the settlement says which failed. The events stay held (the caller :meth:`forget`\ s
+        them, or releases them)."""
         held = self._mine(events)
         whole = self._whole_batches(held)
         if sum(len(ps) for ps in whole.values()) == len(held):

@@ -23,7 +23,11 @@ hand, gives back its leases and returns.
 Modules: ``source`` (the :class:`Source` protocol the runtime works against) and ``streams`` (its
 implementation for stream groups), ``batching``, ``retry`` (the policy and the retry decisions),
 ``handlers`` (checking and calling handlers), ``deadletter``, ``retrystate`` (retry states in the group
-status), ``runner`` (the processing loop), ``subscription`` (the options) and ``worker`` (:class:`Worker`).
+status), ``runner`` (the processing loop), ``subscription`` (the options) and ``worker`` (:class:`Worker`,
+and :func:`run_consumer`, which runs a handler on a :class:`pgstreams.Consumer`'s own partitions).
+
+The runtime works on the client's session (:mod:`pgstreams.session`) and publishes dead letters through
+the client (:class:`pgstreams.ports.Publisher`).
 """
 
 from __future__ import annotations

@@ -6,61 +6,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING
 
+from ..dltheaders import (
+    DLT_ATTEMPTS,
+    DLT_DELIVERIES,
+    DLT_ERROR_MESSAGE,
+    DLT_ERROR_TYPE,
+    DLT_EVENT_ID,
+    DLT_FAILED_AT,
+    DLT_GROUP,
+    DLT_MEMBER,
+    DLT_PARTITION,
+    DLT_POSITION,
+    DLT_TOPIC,
+    dead_letter_headers,
+)
 from ..errors import TopicConflict, TopicNotFound
 from ..models import Event
-from .handlers import error_text
+from ..ports import SessionPublisher
 from .source import Commit, Source
 
-if TYPE_CHECKING:
-    from ..client import Client
-
-#: Headers added to an event sent to a dead-letter topic (the original headers are kept).
-DLT_GROUP = "dlt.group"
-DLT_TOPIC = "dlt.topic"
-DLT_PARTITION = "dlt.partition"
-DLT_POSITION = "dlt.position"
-DLT_EVENT_ID = "dlt.event_id"
-DLT_ERROR_TYPE = "dlt.error_type"
-DLT_ERROR_MESSAGE = "dlt.error_message"
-DLT_ATTEMPTS = "dlt.attempts"
-DLT_MEMBER = "dlt.member"
-DLT_FAILED_AT = "dlt.failed_at"
-#: Added for events of share groups: how many times the group delivered the event.
-DLT_DELIVERIES = "dlt.deliveries"
-
-
-def dead_letter_headers(event: Event, *, group: str, error: BaseException | None, attempts: int,
-                        member_id: str, failed_at: datetime) -> dict[str, str]:
-    """The headers of ``event``'s dead-letter copy: its own, plus where it was, why it failed
-    (``error``; ``None``: failed under a previous owner, reported as an unknown error) after how many
-    ``attempts``, which member gave up and when."""
-    kind, msg = error_text(error or RuntimeError("unknown error"))
-    headers = dict(event.headers)
-    headers.update({
-        DLT_GROUP: group, DLT_TOPIC: event.topic, DLT_PARTITION: str(event.partition),
-        DLT_POSITION: str(event.position), DLT_ERROR_TYPE: kind, DLT_ERROR_MESSAGE: msg,
-        DLT_ATTEMPTS: str(attempts), DLT_MEMBER: member_id, DLT_FAILED_AT: failed_at.isoformat(),
-    })
-    if event.event_id:
-        headers[DLT_EVENT_ID] = event.event_id
-    if event.delivery_count:
-        headers[DLT_DELIVERIES] = str(event.delivery_count)
-    return headers
-
-
-def share_dead_letter_headers(event: Event, *, group: str, kind: str, message: str, member_id: str,
-                              failed_at: datetime) -> dict[str, str]:
-    """The headers of the dead-letter copy of an event of share group ``group``: as
-    :func:`dead_letter_headers`, with the error given as its type name ``kind`` and ``message`` and the
-    delivery count as the attempts (and as ``dlt.deliveries``)."""
-    headers = dead_letter_headers(event, group=group, error=None, attempts=event.delivery_count,
-                                  member_id=member_id, failed_at=failed_at)
-    headers[DLT_ERROR_TYPE] = kind
-    headers[DLT_ERROR_MESSAGE] = message
-    headers[DLT_DELIVERIES] = str(event.delivery_count)
-    return headers
+__all__ = ["DLT_ATTEMPTS", "DLT_DELIVERIES", "DLT_ERROR_MESSAGE", "DLT_ERROR_TYPE", "DLT_EVENT_ID",
+           "DLT_FAILED_AT", "DLT_GROUP", "DLT_MEMBER", "DLT_PARTITION", "DLT_POSITION", "DLT_TOPIC",
+           "DeadLetters", "dead_letter_headers"]
 
 
 def _utc_now() -> datetime:
@@ -71,13 +39,15 @@ class DeadLetters:
     """Sends the events of ``source`` whose attempts are spent to dead-letter topic ``topic``.
 
     The topic is created on first use with ``partitions`` partitions (those of the source's topic); the
-    copy keeps its partition number when the counts match, else its key picks one. ``now`` (default the
-    UTC wall clock) stamps ``dlt.failed_at``.
+    copy keeps its partition number when the counts match, else its key picks one. ``client`` (a
+    :class:`pgstreams.Client`) publishes the copies. ``now`` (default the UTC wall clock) stamps
+    ``dlt.failed_at``.
     """
 
-    def __init__(self, client: Client, topic: str, source: Source, *, partitions: int, member_id: str,
-                 now: Callable[[], datetime] = _utc_now) -> None:
+    def __init__(self, client: SessionPublisher, topic: str, source: Source, *, partitions: int,
+                 member_id: str, now: Callable[[], datetime] = _utc_now) -> None:
         self.client = client
+        self._session = client.session
         self.topic = topic
         self.source = source
         self.partitions = partitions
@@ -88,13 +58,13 @@ class DeadLetters:
     def _topic_partitions(self) -> int:
         if self._dlt_partitions is None:
             try:
-                meta = self.client.topic_state(self.topic)
+                meta = self._session.topic_state(self.topic)
             except TopicNotFound:
                 try:
                     self.client.create_topic(self.topic, self.partitions)
                 except TopicConflict:
                     pass
-                meta = self.client.topic_state(self.topic, refresh=True)
+                meta = self._session.topic_state(self.topic, refresh=True)
             self._dlt_partitions = meta.partitions
         return self._dlt_partitions
 

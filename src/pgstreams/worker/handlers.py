@@ -6,7 +6,6 @@ import asyncio
 import importlib
 import inspect
 import threading
-import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -17,9 +16,6 @@ from ..errors import InvalidArgument
 from ..models import Event
 
 Handler = Callable[..., Any]
-
-#: Longest error message kept (dead-letter headers, group status).
-MAX_MESSAGE = 2000
 
 
 class EventFailed(Exception):
@@ -36,17 +32,6 @@ class EventFailed(Exception):
                          + (f": {type(cause).__name__}: {cause}" if cause else ""))
         self.event = event
         self.cause = cause
-
-
-def error_text(exc: BaseException) -> tuple[str, str]:
-    """The qualified class name of ``exc`` (``ValueError``, ``mymodule.Error``) and its message (at most
-    :data:`MAX_MESSAGE` characters)."""
-    kind = type(exc)
-    name = kind.__qualname__
-    if kind.__module__ not in ("builtins", "__main__"):
-        name = f"{kind.__module__}.{name}"
-    msg = str(exc) or "".join(traceback.format_exception_only(kind, exc)).strip()
-    return name, msg[:MAX_MESSAGE]
 
 
 def is_async(handler: object) -> bool:

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import TYPE_CHECKING
 
-from .handlers import MAX_MESSAGE
+from ..dltheaders import MAX_MESSAGE
 from .retry import RetryState
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import SessionPort
 
 
 class RetryStateStore:
@@ -20,8 +20,8 @@ class RetryStateStore:
     whose state may be set, so committing on the others costs no statement.
     """
 
-    def __init__(self, client: Client, group: str, topic_id: int, member_id: str) -> None:
-        self._client = client
+    def __init__(self, session: SessionPort, group: str, topic_id: int, member_id: str) -> None:
+        self._groups = session.store.groups
         self._group = group
         self._topic_id = topic_id
         self._member_id = member_id
@@ -33,18 +33,18 @@ class RetryStateStore:
         self._flagged |= set(partitions)
         if not partitions:
             return []
-        found = self._client.store.groups.retry_attempts(self._group, self._topic_id, sorted(partitions))
+        found = self._groups.retry_attempts(self._group, self._topic_id, sorted(partitions))
         return [(p, position, attempts) for (p, position), attempts in found.items()]
 
     def record(self, partition: int, position: int, attempts: int, error: str, state: RetryState) -> None:
         """The event at ``position`` failed ``attempts`` times (the last with ``error``)."""
         self._flagged.add(partition)
-        self._client.store.groups.set_retry_state(self._group, self._topic_id, partition, self._member_id,
-                                                  state, position, attempts, error[:MAX_MESSAGE])
+        self._groups.set_retry_state(self._group, self._topic_id, partition, self._member_id, state, position,
+                                     attempts, error[:MAX_MESSAGE])
 
     def committed(self, partitions: Collection[int]) -> None:
         """Events of ``partitions`` were committed: their retry state is over."""
         done = set(partitions) & self._flagged
         if done:
-            self._client.store.groups.clear_retry_state(self._group, self._topic_id, sorted(done))
+            self._groups.clear_retry_state(self._group, self._topic_id, sorted(done))
         self._flagged -= done

@@ -17,12 +17,13 @@ from dataclasses import dataclass, field
 
 import psycopg
 
+from ..dltheaders import error_text
 from ..errors import ConnectionLost
 from ..models import CommitOutcome, Event
 from ..services import Service
 from .batching import BatchAssembler, Clock
 from .deadletter import DeadLetters
-from .handlers import Attempt, call_handler, error_text
+from .handlers import Attempt, call_handler
 from .retry import Delivery, RetryTracker
 from .retrystate import RetryStateStore
 from .source import Commit, Source

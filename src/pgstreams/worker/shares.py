@@ -19,12 +19,13 @@ from contextlib import contextmanager
 import psycopg
 
 from ..consumer import Wakeup, topic_wakeup
+from ..dltheaders import error_text
 from ..models import CommitOutcome, Event, ShareOutcome
 from ..services import Service
 from ..shares import ShareConsumer
 from ..shares.consumer import end_transaction
 from .batching import Clock
-from .handlers import call_handler, error_text
+from .handlers import call_handler
 from .runner import _TRANSIENT, WorkerStats
 from .source import Commit, Reassignment
 from .subscription import Subscription
@@ -51,7 +52,7 @@ class ShareSource:
         self.consumer = consumer
         self.topic = consumer.topic
         self.group = consumer.group
-        self._client = consumer.client
+        self._session = consumer.session
         self._never = threading.Event()
 
     @property
@@ -69,7 +70,7 @@ class ShareSource:
         return True
 
     def idle(self, interrupt: Callable[[], bool]) -> None:
-        self._never.wait(self._client.poll_interval)
+        self._never.wait(self._session.poll_interval)
 
     def lost(self, commit: Commit) -> None:
         """A refused ack: the events are no longer this consumer's; nothing else to do."""
@@ -79,7 +80,7 @@ class ShareSource:
 
     # -- events -------------------------------------------------------------------------------------------
     def waiter(self, interrupt: Callable[[], bool]) -> Wakeup:
-        return topic_wakeup(self._client, self.consumer.topic_id, interrupt=interrupt)
+        return topic_wakeup(self._session, self.consumer.topic_id, interrupt=interrupt)
 
     def fetch(self, max_events: int, partitions: Collection[int]) -> list[Event]:
         parts = None if len(partitions) == len(self.partitions) else sorted(partitions)
@@ -87,7 +88,7 @@ class ShareSource:
 
     @contextmanager
     def transaction(self, *, bounded: bool = False) -> Iterator[ShareHandlerTransaction]:
-        with self._client.connection() as conn:
+        with self._session.connection() as conn:
             tx = ShareHandlerTransaction(conn)
             conn.execute("BEGIN")
             try:
@@ -102,9 +103,9 @@ class ShareSource:
         """Ack ``events`` (in ``tx`` if given: then they take effect when it commits)."""
         if isinstance(tx, ShareHandlerTransaction):
             # the acks and the COMMIT of the handler's transaction in one round trip, all or nothing
-            settled = self.consumer._ack_commit(events, tx.connection, began=True)
+            settled = self.consumer.ack_commit(events, tx.connection, began=True)
             tx.ended = True
-            self.consumer._forget(settled.outcomes)  # refused: the locks of the others expire
+            self.consumer.forget(settled.outcomes)  # refused: the locks of the others expire
         else:
             settled = self.consumer.ack(events)
         outcomes: dict[int, CommitOutcome] = {}

@@ -27,7 +27,7 @@ from ..models import CommitOutcome, Event
 from .source import Commit, Reassignment, Transaction
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import SessionPort
 
 log = logging.getLogger("pgstreams.worker")
 
@@ -46,14 +46,14 @@ class StreamSource:
     fixed reader it reads that reader's partitions, unfenced.
     """
 
-    def __init__(self, client: Client, topic: str, group: str, topic_id: int, *,
+    def __init__(self, session: SessionPort, topic: str, group: str, topic_id: int, *,
                  reader: StreamReader | None = None, member: GroupMember | None = None,
                  start: Start = "earliest") -> None:
         self.topic = topic
         self.group = group
         self.topic_id = topic_id
         self.member = member
-        self._client = client
+        self._session = session
         self._start = start
         self._reader = reader
         # partition -> lease epoch processed under (-1 without leases)
@@ -66,14 +66,14 @@ class StreamSource:
     @classmethod
     def fixed(cls, reader: StreamReader) -> StreamSource:
         """The partitions of ``reader`` (positioned at its checkpoints), without membership or fencing."""
-        return cls(reader.client, reader.topic, reader.group, reader.topic_id, reader=reader)
+        return cls(reader.session, reader.topic, reader.group, reader.topic_id, reader=reader)
 
     @classmethod
     def leased(cls, group: StreamReader, member: GroupMember) -> StreamSource:
         """The partitions ``member`` holds leases on, of the topic and group of ``group`` (a reader of
         them, e.g. from :func:`pgstreams.consumer.create_checkpoints`, whose ``start`` gives partitions
         without a checkpoint theirs)."""
-        return cls(group.client, group.topic, group.group, group.topic_id, member=member, start=group.start)
+        return cls(group.session, group.topic, group.group, group.topic_id, member=member, start=group.start)
 
     @property
     def partitions(self) -> tuple[int, ...]:
@@ -98,7 +98,7 @@ class StreamSource:
         if m is None:
             if not self._reread or self._reader is None:
                 return None
-            with self._client.connection() as conn:
+            with self._session.connection() as conn:
                 self._reader.load(conn)
             self._reread = False
             return Reassignment(self._partitions, rebalanced=False)
@@ -120,7 +120,7 @@ class StreamSource:
         self._reader = None
         self._lease = None
         if desired:
-            self._reader = create_checkpoints(self._client, self.topic, self.group, start=self._start,
+            self._reader = create_checkpoints(self._session, self.topic, self.group, start=self._start,
                                               partitions=self._partitions)
             self._lease = LeaseClaim(m.member_id, dict(desired))
         return Reassignment(self._partitions, gained, lost)
@@ -144,7 +144,7 @@ class StreamSource:
 
     def idle(self, interrupt: Callable[[], bool]) -> None:
         changed = self.member.changed if self.member is not None else self._never
-        end = time.monotonic() + self._client.poll_interval
+        end = time.monotonic() + self._session.poll_interval
         while time.monotonic() < end and not interrupt():
             if changed.wait(_SLICE):
                 return
@@ -170,7 +170,7 @@ class StreamSource:
 
     # -- events -------------------------------------------------------------------------------------------
     def waiter(self, interrupt: Callable[[], bool]) -> Wakeup:
-        return topic_wakeup(self._client, self.topic_id, interrupt=interrupt)
+        return topic_wakeup(self._session, self.topic_id, interrupt=interrupt)
 
     def _require(self) -> StreamReader:
         if self._reader is None:
@@ -180,14 +180,14 @@ class StreamSource:
     def fetch(self, max_events: int, partitions: Collection[int]) -> list[Event]:
         reader = self._require()
         if len(partitions) == len(reader.partitions):
-            return self._client.run(lambda conn: reader.fetch(conn, max_events))
+            return self._session.run(lambda conn: reader.fetch(conn, max_events))
         own = [p for p in reader.partitions if p in partitions]
-        return self._client.run(lambda conn: reader.fetch(conn, max_events, own))
+        return self._session.run(lambda conn: reader.fetch(conn, max_events, own))
 
     @contextmanager
     def transaction(self, *, bounded: bool = False) -> Iterator[CheckpointTransaction]:
         reader = self._require()
-        with self._client.connection() as conn:
+        with self._session.connection() as conn:
             with reader.transaction(conn, lease=self._lease,
                                     idle_timeout=self.session_timeout if bounded else None) as tx:
                 yield tx
@@ -197,7 +197,7 @@ class StreamSource:
         if tx is None:
             targets = reader.targets(events)
             lease = self._lease
-            outcome = self._client.run(lambda conn: reader.commit(conn, targets, lease))
+            outcome = self._session.run(lambda conn: reader.commit(conn, targets, lease))
         else:
             assert isinstance(tx, CheckpointTransaction)
             outcome = tx.store(events)

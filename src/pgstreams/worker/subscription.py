@@ -10,13 +10,13 @@ from ..consumer import Start, check_start
 from ..errors import InvalidArgument
 from ..groups import check_timing, get_group_config
 from ..names import check_group, check_topic
-from ..shares.consumer import check_lock_timeout
+from ..shares.options import check_lock_timeout
 from .batching import BatchConfig
 from .handlers import Handler, as_called, check_handler
 from .retry import RetryPolicy
 
 if TYPE_CHECKING:
-    from ..client import Client
+    from ..ports import HasSession
 
 #: Processing modes: ``"at-least-once"`` (commit after the handler) or ``"transactional"``.
 Mode = Literal["at-least-once", "transactional"]
@@ -26,7 +26,7 @@ MODES: tuple[str, ...] = ("at-least-once", "transactional")
 @dataclass(frozen=True)
 class SubscriptionOptions:
     """How a subscription runs its handler: the keyword arguments of :meth:`pgstreams.Worker.subscribe`
-    (and, but ``start``, the membership timings and ``partitions``, of :meth:`pgstreams.Consumer.run`),
+    (and, but ``start``, the membership timings and ``partitions``, of :func:`run_consumer`),
     with the same defaults. Checked when the subscription is made, not here.
 
     ``batch`` (default false): call the handler with a list of events. ``min_events`` / ``max_events`` /
@@ -82,7 +82,7 @@ class Subscription:
     lock_timeout: float | None = None
 
 
-def dead_letter_topic(client: Client, group: str, topic: str, dead_letter: object) -> str | None:
+def dead_letter_topic(client: HasSession, group: str, topic: str, dead_letter: object) -> str | None:
     """The dead-letter topic of ``topic`` for ``group`` as the ``dead_letter`` option says (``None``: the
     group's configuration); ``None`` for none."""
     if dead_letter is None:
@@ -102,7 +102,7 @@ def dead_letter_topic(client: Client, group: str, topic: str, dead_letter: objec
     return name
 
 
-def make_subscription(client: Client, topic: str, group: str, handler: object,
+def make_subscription(client: HasSession, topic: str, group: str, handler: object,
                       options: SubscriptionOptions) -> Subscription:
     """Check ``handler`` and ``options`` for ``topic`` and ``group`` (:class:`InvalidArgument`,
     :class:`pgstreams.TopicNotFound`) and resolve their defaults. Membership timings are checked
@@ -139,7 +139,7 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
     if o.share and o.partitions is not None:
         raise InvalidArgument("partitions cannot be given with share=True (every consumer of a share group "
                               "reads every partition)")
-    name = client.topic_state(topic).name
+    name = client.session.topic_state(topic).name
     check_group(group)
     if o.partitions is None and (o.heartbeat_interval is not None or o.session_timeout is not None):
         cfg = get_group_config(client, group)  # the timings as the member will use them, checked now
@@ -151,5 +151,5 @@ def make_subscription(client: Client, topic: str, group: str, handler: object,
 
 
 #: Every subscription option at its default: the one place the keyword defaults of
-#: :meth:`pgstreams.Worker.subscribe`, :func:`run_consumer` and :meth:`pgstreams.Consumer.run` come from.
+#: :meth:`pgstreams.Worker.subscribe` and :func:`run_consumer` come from.
 DEFAULTS = SubscriptionOptions()

@@ -1,5 +1,6 @@
 """The :class:`Worker`: runs subscriptions in a process, as a member of their groups (or on a static
-assignment), with named services watched by a supervisor."""
+assignment), with named services watched by a supervisor; :func:`run_consumer` runs a handler on a
+:class:`pgstreams.Consumer`'s own partitions."""
 
 from __future__ import annotations
 
@@ -10,12 +11,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..consumer import Start, StreamReader, create_checkpoints
+from ..consumer import Consumer, Start, StreamReader, create_checkpoints
 from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
 from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
+from ..ports import SessionPublisher
 from ..services import Service, ServiceFailed, Supervisor
 from ..shares import DEFAULT_LOCK_TIMEOUT, ShareConsumer, ShareOptions
 from ._checks import number
@@ -28,10 +30,6 @@ from .runner import Runner, WorkerStats
 from .shares import ShareRunner, ShareSource
 from .streams import StreamSource
 from .subscription import DEFAULTS, Mode, Subscription, SubscriptionOptions, make_subscription
-
-if TYPE_CHECKING:
-    from ..client import Client
-    from ..consumer import Consumer
 
 log = logging.getLogger("pgstreams.worker")
 
@@ -55,9 +53,11 @@ class Worker:
     every that many seconds, so a deployment with workers needs no pg_cron.
 
     Use :meth:`run` (blocks until stopped), or :meth:`start` / :meth:`stop` (or ``with worker:``).
+    ``client``: a :class:`pgstreams.Client` (the worker runs on its session and publishes dead letters
+    through it).
     """
 
-    def __init__(self, client: Client, *, member_id: str | None = None, clock: Clock | None = None,
+    def __init__(self, client: SessionPublisher, *, member_id: str | None = None, clock: Clock | None = None,
                  install_signal_handlers: bool = True, shutdown_timeout: float | None = None,
                  maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL) -> None:
         if member_id is not None and (not isinstance(member_id, str) or not 0 < len(member_id) <= 200):
@@ -69,6 +69,8 @@ class Worker:
         if maintenance is not None:
             number("maintenance", maintenance, allow_low=False)
         self.client = client
+        #: the session of ``client``, which the subscriptions run on
+        self.session = client.session
         self.maintenance = maintenance
         self.member_id = member_id or new_member_id()
         self.clock: Clock = clock or time.monotonic
@@ -136,10 +138,10 @@ class Worker:
                          options: SubscriptionOptions | None = None) -> Subscription:
         """:meth:`subscribe` with its keyword arguments as one :class:`SubscriptionOptions` (default: all
         defaults)."""
-        sub = make_subscription(self.client, topic, group, handler, options or SubscriptionOptions())
+        sub = make_subscription(self.session, topic, group, handler, options or SubscriptionOptions())
         fixed = None
         if options is not None and options.partitions is not None:
-            fixed = create_checkpoints(self.client, sub.topic, sub.group, start=sub.start,
+            fixed = create_checkpoints(self.session, sub.topic, sub.group, start=sub.start,
                                        partitions=options.partitions)
         self._add(sub, fixed)
         return sub
@@ -198,7 +200,7 @@ class Worker:
             self._done.set()
             raise
         if self.maintenance is not None:
-            members.append(MaintenanceService(self.client, self.maintenance))
+            members.append(MaintenanceService(self.session, self.maintenance))
         self._services = members + list(self._runners)
         for svc in self._services:
             svc.start()
@@ -212,15 +214,15 @@ class Worker:
         now, its heartbeat and balancer added to ``services``)."""
         retry_states = None
         if fixed is None:
-            group = create_checkpoints(self.client, sub.topic, sub.group, start=sub.start)
-            member = GroupMember(self.client, sub.topic, sub.group, member_id=self.member_id,
+            group = create_checkpoints(self.session, sub.topic, sub.group, start=sub.start)
+            member = GroupMember(self.session, sub.topic, sub.group, member_id=self.member_id,
                                  heartbeat_interval=sub.heartbeat_interval,
                                  session_timeout=sub.session_timeout)
             self._members.append(member)
             member.register()
             services += [HeartbeatService(member), BalancerService(member)]
             source = StreamSource.leased(group, member)
-            retry_states = RetryStateStore(self.client, sub.group, group.topic_id, self.member_id)
+            retry_states = RetryStateStore(self.session, sub.group, group.topic_id, self.member_id)
             partitions = group.partition_count
         else:
             source = StreamSource.fixed(fixed)
@@ -325,20 +327,32 @@ class Worker:
         self.stop()
 
 
-def run_consumer(consumer: Consumer, handler: Handler, *, until: threading.Event | None = None,
-                 install_signal_handlers: bool = True, batch: bool = DEFAULTS.batch,
-                 min_events: int = DEFAULTS.min_events, max_events: int = DEFAULTS.max_events,
-                 max_wait: float = DEFAULTS.max_wait, mode: Mode = DEFAULTS.mode,
-                 retry: RetryPolicy | None = None, dead_letter: str | bool | None = None,
-                 clock: Clock | None = None) -> Worker:
-    """Run ``handler`` on a consumer's own partitions until stopped (see :meth:`Consumer.run`, which
-    states the defaults)."""
+def run_consumer(client: SessionPublisher, consumer: Consumer, handler: Handler, *,
+                 until: threading.Event | None = None, install_signal_handlers: bool = True,
+                 batch: bool = DEFAULTS.batch, min_events: int = DEFAULTS.min_events,
+                 max_events: int = DEFAULTS.max_events, max_wait: float = DEFAULTS.max_wait,
+                 mode: Mode = DEFAULTS.mode, retry: RetryPolicy | None = None,
+                 dead_letter: str | bool | None = None, clock: Clock | None = None) -> Worker:
+    """Run ``handler`` on ``consumer``'s partitions until SIGINT/SIGTERM (or ``until``, a
+    ``threading.Event``, is set); return the stopped :class:`Worker`. ``client`` is the
+    :class:`pgstreams.Client` the consumer reads through (it publishes the dead letters).
+
+    The consumer does not join the group's membership (no leases: it reads exactly its ``partitions``);
+    use :class:`Worker` for that. The options are those of :meth:`Worker.subscribe` except ``start`` and
+    the membership timings (``batch`` default false, ``min_events`` 1, ``max_events`` 100, ``max_wait``
+    1.0 s, ``mode`` ``"at-least-once"``, ``retry`` ``RetryPolicy()``, ``dead_letter`` the group's
+    configuration), plus ``until``, ``install_signal_handlers`` (default true) and ``clock`` (default
+    ``time.monotonic``). Failing events are retried and dead-lettered as by a worker; no retry state is
+    recorded in the group status. Raises :class:`InvalidArgument` for a consumer of another client.
+    """
     reader = consumer.reader
-    worker = Worker(reader.client, clock=clock, install_signal_handlers=install_signal_handlers)
+    if reader.session is not client.session:
+        raise InvalidArgument("the consumer reads through another client than the one given")
+    worker = Worker(client, clock=clock, install_signal_handlers=install_signal_handlers)
     options = SubscriptionOptions(batch=batch, min_events=min_events, max_events=max_events,
                                   max_wait=max_wait, mode=mode, retry=retry, dead_letter=dead_letter,
                                   start=consumer.start)
-    worker._add(make_subscription(reader.client, consumer.topic, consumer.group, handler, options), reader)
+    worker._add(make_subscription(reader.session, consumer.topic, consumer.group, handler, options), reader)
     worker.run(until=until)
     return worker
 

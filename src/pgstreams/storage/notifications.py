@@ -81,6 +81,7 @@ class Notifier(Service):
         self._lock = threading.Lock()
         self._conn: psycopg.Connection | None = None
         self._last = 0.0
+        self._sending = threading.Lock()  # one sender at a time: the service's thread or flush()'s caller
 
     def poke(self, topic_id: int) -> None:
         """Schedule a notification for ``topic_id`` (non-blocking; starts the service on first use)."""
@@ -127,7 +128,16 @@ class Notifier(Service):
             self._conn.close()
             self._conn = None
 
+    def flush(self) -> None:
+        """Send the pending notification now, in the caller's thread; on return every notification
+        scheduled before the call has been sent (or dropped after a failure, as by the service)."""
+        self._send()
+
     def _send(self) -> None:
+        with self._sending:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
         with self._lock:
             pending, self._pending = self._pending, set()
         if not pending:

@@ -771,19 +771,6 @@ def test_bad_options_and_columns_fail_at_analysis_naming_them(
         assert conn.execute("SELECT count(*) FROM pgstreams.spark_sink_tasks").fetchone() == (0,)
 
 
-def test_dsn_option_accepts_what_connect_accepts(
-        spark: SparkSession, dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Without option ``dsn`` the source resolves the DSN as :func:`pgstreams.connect` does (here from
-    ``$PGSTREAMS_DSN``), and the DSN it reads from is the one ``connect()`` would use."""
-    with pgstreams.connect(dsn) as client:
-        client.create_topic("env-topic", 1)
-        client.publish_many("env-topic", [{"value": i} for i in range(5)])
-    visible(dsn)
-    monkeypatch.setenv("PGSTREAMS_DSN", dsn)
-    rows = spark.read.format("pgstreams").option("topic", "env-topic").load().select("value").collect()
-    assert sorted(json.loads(r.value) for r in rows) == list(range(5))
-
-
 # --------------------------------------------------------------------------------------------------------
 # a query killed with SIGKILL mid-batch, restarted from its checkpoint
 

@@ -326,6 +326,12 @@ class Client:
         publish (or here), so that a client that only reads or administers draws none."""
         return self._producer._base >> 32
 
+    @property
+    def producer(self) -> Producer:
+        """The client's :class:`pgstreams.producer.Producer` (its producer tags are shared by the asyncio
+        client built over this one)."""
+        return self._producer
+
     def _mark_waiting(self, topic_id: int, ttl: float) -> None:
         """Mark topic ``topic_id`` as waited for (see :meth:`.Listener.waiting`): on a pooled
         connection if one is free within 0.1 s, not retried (a consumer is about to wait)."""

@@ -51,10 +51,10 @@ T = TypeVar("T")
 
 
 class AsyncClient:
-    """The asyncio twin of :class:`pgstreams.Client` (create with :func:`connect`). Safe to share among
-    the tasks of one event loop. ``sync`` is the sync client the administration runs through; its
-    ``retry_timeout`` and producer (id, numbering, ``idempotent``) are this client's too. ``retry`` is the
-    client's :class:`~pgstreams.reconnect.AsyncReconnect`."""
+    """The asyncio twin of :class:`pgstreams.Client` (create with :func:`pgstreams.aio.connect`). Safe to
+    share among the tasks of one event loop. ``sync`` is the sync client the administration runs through;
+    its ``retry_timeout`` and producer (id, numbering, ``idempotent``) are this client's too. ``retry`` is
+    the client's :class:`~pgstreams.reconnect.AsyncReconnect`."""
 
     def __init__(self, sync: Client, pool: AsyncConnectionPool) -> None:
         self.sync = sync
@@ -236,12 +236,7 @@ class AsyncClient:
                 await self.store.notify(self._channel, str(state.id), conn)
             return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
         tags = self._tags
-        if tags is None:
-            tag = None
-        else:
-            if not tags.drawn:  # the first publish draws the producer id, in a worker thread
-                await asyncio.to_thread(tags.draw)
-            tag = tags.next_tag()
+        tag = None if tags is None else tags.next_tag() if tags.drawn else await self._first_tag()
         row = checked_row(state, row_args, tag)
         floor = state.known  # read before the attempt: its event is stored above it
         try:
@@ -254,6 +249,13 @@ class AsyncClient:
             stored = await self._again(topic, state, row, floor, lost.pid, lost.error)
         state.known = stored.position
         return PublishResult(state.name, stored.partition, stored.position, stored.duplicate)
+
+    async def _first_tag(self) -> int:
+        """The producer tag of the client's first publish: the producer id is drawn (a round trip) in a
+        worker thread."""
+        assert self._tags is not None
+        await asyncio.to_thread(self._tags.draw)
+        return self._tags.next_tag()
 
     async def _publish_pooled(self, topic: str, state: TopicState, row: EventRow, notify: bool) -> StoredAt:
         """Publish on a pooled connection; a retriable failure raises
@@ -357,12 +359,7 @@ class AsyncClient:
         it is stored once (all or none)."""
         state = await self.topic_state(topic)
         tags = self._tags
-        if tags is None:
-            producer = None
-        else:
-            if not tags.drawn:
-                await asyncio.to_thread(tags.draw)
-            producer = tags.next_tag()
+        producer = None if tags is None else tags.next_tag() if tags.drawn else await self._first_tag()
         batch = Batch(state, events, producer)
         rows = list(batch)  # validated and size-checked
         if not rows:

@@ -176,8 +176,9 @@ class Producer:
         check = state.check_due()  # then read the topic's row too, in the same round trip
         wake = (self.channel, str(state.id)) if not state.quiet and self.claim(state.id) else None
         stored = self._insert_pooled(c, topic, state, row, wake, check=check)
-        if stored.position >= state.segments.stats_from:
-            state.segments.check_stats(self.store.executor, stored.position, c)
+        segments = state.segments
+        if segments.stats_due(stored.position):
+            segments.check_stats(self.store.executor, stored.position, c)
         return stored
 
     def close(self) -> None:

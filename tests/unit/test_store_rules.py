@@ -129,10 +129,9 @@ def test_existing_checkpoints_are_kept_without_a_write() -> None:
 
 def test_a_commit_stores_in_partition_order_and_reads_each_outcome() -> None:
     assert store_args({2: 9, 0: 4}, {0: 1, 2: 3, 5: 7}) == ([0, 2], [4, 9], [1, 3])
-    assert store_query(durable=True, direct=True) == "store_checkpoints"
-    assert store_query(durable=False, direct=True) == "store_checkpoints_lazy"
-    assert store_query(durable=False, direct=False) == "store_checkpoints"  # a caller's transaction
-    assert store_query(durable=False, direct=True, fenced=True) == "store_checkpoints_fenced_lazy"
+    assert store_query(lazy=False) == "store_checkpoints"
+    assert store_query(lazy=True) == "store_checkpoints_lazy"
+    assert store_query(lazy=True, fenced=True) == "store_checkpoints_fenced_lazy"
     assert outcomes_of([(0, CommitOutcome.STORED.value), (2, CommitOutcome.FURTHER.value)]) == {
         0: CommitOutcome.STORED, 2: CommitOutcome.FURTHER}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -28,6 +28,7 @@ from ..models import CommitOutcome
 from .calls import ALL, ONE, Call, Steps
 from .checkpoints import (
     init_checkpoints_call,
+    lazy_commit,
     load_checkpoints_call,
     missing_checkpoints,
     outcomes_of,
@@ -49,6 +50,7 @@ from .events import (
     count_produced_call,
     existing_event_call,
     fences_call,
+    idle_autocommit,
     insert_params,
     insert_statement,
     insert_with_id_call,
@@ -62,7 +64,7 @@ from .events import (
     topic_version_call,
 )
 from .executor import Params, core_query
-from .libpq import AsyncDirect, int_array, statement, usable
+from .libpq import AsyncDirect, int_array, statement
 from .naming import TopicTables
 from .topics import (
     Segments,
@@ -78,10 +80,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: Whether statements may go straight through libpq on an async connection: autocommit and idle (in a
-#: caller's transaction a failed statement would abort it, so psycopg's own path runs there); the sync
-#: stores' rule (:func:`pgstreams.storage.libpq.usable`), which reads nothing of the sync connection's own.
-_direct_ok = cast(Callable[[psycopg.AsyncConnection[Any]], bool], usable)
+#: Whether statements may go straight through libpq on an async connection (the sync store's rule).
+_direct_ok = idle_autocommit
 
 
 class AsyncExecutor:
@@ -381,9 +381,8 @@ class AsyncStore:
         (as ``CheckpointStore.store``). ``durable=False`` on an idle autocommit connection: the commit does
         not wait for its flush."""
         ps, to, expect = store_args(targets, expected)
-        direct = _direct_ok(conn)
-        query = store_query(durable, direct)
-        if direct:  # straight through libpq, one round trip
+        query = store_query(lazy_commit(durable, conn))
+        if _direct_ok(conn):  # straight through libpq, one round trip
             st = statement(query, self.schema)
             args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps), int_array(to),
                     int_array(expect)]

@@ -16,9 +16,8 @@ import psycopg
 
 from ..models import CommitOutcome
 from .calls import ALL, RUN, Call, Steps, nothing, perform, perform_steps
-from .events import Cursor, fences_call, time_cursors_call
+from .events import Cursor, fences_call, idle_autocommit, time_cursors_call
 from .executor import Executor
-from .libpq import usable
 
 #: The cursor before every event of a partition.
 ORIGIN: Cursor = 0
@@ -76,12 +75,18 @@ def missing_checkpoints(group: str, topic_id: int, partitions: Sequence[int], st
     return loaded
 
 
-def store_query(durable: bool, direct: bool, fenced: bool = False) -> str:
-    """The query storing checkpoints: fenced by a lease claim or not; ``durable=False`` on a connection
-    idle in autocommit mode (``direct``): the commit does not wait for its WAL flush (in a transaction of
-    the caller's it has no effect)."""
+def store_query(lazy: bool, fenced: bool = False) -> str:
+    """The query storing checkpoints: fenced by a lease claim or not; ``lazy``: the commit does not wait for
+    its WAL flush (see :func:`lazy_commit`)."""
     name = "store_checkpoints_fenced" if fenced else "store_checkpoints"
-    return name if durable or not direct else name + "_lazy"
+    return name + "_lazy" if lazy else name
+
+
+def lazy_commit(durable: bool, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a store of checkpoints on ``conn`` commits without waiting for its WAL flush: asked for
+    (``durable=False``) on a connection idle in autocommit mode; in a transaction of the caller's the
+    transaction's own setting holds."""
+    return not durable and idle_autocommit(conn)
 
 
 def store_args(targets: Mapping[int, Cursor], expected: Mapping[int, Cursor]
@@ -129,7 +134,7 @@ class CheckpointStore:
         ``store_checkpoints_lazy``); in a transaction of the caller's it has no effect.
         """
         ps, to, expect = store_args(targets, expected)
-        query = store_query(durable, usable(conn), lease is not None)
+        query = store_query(lazy_commit(durable, conn), lease is not None)
         if lease is None:
             rows = self.ex.all(query, (group, topic_id, ps, to, expect), conn=conn)
         else:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 import psycopg
 from psycopg import pq
@@ -180,6 +180,10 @@ def insert_params(row: EventRow, encoding: str, ins: InsertStatement) -> list[by
 
 
 # -- what the sync and the asyncio store share -------------------------------------------------------------
+#: Whether statements may go straight through libpq on a connection, sync or async: autocommit and idle (in
+#: a caller's transaction a failed statement would abort it, so psycopg's own path runs there). It is
+#: :func:`pgstreams.storage.libpq.usable`, which reads only what both kinds of connection have.
+idle_autocommit = cast(Callable[[psycopg.Connection[Any] | psycopg.AsyncConnection[Any]], bool], usable)
 #: The statements of a checked poll (:meth:`EventStore.poll_checked`): the fences, then the read below them.
 POLL_CHECKED = ("load_fences", "poll_checked")
 #: The queries whose rows come in binary form (event rows).

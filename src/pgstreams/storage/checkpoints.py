@@ -84,7 +84,7 @@ def store_query(lazy: bool, fenced: bool = False) -> str:
 
 def lazy_commit(durable: bool, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
     """Whether a store of checkpoints on ``conn`` commits without waiting for its WAL flush: asked for
-    (``durable=False``) on a connection idle in autocommit mode; in a transaction of the caller's the
+    (``durable=False``) on a connection idle in autocommit mode; in a transaction of the caller's, the
     transaction's own setting holds."""
     return not durable and idle_autocommit(conn)
 
@@ -93,7 +93,7 @@ def store_args(targets: Mapping[int, Cursor], expected: Mapping[int, Cursor]
                ) -> tuple[list[int], list[int], list[int]]:
     """The partitions of ``targets`` in order, their targets and their expected previous checkpoints."""
     ps = sorted(targets)
-    return ps, _positions(targets, ps), _positions(expected, ps)
+    return ps, [targets[p] for p in ps], [expected[p] for p in ps]
 
 
 def outcomes_of(rows: Sequence[Sequence[Any]]) -> dict[int, CommitOutcome]:

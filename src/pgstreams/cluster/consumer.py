@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from ..consumer import Consumer, ConsumerTransaction
-from ..consumer.consumer import _check_limits
+from ..consumer.reader import check_limits
 from ..errors import ConnectionLost, InvalidArgument, ShardUnavailable
 from ..models import CommitOutcome, Event
 
@@ -104,7 +104,7 @@ class ClusterConsumer:
         """Up to ``max_events`` next events (default 500) of one shard, waiting at most ``timeout`` seconds
         (default 1.0) for the first one; an empty list when none arrived. The shards are taken in turn;
         while all are idle, the wait goes to each in turn for ``poll_interval / shards`` seconds."""
-        max_events, timeout = _check_limits(max_events, timeout)
+        max_events, timeout = check_limits(max_events, timeout)
         n = len(self.consumers)
         deadline = time.monotonic() + timeout
         turn = self._next

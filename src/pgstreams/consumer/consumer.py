@@ -4,7 +4,6 @@ transactions (:func:`pgstreams.worker.run_consumer` runs a handler on one)."""
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
@@ -15,7 +14,17 @@ import psycopg
 from ..errors import InvalidArgument, TopicNotFound
 from ..models import CommitOutcome, Event
 from .batch import EventBatch
-from .reader import _GONE, _ORIGIN, Cursor, Row, Start, StreamReader, create_checkpoints, events_of
+from .reader import (
+    ORIGIN,
+    TOPIC_GONE,
+    Cursor,
+    Row,
+    Start,
+    StreamReader,
+    check_limits,
+    create_checkpoints,
+    events_of,
+)
 
 if TYPE_CHECKING:
     from ..ports import HasSession
@@ -30,19 +39,10 @@ def _topic_must_exist(method: _Method) -> _Method:
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except _GONE as exc:
+        except TOPIC_GONE as exc:
             topic = self.topic if isinstance(self, Consumer) else self._consumer.topic
             raise TopicNotFound(f"topic {topic!r} was deleted") from exc
     return wrapper  # type: ignore[return-value]
-
-
-def _check_limits(max_events: object, timeout: object) -> tuple[int, float]:
-    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
-        raise InvalidArgument(f"max_events must be a positive integer, got {max_events!r}")
-    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
-            or math.isnan(timeout)):
-        raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
-    return max_events, float(timeout)
 
 
 class Consumer:
@@ -122,7 +122,7 @@ class Consumer:
         Order is kept within each partition. New events wake the consumer through LISTEN/NOTIFY; it also
         polls every ``poll_interval`` as a fallback. Polling does not commit: see :meth:`commit`.
         """
-        max_events, timeout = _check_limits(max_events, timeout)
+        max_events, timeout = check_limits(max_events, timeout)
         return self._poll(None, max_events, timeout)
 
     @_topic_must_exist
@@ -130,7 +130,7 @@ class Consumer:
         """:meth:`poll`, returning the events as one :class:`EventBatch`: the rows as read, with columns
         (``batch.values``, ``batch.positions``, ...) and :class:`Event` objects built only when asked for.
         The fastest way to drain a backlog; commit it like a poll's list."""
-        max_events, timeout = _check_limits(max_events, timeout)
+        max_events, timeout = check_limits(max_events, timeout)
         rows = self._poll_rows(None, max_events, timeout)
         return EventBatch(self.topic, rows, self._last)
 
@@ -194,7 +194,7 @@ class Consumer:
     @_topic_must_exist
     def seek_to_beginning(self) -> None:
         """Move every partition's checkpoint before the first event."""
-        self._set(dict.fromkeys(self.partitions, _ORIGIN))
+        self._set(dict.fromkeys(self.partitions, ORIGIN))
 
     @_topic_must_exist
     def seek_to_end(self) -> None:
@@ -256,7 +256,7 @@ class ConsumerTransaction:
     def poll(self, max_events: int = 500, timeout: float = 1.0) -> list[Event]:
         """Like :meth:`Consumer.poll` (``max_events`` default 500, ``timeout`` default 1.0 s), inside the
         transaction; the events are checkpointed on commit."""
-        max_events, timeout = _check_limits(max_events, timeout)
+        max_events, timeout = check_limits(max_events, timeout)
         got = self._consumer._poll(self.connection, max_events, timeout)
         self.events.extend(got)
         return got

@@ -4,6 +4,7 @@ checkpoints stored with outcomes (fenced by a lease claim for group members) and
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -18,6 +19,7 @@ from ..codec import decode_value
 from ..errors import InvalidArgument, TopicNotFound
 from ..models import CommitOutcome, Event
 from ..names import check_group
+from ..storage.checkpoints import ORIGIN, head_cursors
 from ._storage import ReaderStorage
 from .wakeup import topic_wakeup
 
@@ -27,8 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("pgstreams.consumer")
 
 Start = Union[Literal["earliest", "latest"], datetime]
-Cursor = int  # the position of the last event read; 0 is before every event
-_ORIGIN: Cursor = 0
+Cursor = int  # the position of the last event read; 0 is before every event (ORIGIN)
 _SEVERITY = {
     CommitOutcome.STORED: 0, CommitOutcome.IGNORED: 1, CommitOutcome.OLDER: 2, CommitOutcome.FURTHER: 3,
     CommitOutcome.FENCED: 4,
@@ -115,7 +116,28 @@ def check_start(start: object) -> Start:
 
 
 #: What a statement on a deleted topic raises: its table is gone, or its id no longer exists.
-_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation)
+TOPIC_GONE = (psycopg.errors.UndefinedTable, psycopg.errors.ForeignKeyViolation)
+
+
+def check_limits(max_events: object, timeout: object) -> tuple[int, float]:
+    """A poll's ``max_events`` (a positive int) and ``timeout`` (seconds, a number >= 0), checked
+    (:class:`InvalidArgument` naming the bad one); the timeout as a float."""
+    if isinstance(max_events, bool) or not isinstance(max_events, int) or max_events < 1:
+        raise InvalidArgument(f"max_events must be a positive integer, got {max_events!r}")
+    if (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+            or math.isnan(timeout)):
+        raise InvalidArgument(f"timeout must be a number >= 0, got {timeout!r}")
+    return max_events, float(timeout)
+
+
+def transaction_kept(outcome: CommitOutcome | None, targets: Mapping[int, Cursor], keep_ignored: bool
+                     ) -> bool:
+    """Whether a transaction that stored a checkpoint at ``targets`` with ``outcome`` (``None``: none
+    stored) commits: nothing stored, ``STORED``, or ``IGNORED`` when ``keep_ignored`` (or there was
+    nothing to store). Otherwise it rolls back (another member moved the checkpoint: the handler's writes
+    would repeat or skip work)."""
+    return outcome is None or outcome is CommitOutcome.STORED or (
+        outcome is CommitOutcome.IGNORED and (keep_ignored or not targets))
 
 
 @dataclass(frozen=True)
@@ -153,9 +175,7 @@ class CheckpointTransaction:
     def kept(self) -> bool:
         """Whether the transaction commits: nothing stored, ``STORED``, or ``IGNORED`` when the reader's
         transaction keeps it (or there was nothing to store). Otherwise it rolls back."""
-        o = self.outcome
-        return o is None or o is CommitOutcome.STORED or (
-            o is CommitOutcome.IGNORED and (self._keep_ignored or not self._targets))
+        return transaction_kept(self.outcome, self._targets, self._keep_ignored)
 
 
 class StreamReader:
@@ -210,25 +230,12 @@ class StreamReader:
                 f"partitions={self.partitions}>")
 
     # -- checkpoints ---------------------------------------------------------------------------------
-    def _start_cursors(self, conn: psycopg.Connection) -> dict[int, Cursor]:
-        parts = list(self.partitions)
-        if self.start == "earliest":
-            return dict.fromkeys(parts, _ORIGIN)
-        if self.start == "latest":
-            return self.head_cursors(conn, parts)
-        assert isinstance(self.start, datetime)
-        return self.time_cursors(conn, self.start)
-
     def create_checkpoints(self, conn: psycopg.Connection) -> None:
         """Give every partition of the reader that has no checkpoint of the group one at ``start``
-        (``"latest"``: the head now), keep the existing ones, then :meth:`load` them."""
-        cursors = self._storage.load(conn, list(self.partitions))
-        missing = set(self.partitions) - set(cursors)
-        if missing:
-            starts = self._start_cursors(conn)
-            self._storage.init(conn, {p: starts[p] for p in missing})
-            cursors = self._storage.load(conn, list(self.partitions))
-        self._loaded(cursors)
+        (``"latest"``: the head now), keep the existing ones, then :meth:`load` them (the rule of
+        :func:`pgstreams.storage.checkpoints.missing_checkpoints`, the asyncio consumer's too)."""
+        self._loaded(self.session.store.checkpoints.create_missing(conn, self.group, self.topic_id,
+                                                                  self.partitions, self.start))
 
     def load(self, conn: psycopg.Connection) -> None:
         """Read the checkpoints again and put every cursor on its checkpoint."""
@@ -349,14 +356,10 @@ class StreamReader:
         """Read the partitions the topic gained (up to ``count``) from their checkpoints, created at their
         first event where the group has none (so none of their events is missed, whatever ``start``)."""
         new = list(range(self.partition_count, count))
+        checkpoint_store = self.session.store.checkpoints
 
         def checkpoints(conn: psycopg.Connection) -> dict[int, Cursor]:  # safe to run again
-            got = self._storage.load(conn, new)
-            missing = [p for p in new if p not in got]
-            if missing:
-                self._storage.init(conn, dict.fromkeys(missing, _ORIGIN))
-                got = self._storage.load(conn, new)
-            return got
+            return checkpoint_store.create_missing(conn, self.group, self.topic_id, new, "earliest")
 
         cursors = self.session.run(checkpoints)
         self.session.topic_state(self.topic, refresh=True)  # publishers of this session hash over them too
@@ -467,7 +470,7 @@ class StreamReader:
                 raise InvalidArgument(
                     f"event {ev.topic}[{ev.partition}]@{ev.position} is not from this consumer's partitions"
                 )
-            if ev.position > out.get(ev.partition, _ORIGIN):
+            if ev.position > out.get(ev.partition, ORIGIN):
                 out[ev.partition] = ev.position
         return out
 
@@ -487,9 +490,7 @@ class StreamReader:
         if not targets:
             self.last_outcomes = {}
             return CommitOutcome.IGNORED
-        outcomes = self._storage.store(conn, targets, self._committed, lease, durable)
-        self.last_outcomes = outcomes
-        return max(outcomes.values(), key=_SEVERITY.__getitem__)
+        return self.outcome(self._storage.store(conn, targets, self._committed, lease, durable))
 
     def apply(self, targets: Mapping[int, Cursor]) -> None:
         """Make the stored ``targets`` the committed checkpoints, as :attr:`last_outcomes` allow."""
@@ -541,7 +542,7 @@ class StreamReader:
         """Before each partition's read fence: after every event committed now (those of transactions still
         open on the partition are read later)."""
         parts = list(self.partitions if partitions is None else partitions)
-        return {p: f - 1 for p, f in self._storage.fences(conn, parts).items()}
+        return head_cursors(self._storage.fences(conn, parts))
 
     def time_cursors(self, conn: psycopg.Connection, dt: datetime) -> dict[int, Cursor]:
         """Before each partition's first event created at or after ``dt``; the head where there is none."""
@@ -562,6 +563,6 @@ def create_checkpoints(client: HasSession, topic: str, group: str, *, start: Sta
     reader = StreamReader(client, topic, group, start=start, partitions=partitions)
     try:
         reader.session.run(reader.create_checkpoints)
-    except _GONE as exc:
+    except TOPIC_GONE as exc:
         raise TopicNotFound(f"topic {reader.topic!r} was deleted") from exc
     return reader

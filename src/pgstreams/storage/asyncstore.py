@@ -1,9 +1,14 @@
 """The async executor and the async typed operations of the hot paths (publishing, polling, checkpoints,
 topic lookups), for :mod:`pgstreams.aio`.
 
-They run the same named queries as the sync :class:`~pgstreams.storage.Executor` (``core_query``), on
-psycopg's async connections from a :class:`psycopg_pool.AsyncConnectionPool`, and map rows to the same
-values; a poll sends the read fence and the read together (one round trip), like ``EventStore.poll``.
+They run the very statements of the sync stores, on psycopg's async connections from a
+:class:`psycopg_pool.AsyncConnectionPool`: the :class:`~pgstreams.storage.calls.Call` values the sync
+stores define (:mod:`.events`, :mod:`.checkpoints`, :mod:`.topics`), through :meth:`AsyncExecutor.perform`,
+and, on the hot paths that go straight through libpq, the statements and parameters their functions
+build and the readings of their results (:func:`~.events.poll_steps`, :func:`~.events.split_trailer`,
+:func:`~.events.copy_message`, :func:`~.checkpoints.store_args`, ...). Only the waiting is the asyncio
+store's own. A poll sends the read fence and the read together (one round trip), like
+``EventStore.poll``.
 """
 
 from __future__ import annotations
@@ -14,42 +19,69 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg import pq, sql
-from psycopg.rows import RowFactory, dict_row, tuple_row
+from psycopg import sql
+from psycopg.rows import RowFactory, tuple_row
 from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from ..models import CommitOutcome
+from .calls import ALL, ONE, Call, Steps
+from .checkpoints import (
+    init_checkpoints_call,
+    lazy_commit,
+    load_checkpoints_call,
+    missing_checkpoints,
+    outcomes_of,
+    seek_checkpoints_call,
+    store_args,
+    store_query,
+)
 from .events import (
-    _COPY_TYPES,
-    EVENT_COLUMNS,
+    BINARY_QUERIES,
+    COPY_TYPES,
     EVENT_ID,
     PARTITION,
+    POLL_CHECKED,
     Cursor,
     EventRow,
     StoredAt,
     TopicVersion,
+    copy_message,
+    count_produced_call,
+    existing_event_call,
+    fences_call,
+    idle_autocommit,
     insert_params,
     insert_statement,
+    insert_with_id_call,
+    join_fence_call,
+    notify_call,
+    poll_steps,
+    produced_call,
+    session_busy_call,
+    split_trailer,
+    time_cursors_call,
+    topic_version_call,
 )
 from .executor import Params, core_query
 from .libpq import AsyncDirect, int_array, statement
 from .naming import TopicTables
-from .topics import TopicRecord, _record
+from .topics import (
+    Segments,
+    TopicRecord,
+    analyze_segment_call,
+    ensure_segments_call,
+    last_position_call,
+    topic_call,
+)
 
 if TYPE_CHECKING:
     from ..reconnect import AsyncReconnect
 
 T = TypeVar("T")
 
-#: The statements of a poll, as :meth:`pgstreams.storage.EventStore.poll_checked` sends them.
-_POLL = ("load_fences", "poll_checked")
-
-
-def _direct_ok(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether statements may go straight through libpq on ``conn``: autocommit and idle (in a caller's
-    transaction a failed statement would abort it, so psycopg's own path runs there)."""
-    return conn.autocommit and conn.pgconn.transaction_status == pq.TransactionStatus.IDLE
+#: Whether statements may go straight through libpq on an async connection (the sync store's rule).
+_direct_ok = idle_autocommit
 
 
 class AsyncExecutor:
@@ -115,16 +147,47 @@ class AsyncExecutor:
         return await (go(conn) if conn is not None else self.pooled(go))
 
     async def run(self, name: str, params: Params = None, *, conn: psycopg.AsyncConnection | None = None,
-                  topic_id: int | None = None) -> int:
+                  topic_id: int | None = None, prepare: bool | None = None) -> int:
         """Run query ``name`` for its effect; return the number of rows it affected (retried as
         :meth:`one`)."""
         query = self.query(name, topic_id)
 
         async def go(c: psycopg.AsyncConnection) -> int:
-            cur = await c.execute(query, params)
+            cur = await c.execute(query, params, prepare=prepare)
             return cur.rowcount
 
         return await (go(conn) if conn is not None else self.pooled(go))
+
+    async def perform(self, call: Call[T], conn: psycopg.AsyncConnection | None = None) -> T:
+        """Run ``call`` (see :mod:`pgstreams.storage.calls`) on ``conn`` (default: a pooled connection,
+        retried as :meth:`one`) and return its value: what :func:`pgstreams.storage.calls.perform` does
+        with a sync executor."""
+        query = self.query(call.query, call.topic_id)
+        params, fetch, row, prepare = call.params, call.fetch, call.row, call.prepare
+
+        async def go(c: psycopg.AsyncConnection) -> Any:
+            if fetch == ONE:
+                cur = c.cursor(row_factory=row)
+                await cur.execute(query, params, prepare=prepare)
+                return await cur.fetchone()
+            if fetch == ALL:
+                cur = c.cursor(row_factory=row)
+                await cur.execute(query, params, prepare=prepare)
+                return await cur.fetchall()
+            return (await c.execute(query, params, prepare=prepare)).rowcount
+
+        return call.read(await (go(conn) if conn is not None else self.pooled(go)))
+
+    async def perform_steps(self, steps: Steps[T], conn: psycopg.AsyncConnection) -> T:
+        """Run the procedure ``steps`` on ``conn``: each call it yields, its result sent back (as
+        :func:`pgstreams.storage.calls.perform_steps`)."""
+        result: Any = None
+        while True:
+            try:
+                call = steps.send(result)
+            except StopIteration as done:
+                return done.value
+            result = await self.perform(call, conn)
 
 
 class AsyncStore:
@@ -139,45 +202,51 @@ class AsyncStore:
     # -- topics ------------------------------------------------------------------------------------------
     async def topic(self, name: str, conn: psycopg.AsyncConnection | None = None) -> TopicRecord | None:
         """The topic named ``name``, ``None`` if there is none."""
-        params = {"name": name, "schema": self.schema}
-        row = await self.ex.one("topic_by_name", params, conn=conn, row=dict_row)
-        return None if row is None else _record(row)
+        return await self.ex.perform(topic_call(self.schema, name), conn)
 
     async def topic_version(self, topic_id: int) -> TopicVersion | None:
         """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
-        row = await self.ex.one("topic_version", (topic_id,))
-        return None if row is None else TopicVersion.of(*row)
-
-    async def ensure_segments(self, topic_id: int, until: int, conn: psycopg.AsyncConnection | None = None
-                              ) -> int:
-        """Make segments cover positions up to ``until``; the first position no segment covers after."""
-        row = await self.ex.one("ensure_segments", (topic_id, until), conn=conn, topic_id=topic_id)
-        return int(row[0]) if row and row[0] else 0
+        return await self.ex.perform(topic_version_call(topic_id))
 
     async def last_position(self, topic_id: int, conn: psycopg.AsyncConnection | None = None) -> int:
         """The last position the topic's sequence handed out (0 before any)."""
-        row = await self.ex.one("sequence_last_value", conn=conn, topic_id=topic_id)
-        return int(row[0]) if row else 0
+        return await self.ex.perform(last_position_call(topic_id), conn)
 
-    async def analyze_segment(self, topic_id: int, position: int,
-                              conn: psycopg.AsyncConnection | None = None) -> bool:
-        """Give the segment holding ``position`` statistics; whether it is done for that segment."""
-        row = await self.ex.one("analyze_segment", (topic_id, position), conn=conn)
-        return row is None or bool(row[0])
+    async def ensure_room(self, segments: Segments, position: int, conn: psycopg.AsyncConnection | None = None
+                          ) -> None:
+        """:meth:`Segments.ensure_room <pgstreams.storage.Segments.ensure_room>`: make sure at least one
+        empty segment lies beyond ``position``."""
+        until = segments.room_until(position)
+        if until:
+            segments.room_made(await self.ex.perform(ensure_segments_call(segments.topic_id, until), conn))
+
+    async def ensure_room_after(self, segments: Segments, count: int,
+                                conn: psycopg.AsyncConnection | None = None) -> int:
+        """:meth:`Segments.ensure_room_after <pgstreams.storage.Segments.ensure_room_after>`: room for
+        ``count`` more positions after the last one handed out; return that last position."""
+        last = await self.last_position(segments.topic_id, conn)
+        await self.ensure_room(segments, last + count, conn)
+        return last
+
+    async def check_stats(self, segments: Segments, position: int, conn: psycopg.AsyncConnection | None = None
+                          ) -> None:
+        """:meth:`Segments.check_stats <pgstreams.storage.Segments.check_stats>`: make sure the segment
+        holding ``position`` has column statistics."""
+        if not segments.stats_due(position):
+            return
+        try:
+            done = await self.ex.perform(analyze_segment_call(segments.topic_id, position), conn)
+        except psycopg.errors.UndefinedFunction:  # a schema migrated before the function existed
+            done = True
+        segments.stats_checked(position, done)
 
     # -- writing -----------------------------------------------------------------------------------------
     async def insert(self, conn: psycopg.AsyncConnection, topic_id: int, row: EventRow) -> StoredAt:
         """Insert one event on ``conn`` (its own transaction in autocommit, else the caller's)."""
         if row[EVENT_ID] is not None:
-            params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
-            params["topic_id"] = topic_id
-            got = await self.ex.one("insert_event_idempotent", params, conn=conn, topic_id=topic_id)
-            if got is not None:
-                return StoredAt(row[PARTITION], int(got[0]))
-            prev = await self.ex.one("existing_event_id", (topic_id, row[EVENT_ID]), conn=conn)
-            if prev is None:  # pragma: no cover - the conflicting row vanished (topic recreated)
-                raise psycopg.errors.UndefinedTable("the topic changed while publishing")
-            return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)
+            stored = await self.ex.perform(insert_with_id_call(topic_id, row), conn)
+            return stored if stored is not None else await self.ex.perform(existing_event_call(topic_id, row),
+                                                                          conn)
         cur = await conn.execute(self.ex.query("insert_event", topic_id), (row[0], *row), prepare=True)
         got = await cur.fetchone()
         assert got is not None
@@ -207,18 +276,16 @@ class AsyncStore:
         partitions = sorted({r[PARTITION] for r in rows})
         if not has_ids and _direct_ok(conn):
             # the registration and the COPY in one message: one implicit transaction, one round trip
-            fence = statement("join_fence", self.ex.schema, topic_id).text.replace(
-                b"$1", b"'" + int_array(partitions) + b"'")
-            copy = statement("copy_events_tagged", self.ex.schema, topic_id).text
-            await self._direct.copy_in(conn, fence.rstrip().rstrip(b";") + b"; " + copy, _COPY_TYPES, rows)
+            message = copy_message(self.schema, topic_id, partitions)
+            await self._direct.copy_in(conn, message, COPY_TYPES, rows)
             return len(rows)
         async with conn.transaction():
-            await self.ex.run("join_fence", (partitions,), conn=conn, topic_id=topic_id)
+            await self.ex.perform(join_fence_call(topic_id, partitions), conn)
             cur = conn.cursor()
             if not has_ids:
                 cur.adapters.register_dumper(None, BytesBinaryDumper)  # as EventStore.copy
                 async with cur.copy(self.ex.query("copy_events_tagged", topic_id)) as cp:
-                    cp.set_types(list(_COPY_TYPES))
+                    cp.set_types(list(COPY_TYPES))
                     for r in rows:
                         await cp.write_row(r)
                 return len(rows)
@@ -235,44 +302,33 @@ class AsyncStore:
     # -- retried publishes (as EventStore's) -------------------------------------------------------------
     async def session_busy(self, conn: psycopg.AsyncConnection, pid: int) -> bool:
         """Whether the role's session ``pid`` may still be running a statement or transaction."""
-        row = await self.ex.one("session_busy", (pid,), conn=conn)
-        return bool(row and row[0])
+        return await self.ex.perform(session_busy_call(pid), conn)
 
     async def produced(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int],
                        floor: int, producer: int) -> StoredAt | None:
         """Where an event tagged ``producer`` is stored in ``partitions`` above position ``floor`` (the
         lowest such event when several are), ``None`` if nowhere."""
-        row = await self.ex.one("produced", {"partitions": list(partitions), "floor": floor,
-                                             "producer": producer}, conn=conn, topic_id=topic_id)
-        return None if row is None else StoredAt(int(row[0]), int(row[1]))
+        return await self.ex.perform(produced_call(topic_id, partitions, floor, producer), conn)
 
     async def count_produced(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int],
                              floor: int, producer: int) -> int:
         """How many events tagged ``producer`` ``partitions`` hold above position ``floor``."""
-        row = await self.ex.one("count_produced", {"partitions": list(partitions), "floor": floor,
-                                                   "producer": producer}, conn=conn, topic_id=topic_id)
-        return int(row[0]) if row else 0
+        return await self.ex.perform(count_produced_call(topic_id, partitions, floor, producer), conn)
 
     async def notify(self, channel: str, payload: str, conn: psycopg.AsyncConnection | None = None) -> None:
         """Send a notification (delivered when its transaction commits)."""
-        await self.ex.one("notify", (channel, payload), conn=conn)
+        await self.ex.perform(notify_call(channel, payload), conn)
 
     # -- reading -----------------------------------------------------------------------------------------
     async def fences(self, conn: psycopg.AsyncConnection, topic_id: int, partitions: Sequence[int]
                      ) -> dict[int, int]:
         """The read fence of each partition (see ``EventStore.fences``)."""
-        ps = list(partitions)
-        row = await self.ex.one("fences", (ps,), conn=conn, topic_id=topic_id)
-        assert row is not None
-        return dict(zip(ps, (int(f) for f in row[0]), strict=True))
+        return await self.ex.perform(fences_call(topic_id, partitions), conn)
 
     async def time_cursors(self, conn: psycopg.AsyncConnection, topic_id: int, fences: Mapping[int, int],
                            at: datetime) -> dict[int, Cursor]:
         """Per partition, the cursor before its first event below its fence created at or after ``at``."""
-        ps = sorted(fences)
-        rows = await self.ex.all("time_cursors", (ps, [fences[p] for p in ps], at), conn=conn,
-                                 topic_id=topic_id)
-        return {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows}
+        return await self.ex.perform(time_cursors_call(topic_id, fences, at), conn)
 
     async def poll_checked(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
                            ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
@@ -281,76 +337,63 @@ class AsyncStore:
         trailer row) are sent together (one round trip; the read's snapshot is newer than the fences);
         the removed segments are read only when the trailer says there are some."""
         if _direct_ok(conn):
-            return await self._poll_direct(conn, topic_id, params)
-        curs = []
-        async with conn.pipeline():
-            for q in _POLL:
-                cur = conn.cursor(binary=q == "poll_checked")
-                await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
-                curs.append(cur)
-        rows = await curs[1].fetchall()
-        trailer = rows.pop()
+            # straight through libpq: the generic-plan setting, the fences and the read in one round trip
+            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, POLL_CHECKED))
+            got = self._direct.rows(conn, results[2])
+        else:
+            curs = []
+            async with conn.pipeline():
+                for q in POLL_CHECKED:
+                    cur = conn.cursor(binary=q in BINARY_QUERIES)
+                    await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    curs.append(cur)
+            got = await curs[1].fetchall()
+        rows, removed_after, partitions = split_trailer(got)
         removed: list[tuple[int, ...]] = []
-        if trailer[2]:
+        if removed_after:
             cur = await conn.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
             removed = await cur.fetchall()
-        return rows, removed, int(trailer[1] or 0)
-
-    async def _poll_direct(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
-                           ) -> tuple[list[tuple[Any, ...]], list[tuple[int, ...]], int]:
-        """:meth:`poll_checked` straight through libpq, as ``EventStore._poll``: the generic-plan setting,
-        the fences and the read in one round trip."""
-        text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
-                "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
-        steps = []
-        for q in ("generic_plans", *_POLL):
-            st = statement(q, self.schema, topic_id)
-            steps.append((st, [text[n] for n in st.params], 1 if q == "poll_checked" else 0))
-        results = await self._direct.run(conn, steps)
-        rows = self._direct.rows(conn, results[2])
-        trailer = rows.pop()
-        removed: list[tuple[int, ...]] = []
-        if trailer[2]:
-            cur = await conn.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
-            removed = await cur.fetchall()
-        return rows, removed, int(trailer[1] or 0)
+        return rows, removed, partitions
 
     # -- checkpoints -------------------------------------------------------------------------------------
     async def load_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
                                partitions: Sequence[int]) -> dict[int, Cursor]:
         """The checkpoints of ``group`` on these partitions (partitions without one are absent)."""
-        rows = await self.ex.all("load_checkpoints", (group, topic_id, list(partitions)), conn=conn)
-        return {int(p): int(pos) for p, pos in rows}
+        return await self.ex.perform(load_checkpoints_call(group, topic_id, partitions), conn)
 
     async def create_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
                                  starts: Mapping[int, Cursor]) -> None:
         """Create the checkpoints of ``starts`` that do not exist yet (existing ones win)."""
-        ps = sorted(starts)
-        await self.ex.run("init_checkpoints", (group, topic_id, ps, [starts[p] for p in ps]), conn=conn)
+        await self.ex.perform(init_checkpoints_call(group, topic_id, starts), conn)
+
+    async def create_missing_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
+                                         partitions: Sequence[int], start: str | datetime
+                                         ) -> dict[int, Cursor]:
+        """Give ``group`` a checkpoint at ``start`` on each of ``partitions`` that has none, as
+        ``CheckpointStore.create_missing`` (:func:`~pgstreams.storage.checkpoints.missing_checkpoints`);
+        the checkpoints of ``partitions``."""
+        return await self.ex.perform_steps(missing_checkpoints(group, topic_id, partitions, start), conn)
 
     async def store_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
                                 targets: Mapping[int, Cursor], expected: Mapping[int, Cursor],
                                 durable: bool = True) -> dict[int, CommitOutcome]:
-        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened.
-        ``durable=False`` on an idle autocommit connection: the commit does not wait for its flush."""
-        ps = sorted(targets)
-        direct = _direct_ok(conn)
-        lazy = "" if durable or not direct else "_lazy"
-        if direct:  # straight through libpq, one round trip
-            st = statement("store_checkpoints" + lazy, self.schema)
-            args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps),
-                    int_array([targets[p] for p in ps]), int_array([expected[p] for p in ps])]
+        """Store ``targets`` given the ``expected`` previous checkpoints; per partition, what happened
+        (as ``CheckpointStore.store``). ``durable=False`` on an idle autocommit connection: the commit does
+        not wait for its flush."""
+        ps, to, expect = store_args(targets, expected)
+        query = store_query(lazy_commit(durable, conn))
+        if _direct_ok(conn):  # straight through libpq, one round trip
+            st = statement(query, self.schema)
+            args = [group.encode(self._direct.encoding(conn)), b"%d" % topic_id, int_array(ps), int_array(to),
+                    int_array(expect)]
             res = await self._direct.run(conn, [(st, args, 0)])
-            return {int(p): CommitOutcome(code) for p, code in self._direct.rows(conn, res[0])}
-        rows = await self.ex.all("store_checkpoints" + lazy, (group, topic_id, ps, [targets[p] for p in ps],
-                                                      [expected[p] for p in ps]), conn=conn)
-        return {int(p): CommitOutcome(code) for p, code in rows}
+            return outcomes_of(self._direct.rows(conn, res[0]))
+        return outcomes_of(await self.ex.all(query, (group, topic_id, ps, to, expect), conn=conn))
 
     async def seek_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,
                                cursors: Mapping[int, Cursor]) -> None:
         """Set the checkpoints to ``cursors`` (they may move backwards)."""
-        ps = sorted(cursors)
-        await self.ex.run("seek_checkpoints", (group, topic_id, ps, [cursors[p] for p in ps]), conn=conn)
+        await self.ex.perform(seek_checkpoints_call(group, topic_id, cursors), conn)
 
 
 __all__ = ["AsyncExecutor", "AsyncStore"]

@@ -6,6 +6,12 @@ the producer tag of a retriable publish, see ``0010_idempotent_producer.sql``, e
 order within a partition is the position; a cursor is the position of the last event read, ``0`` before
 every event. Every write first registers its transaction as a publisher of its partitions, and every
 read stays below the partitions' read fences (see ``0004_partition_fence.sql``).
+
+The statements the asyncio store (:mod:`pgstreams.storage.asyncstore`) runs too are written here once:
+as :class:`~pgstreams.storage.calls.Call` values (``*_call`` functions: a publish with an event id,
+the retried publish's look-ups, fences, start cursors, the topic's version) and, for the statements of
+the hot paths that go straight through libpq, as the functions that build their inputs and read their
+results (:func:`poll_steps`, :func:`split_trailer`, :func:`copy_message`, :func:`insert_params`).
 """
 
 from __future__ import annotations
@@ -13,13 +19,14 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, cast
 
 import psycopg
 from psycopg import pq
 from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
+from .calls import ALL, RUN, Call, first_bool, first_int, nothing, perform
 from .executor import Executor, core_query
 from .libpq import Direct, Statement, int_array, statement, usable
 
@@ -57,9 +64,9 @@ class StoredAt(NamedTuple):
     duplicate: bool = False
 
 
-# Binary COPY types per column. kind is a one-byte ASCII "char", whose binary form is that byte: the
-# text dumper writes exactly it.
-_COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
+#: Binary COPY types per column. kind is a one-byte ASCII "char", whose binary form is that byte: the
+#: text dumper writes exactly it.
+COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
 # Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
 # (binary), jsonb, text x 4, int8 (the producer tag). insert_event_own takes the single key's high bits
 # (int8) last instead of the second partition; insert_event_own_lean binds partition, kind, key, value,
@@ -172,9 +179,124 @@ def insert_params(row: EventRow, encoding: str, ins: InsertStatement) -> list[by
     return [part, part, *rest]
 
 
-_POLL_CHECKED = ("load_fences", "poll_checked")
+# -- what the sync and the asyncio store share -------------------------------------------------------------
+#: Whether statements may go straight through libpq on a connection, sync or async: autocommit and idle (in
+#: a caller's transaction a failed statement would abort it, so psycopg's own path runs there). It is
+#: :func:`pgstreams.storage.libpq.usable`, which reads only what both kinds of connection have.
+idle_autocommit = cast(Callable[[psycopg.Connection[Any] | psycopg.AsyncConnection[Any]], bool], usable)
+#: The statements of a checked poll (:meth:`EventStore.poll_checked`): the fences, then the read below them.
+POLL_CHECKED = ("load_fences", "poll_checked")
 #: The queries whose rows come in binary form (event rows).
-_BINARY = frozenset({"poll", "poll_checked"})
+BINARY_QUERIES = frozenset({"poll", "poll_checked"})
+#: A poll's statements for libpq: the statement, its parameters in text form, the result format.
+PollSteps = list[tuple[Statement, list[bytes], int]]
+
+
+def poll_steps(schema: str, topic_id: int, params: Mapping[str, Any], queries: Sequence[str]) -> PollSteps:
+    """The statements of a poll straight through libpq, in one round trip: the generic-plan setting, then
+    ``queries`` (:data:`POLL_CHECKED`, ...) with ``params`` (``partitions``, ``positions``: the cursors,
+    ``limit`` per partition, ``total``) in text form; event rows come in binary form."""
+    text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
+            "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
+    steps = []
+    for q in ("generic_plans", *queries):
+        st = statement(q, schema, topic_id)
+        steps.append((st, [text[n] for n in st.params], 1 if q in BINARY_QUERIES else 0))
+    return steps
+
+
+def split_trailer(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], bool, int]:
+    """The rows of query ``poll_checked`` without their trailer row (taken off ``rows`` in place), whether
+    a segment retention removed lies after a cursor (then read them with ``removed_after_cursors``, in a
+    later statement), and the topic's partition count."""
+    trailer = rows.pop()
+    return rows, bool(trailer[2]), int(trailer[1] or 0)
+
+
+def copy_message(schema: str, topic_id: int, partitions: Sequence[int]) -> bytes:
+    """``publish_many``'s registration as a publisher of ``partitions`` and its binary COPY of events
+    without ids, as one message for libpq (one implicit transaction, one round trip)."""
+    fence = statement("join_fence", schema, topic_id).text.replace(b"$1", b"'" + int_array(partitions) + b"'")
+    return fence.rstrip().rstrip(b";") + b"; " + statement("copy_events_tagged", schema, topic_id).text
+
+
+def _stored_at(row: Any) -> StoredAt | None:
+    return None if row is None else StoredAt(int(row[0]), int(row[1]))
+
+
+def _duplicate(row: Any) -> StoredAt:
+    if row is None:  # pragma: no cover - the conflicting row vanished (topic recreated)
+        raise psycopg.errors.UndefinedTable("the topic changed while publishing")
+    return StoredAt(int(row[0]), int(row[1]), duplicate=True)
+
+
+def _version(row: Any) -> TopicVersion | None:
+    return None if row is None else TopicVersion.of(*row)
+
+
+def insert_with_id_call(topic_id: int, row: EventRow) -> Call[StoredAt | None]:
+    """Insert ``row``, an event with an id, unless the topic holds its id: where it was stored, ``None``
+    when the id was there (then :func:`existing_event_call`)."""
+    params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
+    params["topic_id"] = topic_id
+    partition = row[PARTITION]
+    return Call("insert_event_idempotent", params,
+                lambda got: None if got is None else StoredAt(partition, int(got[0])), topic_id)
+
+
+def existing_event_call(topic_id: int, row: EventRow) -> Call[StoredAt]:
+    """Where the topic holds the event with the id of ``row`` (a duplicate)."""
+    return Call("existing_event_id", (topic_id, row[EVENT_ID]), _duplicate)
+
+
+def topic_version_call(topic_id: int) -> Call[TopicVersion | None]:
+    """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
+    return Call("topic_version", (topic_id,), _version)
+
+
+def session_busy_call(pid: int) -> Call[bool]:
+    """Whether the role's session ``pid`` may still be running a statement or transaction."""
+    return Call("session_busy", (pid,), first_bool)
+
+
+def produced_call(topic_id: int, partitions: Sequence[int], floor: int, producer: int
+                  ) -> Call[StoredAt | None]:
+    """Where an event tagged ``producer`` is stored in ``partitions`` above position ``floor`` (the lowest
+    such event when several are), ``None`` if nowhere."""
+    return Call("produced", {"partitions": list(partitions), "floor": floor, "producer": producer},
+                _stored_at, topic_id)
+
+
+def count_produced_call(topic_id: int, partitions: Sequence[int], floor: int, producer: int) -> Call[int]:
+    """How many events tagged ``producer`` ``partitions`` hold above position ``floor``."""
+    return Call("count_produced", {"partitions": list(partitions), "floor": floor, "producer": producer},
+                first_int, topic_id)
+
+
+def notify_call(channel: str, payload: str) -> Call[None]:
+    """Send a notification (delivered when its transaction commits)."""
+    return Call("notify", (channel, payload), nothing)
+
+
+def fences_call(topic_id: int, partitions: Sequence[int]) -> Call[dict[int, int]]:
+    """The read fence of each partition (see :meth:`EventStore.fences`)."""
+    ps = list(partitions)
+    return Call("fences", (ps,), lambda row: dict(zip(ps, (int(f) for f in row[0]), strict=True)), topic_id,
+                prepare=True)
+
+
+def time_cursors_call(topic_id: int, fences: Mapping[int, int], at: Any) -> Call[dict[int, Cursor]]:
+    """Per partition of ``fences``, the cursor before its first event below its fence created at or after
+    ``at`` (the fence's cursor when none is)."""
+    ps = sorted(fences)
+    return Call("time_cursors", (ps, [fences[p] for p in ps], at),
+                lambda rows: {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows},
+                topic_id, ALL)
+
+
+def join_fence_call(topic_id: int, partitions: Sequence[int]) -> Call[None]:
+    """Register the open transaction as a publisher of ``partitions`` (see :meth:`EventStore.join_fence`)."""
+    return Call("join_fence", (list(partitions),), nothing, topic_id, RUN, prepare=True)
 
 
 class EventStore:
@@ -212,19 +334,11 @@ class EventStore:
 
     def topic_version(self, conn: psycopg.Connection | None, topic_id: int) -> TopicVersion | None:
         """The partition count and configuration of topic ``topic_id`` now (``None``: no such topic)."""
-        got = self.ex.one("topic_version", (topic_id,), conn=conn)
-        return None if got is None else TopicVersion.of(*got)
+        return perform(self.ex, topic_version_call(topic_id), conn)
 
     def _insert_idempotent(self, conn: psycopg.Connection, topic_id: int, row: EventRow) -> StoredAt:
-        params: dict[str, Any] = dict(zip(EVENT_COLUMNS, row, strict=True))
-        params["topic_id"] = topic_id
-        got = self.ex.one("insert_event_idempotent", params, conn=conn, topic_id=topic_id)
-        if got is not None:
-            return StoredAt(row[PARTITION], int(got[0]))
-        prev = self.ex.one("existing_event_id", (topic_id, row[EVENT_ID]), conn=conn)
-        if prev is None:  # pragma: no cover - the conflicting row vanished (topic recreated)
-            raise psycopg.errors.UndefinedTable("the topic changed while publishing")
-        return StoredAt(int(prev[0]), int(prev[1]), duplicate=True)
+        stored = perform(self.ex, insert_with_id_call(topic_id, row), conn)
+        return stored if stored is not None else perform(self.ex, existing_event_call(topic_id, row), conn)
 
     def _insert_direct(self, conn: psycopg.Connection, topic_id: int, row: EventRow,
                        notify: tuple[str, str] | None = None, retry: bool = True,
@@ -276,10 +390,7 @@ class EventStore:
             partitions = sorted({r[PARTITION] for r in rows})
         if not has_ids and usable(conn):
             # the registration and the COPY in one message: one implicit transaction, one round trip
-            fence = statement("join_fence", self.ex.schema, topic_id).text.replace(
-                b"$1", b"'" + int_array(partitions) + b"'")
-            copy = statement("copy_events_tagged", self.ex.schema, topic_id).text
-            self._direct.copy_in(conn, fence.rstrip().rstrip(b";") + b"; " + copy, _COPY_TYPES, rows)
+            self._direct.copy_in(conn, copy_message(self.ex.schema, topic_id, partitions), COPY_TYPES, rows)
             return len(rows)
         with conn.transaction():
             self.join_fence(conn, topic_id, partitions)
@@ -288,7 +399,7 @@ class EventStore:
                 # by oid, bytea would get the (Python) dumper of psycopg.Binary: use the C one for bytes
                 cur.adapters.register_dumper(None, BytesBinaryDumper)
                 with cur.copy(self.ex.query("copy_events_tagged", topic_id)) as cp:
-                    cp.set_types(_COPY_TYPES)
+                    cp.set_types(COPY_TYPES)
                     for r in rows:
                         cp.write_row(r)
                 return len(rows)
@@ -307,28 +418,23 @@ class EventStore:
 
     def session_busy(self, conn: psycopg.Connection, pid: int) -> bool:
         """Whether the role's session ``pid`` may still be running a statement or transaction."""
-        row = self.ex.one("session_busy", (pid,), conn=conn)
-        return bool(row and row[0])
+        return perform(self.ex, session_busy_call(pid), conn)
 
     def produced(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int], floor: int,
                  producer: int) -> StoredAt | None:
         """Where an event tagged ``producer`` is stored in ``partitions`` above position ``floor`` (the
         lowest such event when several are), ``None`` if nowhere."""
-        row = self.ex.one("produced", {"partitions": list(partitions), "floor": floor, "producer": producer},
-                          conn=conn, topic_id=topic_id)
-        return None if row is None else StoredAt(int(row[0]), int(row[1]))
+        return perform(self.ex, produced_call(topic_id, partitions, floor, producer), conn)
 
     def count_produced(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int], floor: int,
                        producer: int) -> int:
         """How many events tagged ``producer`` ``partitions`` hold above position ``floor``."""
-        row = self.ex.one("count_produced", {"partitions": list(partitions), "floor": floor,
-                                             "producer": producer}, conn=conn, topic_id=topic_id)
-        return int(row[0]) if row else 0
+        return perform(self.ex, count_produced_call(topic_id, partitions, floor, producer), conn)
 
     def join_fence(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]) -> None:
         """Register the transaction open on ``conn`` as a publisher of these partitions (readers hold the
         partitions back until it ends); call it before inserting by COPY."""
-        self.ex.run("join_fence", (list(partitions),), conn=conn, topic_id=topic_id, prepare=True)
+        perform(self.ex, join_fence_call(topic_id, partitions), conn)
 
     def create_staging(self, conn: psycopg.Connection) -> None:
         """Create the session's staging table for batches with event ids (rows vanish at commit)."""
@@ -344,24 +450,19 @@ class EventStore:
 
     def notify(self, conn: psycopg.Connection, channel: str, payload: str) -> None:
         """Send a notification on ``conn`` (delivered when its transaction commits)."""
-        self.ex.one("notify", (channel, payload), conn=conn)
+        perform(self.ex, notify_call(channel, payload), conn)
 
     # -- reading -----------------------------------------------------------------------------------------
     def fences(self, conn: psycopg.Connection, topic_id: int, partitions: Sequence[int]) -> dict[int, int]:
         """The read fence of each partition: every event below it is committed or rolled back for good,
         so a read in a later statement (or transaction) sees all of them; read only below it."""
-        ps = list(partitions)
-        row = self.ex.one("fences", (ps,), conn=conn, topic_id=topic_id, prepare=True)
-        assert row is not None
-        return dict(zip(ps, (int(f) for f in row[0]), strict=True))
+        return perform(self.ex, fences_call(topic_id, partitions), conn)
 
     def time_cursors(self, conn: psycopg.Connection, topic_id: int, fences: Mapping[int, int], at: Any
                      ) -> dict[int, Cursor]:
         """Per partition, the cursor before its first event below its fence created at or after ``at``
         (the fence's cursor when none is): every event from there on is read."""
-        ps = sorted(fences)
-        rows = self.ex.all("time_cursors", (ps, [fences[p] for p in ps], at), conn=conn, topic_id=topic_id)
-        return {int(p): (fences[p] if pos is None else int(pos)) - 1 for p, pos in rows}
+        return perform(self.ex, time_cursors_call(topic_id, fences, at), conn)
 
     def poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         """The rows of a poll: the partitions' fences, then the events below them, sent together (one
@@ -377,12 +478,11 @@ class EventStore:
         last row, see the query ``poll_checked``); only then are the segments read, in a later statement.
         Removed segments are marked before they are detached, so a read that missed one of them always
         learns of it."""
-        _, rows = self._poll(conn, topic_id, params, _POLL_CHECKED)
-        trailer = rows.pop()
+        rows, removed_after, partitions = split_trailer(self._poll(conn, topic_id, params, POLL_CHECKED)[1])
         removed: list[tuple[int, ...]] = []
-        if trailer[2]:
+        if removed_after:
             removed = self._poll(conn, topic_id, params, ("removed_after_cursors",))[0]
-        return rows, removed, int(trailer[1] or 0)
+        return rows, removed, partitions
 
     def _poll(self, conn: psycopg.Connection, topic_id: int, params: dict[str, Any], queries: tuple[str, ...]
               ) -> list[list[tuple[Any, ...]]]:
@@ -390,16 +490,10 @@ class EventStore:
             with conn.pipeline():
                 curs = []
                 for q in queries:
-                    cur = conn.cursor(binary=q in _BINARY)
+                    cur = conn.cursor(binary=q in BINARY_QUERIES)
                     cur.execute(self.ex.query(q, topic_id), params, prepare=True)
                     curs.append(cur)
             return [cur.fetchall() for cur in curs]
         # straight through libpq (see storage.libpq): psycopg's query layer cost most of the client CPU
         # of a poll that finds a few events
-        text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
-                "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
-        steps = []
-        for q in ("generic_plans", *queries):
-            st = statement(q, self.ex.schema, topic_id)
-            steps.append((st, [text[n] for n in st.params], 1 if q in _BINARY else 0))
-        return self._direct.pipeline(conn, steps)[1:]
+        return self._direct.pipeline(conn, poll_steps(self.ex.schema, topic_id, params, queries))[1:]

@@ -1,4 +1,9 @@
-"""Typed operations on topics and their storage: definitions, segments, statistics, per-partition figures."""
+"""Typed operations on topics and their storage: definitions, segments, statistics, per-partition figures.
+
+The statements the asyncio store (:mod:`pgstreams.storage.asyncstore`) runs too are written here once
+(``*_call``, see :mod:`pgstreams.storage.calls`), and so are the decisions of keeping segments ahead
+(:class:`Segments`: when to add segments and how far, when a segment's statistics are done).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ..models import PartitionInfo, TopicInfo
+from .calls import Call, first_int, perform
 from .executor import Executor
 
 
@@ -36,10 +42,36 @@ class TopicRecord:
                          self.segment_size, self.config)
 
 
-def _record(row: dict[str, Any]) -> TopicRecord:
+def record_of(row: dict[str, Any]) -> TopicRecord:
+    """A topic's row, read as a dict, as a :class:`TopicRecord`."""
     return TopicRecord(int(row["id"]), row["name"], int(row["partitions"]), int(row["segment_size"]),
                        dict(row["config"] or {}), row["created_at"], int(row.get("segments_end") or 0),
                        int(row.get("last_position") or 0))
+
+
+def _record_or_none(row: dict[str, Any] | None) -> TopicRecord | None:
+    return None if row is None else record_of(row)
+
+
+def topic_call(schema: str, name: str) -> Call[TopicRecord | None]:
+    """The topic named ``name`` in ``schema``, ``None`` if there is none."""
+    return Call("topic_by_name", {"name": name, "schema": schema}, _record_or_none, row=dict_row)
+
+
+def last_position_call(topic_id: int) -> Call[int]:
+    """The last position the topic's sequence handed out (0 before any)."""
+    return Call("sequence_last_value", None, first_int, topic_id)
+
+
+def ensure_segments_call(topic_id: int, until: int) -> Call[int]:
+    """Make segments cover positions up to ``until``; the first position no segment covers after (0:
+    unknown)."""
+    return Call("ensure_segments", (topic_id, until), first_int, topic_id)
+
+
+def analyze_segment_call(topic_id: int, position: int) -> Call[bool]:
+    """Give the segment holding ``position`` statistics; whether it is done for that segment."""
+    return Call("analyze_segment", (topic_id, position), lambda row: row is None or bool(row[0]))
 
 
 class TopicStore:
@@ -50,17 +82,16 @@ class TopicStore:
 
     def get(self, name: str, conn: psycopg.Connection | None = None) -> TopicRecord | None:
         """The topic named ``name``, ``None`` if there is none."""
-        row = self.ex.one("topic_by_name", {"name": name, "schema": self.ex.schema}, conn=conn, row=dict_row)
-        return None if row is None else _record(row)
+        return perform(self.ex, topic_call(self.ex.schema, name), conn)
 
     def find(self, names: Sequence[str], conn: psycopg.Connection | None = None) -> dict[str, TopicRecord]:
         """The topics among ``names`` that exist, by name (one query)."""
         rows = self.ex.all("topics_by_names", (list(names),), conn=conn, row=dict_row)
-        return {r["name"]: _record(r) for r in rows}
+        return {r["name"]: record_of(r) for r in rows}
 
     def all(self, conn: psycopg.Connection | None = None) -> list[TopicRecord]:
         """Every topic, by name."""
-        return [_record(r) for r in self.ex.all("list_topics", conn=conn, row=dict_row)]
+        return [record_of(r) for r in self.ex.all("list_topics", conn=conn, row=dict_row)]
 
     def create(self, name: str, partitions: int, segment_size: int, config: dict[str, Any]) -> bool:
         """Create the topic and its storage in one transaction; False if a topic of that name exists (its
@@ -93,8 +124,7 @@ class TopicStore:
 
     def last_position(self, topic_id: int, conn: psycopg.Connection | None = None) -> int:
         """The last position the topic's sequence handed out (0 before any)."""
-        row = self.ex.one("sequence_last_value", conn=conn, topic_id=topic_id)
-        return int(row[0]) if row else 0
+        return perform(self.ex, last_position_call(topic_id), conn)
 
 
 @dataclass
@@ -111,15 +141,36 @@ class Segments:
     covered: int = 0
     stats_from: int = 0
 
+    def room_until(self, position: int) -> int:
+        """The position segments must cover so that an empty segment lies beyond ``position``; 0 when they
+        do already (as last seen)."""
+        until = position + self.segment_size
+        return 0 if until < self.covered else until
+
+    def room_made(self, covered: int) -> None:
+        """Take in the first position no segment covers, as adding segments returned it (0: unknown)."""
+        if covered:
+            self.covered = covered
+
+    def stats_due(self, position: int) -> bool:
+        """Whether the segment holding ``position`` may still lack its column statistics."""
+        return position >= self.stats_from
+
+    def stats_checked(self, position: int, done: bool) -> None:
+        """Take in the check of the statistics of the segment holding ``position``: ``done`` for that
+        segment (the next segment is checked from its start), else too few rows yet (checked again some
+        positions later)."""
+        if done:
+            self.stats_from = (position // self.segment_size + 1) * self.segment_size
+        else:
+            self.stats_from = position + min(1000, self.segment_size // 2)
+
     def ensure_room(self, ex: Executor, position: int, conn: psycopg.Connection | None = None) -> None:
         """Make sure at least one empty segment lies beyond ``position``. ``conn``: an autocommit connection
         the caller holds (taking a second pooled one while holding one can exhaust the pool)."""
-        if position + self.segment_size < self.covered:
-            return
-        row = ex.one("ensure_segments", (self.topic_id, position + self.segment_size), conn=conn,
-                     topic_id=self.topic_id)
-        if row and row[0]:
-            self.covered = int(row[0])
+        until = self.room_until(position)
+        if until:
+            self.room_made(perform(ex, ensure_segments_call(self.topic_id, until), conn))
 
     def ensure_room_after(self, ex: Executor, count: int, conn: psycopg.Connection | None = None) -> int:
         """Room for ``count`` more positions after the last one handed out; return that last position."""
@@ -139,13 +190,10 @@ class Segments:
         """Make sure the segment holding ``position`` has column statistics (a round trip once per segment
         and writer; see ``analyze_segment`` in 0001_initial.sql): without them a poll of a new topic sorts
         whole partitions."""
-        if position < self.stats_from:
+        if not self.stats_due(position):
             return
         try:
-            row = ex.one("analyze_segment", (self.topic_id, position), conn=conn)
+            done = perform(ex, analyze_segment_call(self.topic_id, position), conn)
         except psycopg.errors.UndefinedFunction:  # a schema migrated before the function existed
-            row = (True,)
-        if row is None or row[0]:  # done for this segment
-            self.stats_from = (position // self.segment_size + 1) * self.segment_size
-        else:  # too few rows yet
-            self.stats_from = position + min(1000, self.segment_size // 2)
+            done = True
+        self.stats_checked(position, done)

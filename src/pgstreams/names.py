@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import InvalidName
+from .errors import InvalidArgument, InvalidName
 
 #: Highest partition count a topic may have.
 MAX_PARTITIONS = 1024
@@ -49,8 +49,6 @@ def check_schema(name: object) -> str:
 
 def check_partitions(count: object) -> int:
     """Return ``count`` if it is a valid partition count (1 to :data:`MAX_PARTITIONS`)."""
-    from .errors import InvalidArgument
-
     if isinstance(count, bool) or not isinstance(count, int):
         raise InvalidArgument(f"partitions must be an integer, not {type(count).__name__}")
     if not 1 <= count <= MAX_PARTITIONS:

@@ -15,6 +15,7 @@ from importlib import resources
 from psycopg import sql
 
 from ..errors import PgStreamsError
+from ..names import check_schema
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -91,8 +92,6 @@ def render_script(text: str, schema: str) -> sql.Composed:
     """A whole SQL script (a migration) for ``schema``: ``{schema}`` as the quoted identifier and
     ``{schema_raw}`` as the bare name (for use inside string literals; schema names are validated to
     ``[A-Za-z_][A-Za-z0-9_]*`` first, so it needs no quoting)."""
-    from ..names import check_schema
-
     check_schema(schema)
     return sql.SQL(text).format(schema=sql.Identifier(schema),
                                 schema_raw=sql.SQL(schema))

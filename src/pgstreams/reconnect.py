@@ -32,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from .errors import ConnectionLost, PermissionDenied
+from .storage.executor import configure_session, configure_session_async
 
 log = logging.getLogger("pgstreams.reconnect")
 
@@ -225,6 +226,11 @@ class Reconnect(RetryRule):
                 try:
                     own = psycopg.connect(str(self.pool.conninfo), autocommit=True,
                                           connect_timeout=max(1, int(self.remaining(deadline))))
+                    try:
+                        configure_session(own)  # as the pool's: its settings, its server's identity
+                    except BaseException:
+                        own.close()
+                        raise
                 except psycopg.Error as failed:
                     exc = failed
                     continue
@@ -306,6 +312,11 @@ class AsyncReconnect(RetryRule):
                     own = await psycopg.AsyncConnection.connect(
                         str(self.pool.conninfo), autocommit=True,
                         connect_timeout=max(1, int(self.remaining(deadline))))
+                    try:
+                        await configure_session_async(own)
+                    except BaseException:
+                        await own.close()
+                        raise
                 except psycopg.Error as failed:
                     exc = failed
                     continue

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ import pytest
 import pgstreams
 import pgstreams.maintenance
 from _core_helpers import until
+from _system import debian_package, free_port
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 PG_CRON = Path("/usr/lib/postgresql/15/lib/pg_cron.so")
@@ -131,41 +131,17 @@ def _ran_after(dsn: str, before: tuple[object, ...] | None) -> bool:
     )
 
 
-def _ensure_pg_cron() -> None:
-    """Install Debian's postgresql-15-cron when it is missing; fail loudly when that is impossible."""
-    if PG_CRON.exists():
-        return
-    if shutil.which("apt-get") is None or os.geteuid() != 0:
-        pytest.fail(
-            "pg_cron (postgresql-15-cron) is missing and cannot be installed here (needs apt-get as root)"
-        )
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "-q", "postgresql-15-cron"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, text=True, timeout=900)
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0 or not PG_CRON.exists():
-        pytest.fail(f"apt-get install postgresql-15-cron failed: {done.stderr.strip()[-500:]}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def cron_server() -> Iterator[str]:
     """A PostgreSQL 15 cluster of this module's own with pg_cron loaded (background workers, database
     ``postgres``). PostgreSQL refuses to run as root: the cluster runs as the ``postgres`` user."""
-    _ensure_pg_cron()
+    debian_package("postgresql-15-cron", PG_CRON)
     root = Path(tempfile.mkdtemp(prefix="pgstreams-cron-"))
     data = root / "data"
     as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
     if as_postgres:
         shutil.chown(root, "postgres", "postgres")
-    port = _free_port()
+    port = free_port()
     subprocess.run(
         [*as_postgres, str(PG_BIN / "initdb"), "-D", str(data), "--auth=trust", "-U", "postgres"],
         check=True,

@@ -16,11 +16,13 @@ from pgstreams.producer import TopicState
 from pgstreams.producer.idempotence import (
     NUMBER_MASK,
     REPUBLISH,
+    UNIDENTIFIED,
     Pause,
     Procedure,
     ProducerTags,
     Step,
     Unknown,
+    Unsettled,
     copy_again,
     publish_again,
 )
@@ -109,9 +111,9 @@ def test_a_lost_publish_waits_for_its_session_to_end_before_looking_and_is_store
     unknown = Unknown(topic_id=7, partitions=(0,), floor=10, pid=42, tag=77)
     again = StoredAt(0, 12)
     steps, value = _drive(publish_again(unknown, _waits([0.01, 0.02])),
-                          [True, None, True, None, False, None, again])
+                          [True, None, True, None, False, None, 43, again])
     assert _queries(steps) == ["session_busy", "Pause(seconds=0.01)", "session_busy", "Pause(seconds=0.02)",
-                               "session_busy", "produced", "REPUBLISH"]
+                               "session_busy", "produced", "SESSION", "REPUBLISH"]
     assert steps[1] == Pause(0.01) and steps[-1] is REPUBLISH
     assert value == again
 
@@ -119,8 +121,8 @@ def test_a_lost_publish_waits_for_its_session_to_end_before_looking_and_is_store
 def test_a_publish_without_tag_is_stored_again_once_its_session_ended() -> None:
     """``connect(idempotent=False)``: nothing to look for, so at least once."""
     unknown = Unknown(topic_id=7, partitions=(0,), floor=10, pid=42, tag=None)
-    steps, value = _drive(publish_again(unknown, _waits([])), [False, StoredAt(0, 11)])
-    assert _queries(steps) == ["session_busy", "REPUBLISH"]
+    steps, value = _drive(publish_again(unknown, _waits([])), [False, 43, StoredAt(0, 11)])
+    assert _queries(steps) == ["session_busy", "SESSION", "REPUBLISH"]
     assert value == StoredAt(0, 11)
 
 
@@ -145,8 +147,53 @@ def test_a_lost_batch_is_stored_once_all_or_none() -> None:
     assert isinstance(steps[1], Call) and steps[1].params == {"partitions": [0, 1, 2], "floor": 50,
                                                               "producer": 5}
     # absent: copy again
-    steps, value = _drive(copy_again(unknown, 1000, True, _waits([])), [None, 1000])
-    assert _queries(steps) == ["produced", "REPUBLISH"] and value == 1000
+    steps, value = _drive(copy_again(unknown, 1000, True, _waits([])), [None, 42, 1000])
+    assert _queries(steps) == ["produced", "SESSION", "REPUBLISH"] and value == 1000
+
+
+def test_a_retry_waits_for_every_lost_attempt_before_it_looks_for_the_events() -> None:
+    """The first attempt was lost on session 41, the attempt that stored the event again on 42 was lost
+    too: the third waits until both ended, then finds what the second stored, and stores nothing."""
+    unknown = Unknown(topic_id=7, partitions=(0,), floor=10, pid=41, tag=77)
+    _, lost = _drive_until_republish(publish_again(unknown, _any_waits()), [False, None, 42])
+    assert lost is REPUBLISH and unknown.sessions() == [41, 42]
+    steps, value = _drive(publish_again(unknown, _any_waits()), [False, True, None, False, StoredAt(0, 11)])
+    assert _queries(steps) == ["session_busy", "session_busy", "Pause(seconds=0.01)", "session_busy",
+                               "produced"]
+    assert [s.params for s in steps if isinstance(s, Call) and s.query == "session_busy"] == [
+        (41,), (42,), (42,)]
+    assert value == StoredAt(0, 11)
+
+
+def test_a_lost_publish_on_a_session_of_unknown_identity_is_never_stored_again() -> None:
+    """Behind a connection pooler the id given at login names no server process: a session pgstreams did
+    not identify itself cannot be known to have ended, so its publish is not repeated."""
+    unknown = Unknown(topic_id=7, partitions=(0,), floor=10, pid=UNIDENTIFIED, tag=77)
+    with pytest.raises(Unsettled, match="server session it ran on is not known"):
+        _drive(publish_again(unknown, _any_waits()), [])
+    assert issubclass(Unsettled, ConnectionLost)
+
+
+def _any_waits() -> Any:
+    def waits(pid: int) -> Iterator[float]:
+        yield 0.01
+        raise ConnectionLost("still running")
+
+    return waits
+
+
+def _drive_until_republish(steps: Procedure[Any], answers: list[Any]) -> tuple[list[Step], Step]:
+    """Run ``steps`` with ``answers`` up to the step that stores the events again (that attempt is then
+    lost: the procedure is dropped)."""
+    seen: list[Step] = []
+    result: Any = None
+    while True:
+        step = steps.send(result)
+        if step is REPUBLISH:
+            assert not answers
+            return seen, step
+        seen.append(step)
+        result = answers.pop(0)
 
 
 def _state(segment_size: int = 1600, last_position: int = 0) -> TopicState:

@@ -4,18 +4,21 @@
   its publishes, the *producer tag* ``(producer id << 32) | (number mod 2^32)`` each publish stores in
   its rows. The asyncio client built over a sync client publishes with that client's tags.
 - :class:`Interrupted`, :func:`backend_pid`: a publish whose connection broke (a retriable error) on a
-  known server session; its outcome is unknown.
+  server session, known by the server's own process id (never the one a connection pooler gives at
+  login: see :mod:`pgstreams.storage.identity`); its outcome is unknown.
 - :func:`reusable`: whether a producer's own connection may publish again after an attempt.
 - :func:`publish_again` and :func:`copy_again`: what a publish does after its outcome was lost, as
-  procedures. Each waits until the session of the lost attempt ended (its transaction committed or
+  procedures. Each waits until the sessions of the lost attempts ended (their transactions committed or
   rolled back for good), then looks for the tag above the position the client knew before the attempt,
-  and stores the events again only if they are absent: stored once.
+  and stores the events again only if they are absent: stored once. An attempt on a connection whose
+  server session is not known is never repeated (:class:`Unsettled`).
 
 The procedures are sans-IO: generators that yield what to do (:data:`Step`: a
-:class:`~pgstreams.storage.calls.Call` to run, a :class:`Pause` to wait, or :data:`REPUBLISH`, store the
-events again) and are sent each one's result; :func:`run_steps` runs one with a sync executor and
-:func:`run_steps_async` with the asyncio store's. So a change of the rule is one change, tested
-without a server (``tests/unit/test_publish_rules.py``), and the two clients keep their own I/O.
+:class:`~pgstreams.storage.calls.Call` to run, a :class:`Pause` to wait, :data:`SESSION`, which server
+process the connection is, or :data:`REPUBLISH`, store the events again) and are sent each one's
+result; :func:`run_steps` runs one with a sync executor and :func:`run_steps_async` with the asyncio
+store's. So a change of the rule is one change, tested without a server
+(``tests/unit/test_publish_rules.py``), and the two clients keep their own I/O.
 
 Why not generate one client from the other (as ``unasync`` does)? They differ on purpose where it pays:
 the sync producer reads the topic's row in a publish's own round trip, streams ``publish_many``'s rows
@@ -31,21 +34,26 @@ import itertools
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypeVar, Union
 
 import psycopg
 from psycopg import pq
 
+from ..errors import ConnectionLost
 from ..storage import Executor, StoredAt
 from ..storage.calls import Call, perform
 from ..storage.events import count_produced_call, produced_call, session_busy_call
+from ..storage.identity import server_pid
 
 if TYPE_CHECKING:
     from ..storage.asyncstore import AsyncExecutor
 
 T = TypeVar("T")
 
+#: The session of a publish on a connection whose server process is not known (not set up by pgstreams):
+#: its outcome can never be settled, so it is never published again (see :func:`settled`).
+UNIDENTIFIED: Final = 0
 #: The low bits of a producer tag: the publish's number mod 2^32.
 NUMBER_MASK: Final = 0xFFFFFFFF
 #: The producer id's bits (it lies in the tag's high 31 bits: tags are positive bigints).
@@ -94,12 +102,12 @@ class ProducerTags:
 
 
 def backend_pid(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> int | None:
-    """The server process of ``conn`` (still known after the connection broke), ``None`` if unknown."""
-    try:
-        pid = conn.pgconn.backend_pid
-    except Exception:  # noqa: BLE001 - a closed connection may not tell
-        return None
-    return int(pid) if pid else None
+    """The server process ``conn`` runs on, as the server said when pgstreams set the connection up
+    (:mod:`pgstreams.storage.identity`; still known after the connection broke, and right behind a
+    connection pooler, whose login process id names no server process); :data:`UNIDENTIFIED` for a
+    connection pgstreams did not set up."""
+    pid = server_pid(conn.pgconn)
+    return UNIDENTIFIED if pid is None else pid
 
 
 def reusable(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -122,14 +130,21 @@ class Interrupted(Exception):
 @dataclass(frozen=True)
 class Unknown:
     """A publish whose outcome is unknown: its topic, the partitions of its events, ``floor`` the position
-    the client knew before the attempt (its events were stored above it, if at all), ``pid`` the session
-    the attempt ran on (``None``: none was used) and its producer ``tag`` (``None``: not idempotent)."""
+    the client knew before the attempt (its events were stored above it, if at all), ``pid`` the server
+    process the attempt ran on (``None``: none was used; :data:`UNIDENTIFIED`: not known) and its producer
+    ``tag`` (``None``: not idempotent). ``later`` gathers the server processes of the attempts that stored
+    the events again and were lost too: each must have ended before the next looks for the events."""
 
     topic_id: int
     partitions: Sequence[int]
     floor: int
     pid: int | None
     tag: int | None
+    later: list[int] = field(default_factory=list)
+
+    def sessions(self) -> list[int]:
+        """The server processes of the lost attempts, first to last."""
+        return ([] if self.pid is None else [self.pid]) + self.later
 
 
 @dataclass(frozen=True)
@@ -152,19 +167,41 @@ class Republish:
 #: The one :class:`Republish` step.
 REPUBLISH: Final = Republish()
 
+
+class Session:
+    """A step of a procedure: which server process the connection it runs on is (its result: the
+    process id, :data:`UNIDENTIFIED` if not known; no round trip)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SESSION"
+
+
+#: The one :class:`Session` step.
+SESSION: Final = Session()
+
 #: What a procedure yields.
-Step = Union[Call[Any], Pause, Republish]
+Step = Union[Call[Any], Pause, Republish, Session]
 #: A procedure: a generator yielding :data:`Step` values, sent each one's result, returning ``T``.
 Procedure = Generator[Step, Any, T]
 
 
+class Unsettled(ConnectionLost):
+    """A lost publish ran on a connection whose server process is not known: whether it is still running
+    cannot be told, so it is not published again (which could store it twice)."""
+
+
 def settled(unknown: Unknown, waits: Callable[[int], Iterator[float]]) -> Procedure[StoredAt | None]:
-    """Wait until the session of the lost attempt ended (``waits(pid)``: the pauses between checks, which
+    """Wait until the sessions of the lost attempts ended (``waits(pid)``: the pauses between checks, which
     raises once the retry window passed), then where the events tagged ``unknown.tag`` were stored: the
-    lowest such event, ``None`` if the attempt stored nothing (or there is no tag to look for)."""
-    if unknown.pid is not None:
-        pauses = waits(unknown.pid)
-        while (yield session_busy_call(unknown.pid)):
+    lowest such event, ``None`` if the attempts stored nothing (or there is no tag to look for)."""
+    for pid in unknown.sessions():
+        if pid == UNIDENTIFIED:
+            raise Unsettled("the outcome of a publish is unknown: its connection was lost, and the server "
+                            "session it ran on is not known (a connection not set up by pgstreams)")
+        pauses = waits(pid)
+        while (yield session_busy_call(pid)):
             yield Pause(next(pauses))
     if unknown.tag is None:
         return None
@@ -173,13 +210,22 @@ def settled(unknown: Unknown, waits: Callable[[int], Iterator[float]]) -> Proced
     return found
 
 
+def store_again(unknown: Unknown) -> Procedure[Any]:
+    """Store the events again (:data:`REPUBLISH`), first noting the server process this attempt runs on
+    (:data:`SESSION`): if it is lost too, the next attempt waits for it to end."""
+    pid: int = yield SESSION
+    unknown.later.append(pid)
+    stored = yield REPUBLISH
+    return stored
+
+
 def publish_again(unknown: Unknown, waits: Callable[[int], Iterator[float]]) -> Procedure[StoredAt]:
     """A single publish after its outcome was lost: where the lost attempt stored its event, else stored
-    now (:data:`REPUBLISH`, without the consumers' wake-up: the caller announces the event after)."""
+    now (:func:`store_again`, without the consumers' wake-up: the caller announces the event after)."""
     found = yield from settled(unknown, waits)
     if found is not None:
         return found
-    stored: StoredAt = yield REPUBLISH
+    stored: StoredAt = yield from store_again(unknown)
     return stored
 
 
@@ -191,7 +237,7 @@ def copy_again(unknown: Unknown, count: int, has_ids: bool, waits: Callable[[int
     (:data:`REPUBLISH`) stored."""
     found = yield from settled(unknown, waits)
     if found is None:
-        stored: int = yield REPUBLISH
+        stored: int = yield from store_again(unknown)
         return stored
     if not has_ids:
         return count
@@ -214,6 +260,8 @@ def run_steps(steps: Procedure[T], ex: Executor, conn: psycopg.Connection, repub
             result = None
         elif isinstance(step, Republish):
             result = republish()
+        elif isinstance(step, Session):
+            result = backend_pid(conn)
         else:
             result = perform(ex, step, conn)
 
@@ -233,10 +281,13 @@ async def run_steps_async(steps: Procedure[T], ex: AsyncExecutor, conn: psycopg.
             result = None
         elif isinstance(step, Republish):
             result = await republish()
+        elif isinstance(step, Session):
+            result = backend_pid(conn)
         else:
             result = await ex.perform(step, conn)
 
 
-__all__ = ["NUMBER_MASK", "PRODUCER_ID_MASK", "REPUBLISH", "Interrupted", "Pause", "Procedure",
-           "ProducerTags", "Republish", "Step", "Unknown", "backend_pid", "copy_again", "publish_again",
-           "reusable", "run_steps", "run_steps_async", "settled"]
+__all__ = ["NUMBER_MASK", "PRODUCER_ID_MASK", "REPUBLISH", "SESSION", "UNIDENTIFIED", "Interrupted", "Pause",
+           "Procedure", "ProducerTags", "Republish", "Session", "Step", "Unknown", "Unsettled", "backend_pid",
+           "copy_again", "publish_again", "reusable", "run_steps", "run_steps_async", "settled",
+           "store_again"]

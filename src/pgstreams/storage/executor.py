@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool
 
+from .identity import remember
 from .naming import TopicTables
 from .queries import QuerySet
 
@@ -112,20 +113,26 @@ class Executor:
         return go(conn) if conn is not None else self.pooled(go)
 
 
-#: The session settings of every connection pgstreams makes: JIT off. pgstreams' statements are short, and
-#: a generic plan's cost estimate (a poll's, over a topic of many segments) can pass ``jit_above_cost``:
-#: JIT compilation then cost a poll of 1,000 events 60 to 80 ms, for a read of 1 ms.
-SESSION_SETUP = "SET jit = off"
+#: The set-up of every connection pgstreams makes, in one round trip: the session settings (JIT off:
+#: pgstreams' statements are short, and a generic plan's cost estimate, a poll's over a topic of many
+#: segments, can pass ``jit_above_cost``: JIT compilation then cost a poll of 1,000 events 60 to 80 ms, for
+#: a read of 1 ms), and the server's process id of the session (see :mod:`.identity`).
+SESSION_SETUP = "SELECT set_config('jit', 'off', false), pg_backend_pid()"
 
 
 def configure_session(conn: psycopg.Connection) -> None:
-    """Apply :data:`SESSION_SETUP` to a new autocommit connection (a pool's ``configure`` callback)."""
-    conn.execute(SESSION_SETUP)
+    """Apply :data:`SESSION_SETUP` to a new autocommit connection (a pool's ``configure`` callback) and
+    record the server process it runs on (:func:`.identity.remember`)."""
+    row = conn.execute(SESSION_SETUP).fetchone()
+    assert row is not None
+    remember(conn.pgconn, row[1])
 
 
 async def configure_session_async(conn: psycopg.AsyncConnection[Any]) -> None:
     """:func:`configure_session` for an async connection."""
-    await conn.execute(SESSION_SETUP)
+    row = await (await conn.execute(SESSION_SETUP)).fetchone()
+    assert row is not None
+    remember(conn.pgconn, row[1])
 
 
 #: The TCP settings (libpq connection parameters) of the connections a client makes, unless its DSN (or a

@@ -15,6 +15,8 @@ import time
 import psycopg
 from psycopg import pq
 
+from ..identity import server_pid
+
 #: The statuses of a result that succeeded.
 OK = (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK)
 
@@ -82,7 +84,7 @@ class Patience:
 
     def gone(self, what: str) -> psycopg.OperationalError:
         """Close the connection; the (retriable) error to raise: ``what`` did not happen in time."""
-        pid = self.pg.backend_pid
+        pid = server_pid(self.pg) or self.pg.backend_pid
         self.pg.finish()
         return psycopg.OperationalError(
             f"connection lost: {what} (session {pid}, for {self.limit:g} s: the connection's "
@@ -92,14 +94,23 @@ class Patience:
 #: The session states (of :func:`_session_state`) in which the server waits for the client: while its
 #: results are awaited, what the client sent never arrived (or the results were lost on the way).
 _WAITING_FOR_US = frozenset({"idle", "reading from the client"})
+#: What :func:`_session_state` says of a session it cannot name (a connection not set up by pgstreams,
+#: behind a pooler): taken as running.
+UNTRUSTED = "untrusted"
 
 
 def _session_state(pg: pq.abc.PGconn) -> str | None:
-    """The state in ``pg_stat_activity`` of ``pg``'s backend, asked on a new connection with the same
-    parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked
+    """The state in ``pg_stat_activity`` of ``pg``'s server session, asked on a new connection with the
+    same parameters: ``None`` if the server no longer runs it, ``"unknown"`` if the server cannot be asked
     within :data:`PROBE_TIMEOUT` seconds (to connect, then to answer), ``"reading from the client"`` for a
     session in a transaction or a COPY that waits for the client to send more (``wait_event``
-    ``ClientRead``)."""
+    ``ClientRead``), :data:`UNTRUSTED` if the session cannot be named.
+
+    The session is named by the server's process id recorded when pgstreams set the connection up
+    (:mod:`..identity`); on another connection, by the id given at login, which names the server's
+    process only when no pooler stands between: the probe, on the same route, compares its own two ids,
+    and when they differ says :data:`UNTRUSTED` (the wait then goes on: never cut on a guess)."""
+    pid = server_pid(pg)
     params = {o.keyword.decode(): o.val.decode() for o in pg.info if o.val is not None}
     params["connect_timeout"] = str(int(PROBE_TIMEOUT))
     params["application_name"] = "pgstreams probe"
@@ -107,10 +118,10 @@ def _session_state(pg: pq.abc.PGconn) -> str | None:
     try:
         with psycopg.connect(psycopg.conninfo.make_conninfo("", **params), autocommit=True) as probe:
             ppg = probe.pgconn
-            ppg.send_query_params(b"SELECT CASE WHEN state <> 'idle' AND wait_event = 'ClientRead' "
+            ppg.send_query_params(b"SELECT (SELECT CASE WHEN state <> 'idle' AND wait_event = 'ClientRead' "
                                   b"THEN 'reading from the client' ELSE coalesce(state, '') END "
-                                  b"FROM pg_stat_activity WHERE pid = $1",
-                                  [b"%d" % pg.backend_pid])
+                                  b"FROM pg_stat_activity WHERE pid = $1), pg_backend_pid()",
+                                  [b"%d" % (pg.backend_pid if pid is None else pid)])
             ends = time.monotonic() + PROBE_TIMEOUT
             while (pending := ppg.flush()) or ppg.is_busy():
                 left = ends - time.monotonic()
@@ -121,13 +132,15 @@ def _session_state(pg: pq.abc.PGconn) -> str | None:
             res = ppg.get_result()
             while ppg.get_result() is not None:
                 pass
+            probe_login = ppg.backend_pid
     except psycopg.Error:
         return "unknown"
-    if res is None or res.status != pq.ExecStatus.TUPLES_OK:
+    if res is None or res.status != pq.ExecStatus.TUPLES_OK or res.ntuples != 1:
         return "unknown"
-    if res.ntuples == 0:
-        return None
-    return (res.get_value(0, 0) or b"").decode()
+    if pid is None and int(res.get_value(0, 1) or b"0") != probe_login:
+        return UNTRUSTED
+    state = res.get_value(0, 0)
+    return None if state is None else state.decode()
 
 
 def polled(fd: int, timeout: float, events: int = select.POLLIN) -> bool:
@@ -193,7 +206,7 @@ def await_input(pg: pq.abc.PGconn) -> None:
 
 
 def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
-    pid = pg.backend_pid
+    pid = server_pid(pg)
     return psycopg.OperationalError(
         f"connection lost: the server no longer runs session {pid}, whose results were awaited"
         if state is None else

@@ -13,11 +13,17 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+#: The options of every JVM the tests start (set in ``$JAVA_TOOL_OPTIONS`` by ``conftest.py``, so that the
+#: drivers of subprocesses, Spark's standalone daemons and executors get them too): the client compiler
+#: only and the serial collector. The tests' JVMs live a few seconds to a few minutes with small jobs: the
+#: optimising compiler's threads and the parallel collector's cost more CPU than they save.
+JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 #: Settings of every SparkSession of the tests: no UI, two shuffle partitions and default parallelism
 #: (``local[2]``), no empty micro-batches, Python workers reused, UTC session time zone, and a driver JVM
-#: that starts fast (client compiler only, serial GC: the tests' jobs are small).
+#: that starts fast (:data:`JVM_OPTIONS`).
 SPARK_CONF: dict[str, str] = {
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.driver.extraJavaOptions": JVM_OPTIONS,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "2",

@@ -32,9 +32,15 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
 from _core_helpers import new_database
+from _spark_helpers import JVM_OPTIONS
 from pgstreams import migrate as _migrate
 from pgstreams.cluster import init_cluster
 from pgstreams.embedded import TemporaryServer, restartable_server
+
+
+# Every JVM the tests start, in this process or in a subprocess (Spark drivers of the CLI and the demo,
+# standalone daemons, executors), with the options of _spark_helpers.JVM_OPTIONS.
+os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
 
 def _server_dsn() -> str:

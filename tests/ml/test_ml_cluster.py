@@ -54,7 +54,7 @@ def _worker_env(home: Path) -> dict[str, str]:
         "SPARK_LOG_DIR": str(home / "logs"),
         "SPARK_DAEMON_MEMORY": "256m",
     }
-    for name in ("JAVA_HOME", "LANG"):
+    for name in ("JAVA_HOME", "LANG", "JAVA_TOOL_OPTIONS"):
         if name in os.environ:
             env[name] = os.environ[name]
     if os.environ.get("PYTHONPATH"):  # a checkout's code, when it is set

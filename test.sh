@@ -10,4 +10,4 @@ PY=${PYTHON:-python3}
 command -v java >/dev/null || { echo "test.sh: java (17) is required for the Spark tests" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[spark,ml,dev,metrics,console]"
-exec .venv/bin/python -m pytest -n "${PGSTREAMS_TEST_WORKERS:-3}" --dist loadgroup "$@"
+exec .venv/bin/python -m pytest -n "${PGSTREAMS_TEST_WORKERS:-4}" --dist loadgroup "$@"

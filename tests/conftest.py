@@ -37,7 +37,6 @@ from pgstreams import migrate as _migrate
 from pgstreams.cluster import init_cluster
 from pgstreams.embedded import TemporaryServer, restartable_server
 
-
 # Every JVM the tests start, in this process or in a subprocess (Spark drivers of the CLI and the demo,
 # standalone daemons, executors), with the options of _spark_helpers.JVM_OPTIONS.
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
@@ -169,8 +168,8 @@ SHARDS = 3
 def shard_servers() -> Iterator[list[TemporaryServer]]:
     """Three running PostgreSQL servers of this session's own (embedded binaries, each on its own loopback
     port; fsync off: the machine does not crash, commits stay synchronous), for the cluster tests. Tests
-    may stop and start them (a shard that is down); every test that uses them runs on one xdist worker
-    (see :func:`pytest_collection_modifyitems`)."""
+    may stop and start them (a shard that is down); every test that uses them runs in a lane, one at a time,
+    and each lane's worker process has servers of its own (see :data:`_LANES`)."""
     with ExitStack() as stack:
         yield [stack.enter_context(restartable_server({"fsync": "off"})) for _ in range(SHARDS)]
 
@@ -194,33 +193,69 @@ def cluster_dsns(shard_dsns: list[str]) -> list[str]:
     return shard_dsns
 
 
-#: The test folders and modules whose tests run on one xdist worker, one at a time: those that start a
-#: SparkSession (spark, ml, the read-fence benchmark's) and those that use :func:`shard_servers`
-#: (cluster, and spark's tests over a cluster).
-_SPARK_PATHS = ("tests/spark/", "tests/ml/", "tests/cluster/", "tests/bench/test_bench_fence.py")
-#: The xdist group (scheduling unit) of the tests in :data:`_SPARK_PATHS`.
-_SPARK_GROUP = "spark"
-#: The xdist worker that runs :data:`_SPARK_GROUP` (see :func:`pytest_xdist_make_scheduler`).
-_SPARK_WORKER = "gw0"
-#: How much nicer than the Spark worker the other workers, their subprocesses and the embedded test
-#: server run when the tests run in parallel (see :func:`pytest_configure`).
-_BACKGROUND_NICE = 5
+#: The lanes of a parallel run (``--dist loadgroup``): each lane's tests run on one xdist worker of its
+#: own, one at a time, first thing (worker ``gw<i>`` for the lane at index ``i``, modulo the number of
+#: workers); every other test module goes to whichever worker is free, the longest first.
+#:
+#: - ``spark``: the tests that start a SparkSession in the test process (spark, ml). Each SparkSession is
+#:   a JVM; two at once in one process would share it, and several at once on a small machine starve each
+#:   other.
+#: - ``demo``: ``pgstreams demo`` on ``local[2]``, a subprocess of a few minutes, beside the spark lane.
+#: - ``cluster``: the demo on a Spark standalone cluster, the read-fence benchmark (its Spark reader) and
+#:   the cluster tests (tests/cluster).
+#:
+#: The tests that use :func:`shard_servers` (tests/cluster in the cluster lane, Spark over a cluster in the
+#: spark lane) stop and start those servers: each lane's worker process has three of its own.
+_LANES: dict[str, tuple[str, ...]] = {
+    "spark": ("tests/spark/", "tests/ml/"),
+    "demo": ("tests/ml/test_ml_demo.py",),
+    "cluster": ("tests/ml/test_ml_cluster.py", "tests/cluster/", "tests/bench/test_bench_fence.py"),
+}
+#: The modules of no lane that take longest (about 20 s or more on a quiet 2-core machine), handed out
+#: first so that no long one starts last.
+_LONG_FIRST = (
+    "tests/cli/test_cli.py",
+    "tests/cli/test_operations_cli.py",
+    "tests/faults/test_silent_cut.py",
+    "tests/faults/test_snapshot_bench.py",
+    "tests/faults/test_aio_restarts.py",
+    "tests/integration/test_shares.py",
+    "tests/faults/test_restarts.py",
+    "tests/faults/test_maintenance.py",
+    "tests/cli/test_worker_cli.py",
+    "tests/integration/test_connect.py",
+    "tests/integration/test_operations.py",
+    "tests/faults/test_pooler.py",
+    "tests/faults/test_fault_bench.py",
+    "tests/integration/test_sql_publish.py",
+    "tests/integration/test_roles.py",
+    "tests/bench/test_bench_shares.py",
+)
+#: How much nicer than the lanes the other workers, their subprocesses and the embedded test server run
+#: when the tests run in parallel (see :func:`pytest_configure`).
+_BACKGROUND_NICE = 2
 
 
-def _in_spark_group(nodeid: str) -> bool:
-    return nodeid.startswith(_SPARK_PATHS)
+def _lane_of(nodeid: str) -> str | None:
+    """The lane of a test (the last lane whose paths match wins: ``demo`` and ``cluster`` within
+    ``tests/ml/``)."""
+    found = None
+    for lane, paths in _LANES.items():
+        if nodeid.startswith(paths):
+            found = lane
+    return found
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Refuse a test marked ``spark`` or using :func:`shard_servers` outside :data:`_SPARK_PATHS`: it
-    would start a JVM beside the Spark worker's, or run beside the cluster tests, which stop and start
-    those servers."""
+    """Refuse a test marked ``spark`` or using :func:`shard_servers` outside the lanes: it would start a
+    JVM beside a lane's, or share a worker's shard servers with tests that stop and start them."""
     for item in items:
         spark = item.get_closest_marker("spark") is not None
         shards = "shard_servers" in getattr(item, "fixturenames", ())
-        if (spark or shards) and not _in_spark_group(item.nodeid):
+        lane = _lane_of(item.nodeid)
+        if (spark or shards) and lane is None:
             raise pytest.UsageError(
-                f"{item.nodeid} is marked spark or uses shard_servers: add its path to _SPARK_PATHS")
+                f"{item.nodeid} is marked spark or uses shard_servers: add its path to a lane of _LANES")
 
 
 def _parallel_worker() -> str | None:
@@ -230,49 +265,75 @@ def _parallel_worker() -> str | None:
     return os.environ.get("PYTEST_XDIST_WORKER")
 
 
+def _lane_workers(count: int) -> dict[str, str]:
+    """The worker of each lane when ``count`` workers run."""
+    return {lane: f"gw{i % count}" for i, lane in enumerate(_LANES)}
+
+
 @pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist: without it (-p no:xdist), not called
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``--dist loadgroup``: every test in :data:`_SPARK_PATHS` runs on worker :data:`_SPARK_WORKER`,
-    one at a time, first thing; the other tests are shared out by module as usual.
-
-    Each SparkSession is a JVM; several at once on a small machine starve each other (the Python
-    processes Spark starts then miss the 10 seconds Spark gives them to connect back). The tests of a
-    cluster share the three servers of :func:`shard_servers`, which some of them stop and start: they
-    must run on one worker, never while another worker's test uses them; as the Spark tests over a
-    cluster are among them, that worker is the Spark one.
+    """With ``--dist loadgroup``: the tests of each lane of :data:`_LANES` run on the lane's worker, one at
+    a time, first thing; the other modules are handed out to free workers, :data:`_LONG_FIRST` first.
 
     The grouping is done here from the node ids' paths, not with ``xdist_group`` marks (which
-    pytest-xdist 3.8 cannot apply to node ids under pytest 9.2). The Spark worker is the one
+    pytest-xdist 3.8 cannot apply to node ids under pytest 9.2). The lanes' workers are the ones
     :func:`pytest_configure` leaves at full priority.
     """
     if config.getoption("dist", "no") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
 
-    class SparkOnFirstWorker(LoadGroupScheduling):
+    long_first = {path: rank for rank, path in enumerate(_LONG_FIRST)}
+
+    class Lanes(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return _SPARK_GROUP if _in_spark_group(nodeid) else nodeid.rsplit("::", 1)[0]
+            return _lane_of(nodeid) or nodeid.split("::", 1)[0]
+
+        def schedule(self) -> None:
+            self._owners = _lane_workers(len(self.nodes))
+            super().schedule()
+
+        def _eligible(self, node: Any) -> str | None:
+            """The scope this node takes next: its lane's, else the first of the longest of no lane."""
+            me = node.gateway.id
+            best: tuple[int, int, int] | None = None
+            pick = None
+            for n, scope in enumerate(self.workqueue):
+                owner = self._owners.get(scope)
+                if owner is not None and owner != me:
+                    continue
+                rank = (0 if owner else 1, long_first.get(scope, len(long_first)), n)
+                if best is None or rank < best:
+                    best, pick = rank, scope
+            return pick
 
         def _assign_work_unit(self, node: Any) -> None:
-            if _SPARK_GROUP in self.workqueue:
-                if node.gateway.id == _SPARK_WORKER:
-                    self.workqueue.move_to_end(_SPARK_GROUP, last=False)
-                elif len(self.workqueue) > 1:
-                    self.workqueue.move_to_end(_SPARK_GROUP, last=True)
+            scope = self._eligible(node)
+            if scope is None:
+                return
+            self.workqueue.move_to_end(scope, last=False)
             super()._assign_work_unit(node)
 
-    return SparkOnFirstWorker(config, log)
+        def _reschedule(self, node: Any) -> None:
+            if not node.shutting_down and self.workqueue and self._eligible(node) is None:
+                node.shutdown()  # what is left belongs to other lanes
+                return
+            super()._reschedule(node)
+
+    return Lanes(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """In a parallel run, every worker but the Spark one lowers its priority by :data:`_BACKGROUND_NICE`.
+    """In a parallel run, every worker that runs no lane of :data:`_LANES` lowers its priority by
+    :data:`_BACKGROUND_NICE`.
 
     Spark starts Python processes that must connect back to its JVM within 10 seconds (a limit Spark
     hard-codes); on a 2-core machine the database tests' processes and backends on the other workers can
     starve such a process that long. Niced, they still have the CPU whenever Spark does not use it.
     """
     worker = _parallel_worker()
-    if worker is not None and worker != _SPARK_WORKER:
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker is not None and worker not in _lane_workers(count).values():
         os.nice(_BACKGROUND_NICE)
 
 

@@ -86,6 +86,11 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
             "2",
             "--no-progress",
             "--strict",
+            # the rest of the demo at the priority of its serving path: the suite checks what the demo
+            # computes, not its latency, and a demo niced by 10 beside the suite's other tests and a
+            # busy machine crawls (the nicing itself: tests/ml/test_ml_serving.py)
+            "--background-nice",
+            "0",
             "--timeout",
             "800",
         ],
@@ -119,8 +124,9 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     for p in summary["plots"]:
         assert Path(p).stat().st_size > 10_000 and Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert summary["pipelines"]["clean"]["rows"] >= rec["raw"]
-    # the serving path ran in processes of its own (the default with a local master), the rest niced
-    assert summary["serving"]["mode"] == "processes" and summary["serving"]["background_nice"] == 10
+    # the serving path ran in processes of its own (the default with a local master), the rest at the
+    # priority asked for
+    assert summary["serving"]["mode"] == "processes" and summary["serving"]["background_nice"] == 0
     serving = summary["serving"]
     assert serving["clean_rows_per_batch"] > 0 and serving["clean_batch_ms"]["addBatch"] > 0
     # latency per stage from the events' timestamps, and the same figures computed independently from the

@@ -3,12 +3,16 @@
 The server comes from the ``pgserver`` wheel (PostgreSQL binaries bundled in a Python package). Its data
 lives under ``$PGSTREAMS_HOME/pgdata`` (default: the user's data directory, e.g.
 ``~/.local/share/pgstreams/pgdata``), persists between runs, and the next :func:`embedded_dsn` reuses it.
-The server is shared by every process of the user that uses it and stops when the last one exits.
+The server is shared by every process of the user that uses it and stops when the last one exits (a
+process killed without exiting, SIGKILL, is forgotten by the next one that starts). :func:`server_status`,
+:func:`start_server` and :func:`stop_server` (``pgstreams server status|start|stop``) show it, keep it
+running for other programs, and stop it.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import pwd
 import shutil
@@ -18,6 +22,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +74,7 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
             # one at a time, the others then find it set up or running.
             with open(path.parent / f".{path.name}.start-lock", "a+b") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
+                _forget_dead_users(path)
                 try:
                     srv = pgserver.get_server(path, cleanup_mode="stop")
                 except Exception as exc:
@@ -155,3 +161,96 @@ def temporary_server(settings: Mapping[str, str] | None = None) -> Iterator[str]
     server of their own (a setting that needs a restart, a TCP listener, a server they stop)."""
     with restartable_server(settings) as server:
         yield server.dsn
+
+
+#: The file in which the embedded server's data folder lists the processes using it (pgserver's).
+_USERS_FILE = ".handle_pids.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
+
+
+def _users(pgdata: Path) -> list[int]:
+    """The processes recorded as using the server of ``pgdata``."""
+    try:
+        pids = json.loads((pgdata / _USERS_FILE).read_text())
+    except (OSError, ValueError):
+        return []
+    return [int(p) for p in pids if isinstance(p, int)]
+
+
+def _forget_dead_users(pgdata: Path) -> None:
+    """Drop the processes that ended without saying so (SIGKILL) from the users of the server of
+    ``pgdata``: else the server would never stop, the last live user counting them still."""
+    users = _users(pgdata)
+    alive = [p for p in users if _alive(p)]
+    if alive != users:
+        (pgdata / _USERS_FILE).write_text(json.dumps(alive))
+
+
+@dataclass(frozen=True)
+class EmbeddedStatus:
+    """The embedded server of a data folder: ``pgdata``, whether it is ``running`` (its postmaster's
+    ``pid``), the ``dsn`` of its ``postgres`` database when it runs, and ``users``, the live processes
+    that use it (it stops when the last one exits; none: kept running by :func:`start_server`)."""
+
+    pgdata: Path
+    running: bool
+    pid: int | None
+    dsn: str | None
+    users: tuple[int, ...]
+
+
+def server_status(pgdata: Path | None = None) -> EmbeddedStatus:
+    """The state of the embedded server of ``pgdata`` (default ``home() / "pgdata"``), read from its data
+    folder: nothing is started."""
+    path = (pgdata or home() / "pgdata").resolve()
+    pid: int | None = None
+    dsn: str | None = None
+    try:
+        lines = (path / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+    except (OSError, ValueError, IndexError):
+        lines = []
+    running = pid is not None and _alive(pid)
+    if running and len(lines) >= 5:
+        port, sockets = lines[3].strip(), lines[4].strip()
+        dsn = f"postgresql://postgres:@/postgres?host={sockets}" + (f"&port={port}" if port != "5432" else "")
+    users = tuple(p for p in _users(path) if _alive(p)) if running else ()
+    return EmbeddedStatus(path, running, pid if running else None, dsn, users)
+
+
+def start_server(pgdata: Path | None = None) -> str:
+    """Start the embedded server of ``pgdata`` (default ``home() / "pgdata"``) unless it runs, and keep it
+    running after this process exits (until :func:`stop_server`); return the DSN of its ``postgres``
+    database."""
+    path = (pgdata or home() / "pgdata").resolve()
+    dsn = embedded_dsn(path)
+    srv = _servers[path]
+    srv.cleanup_mode = None  # this process's exit leaves it running
+    return dsn
+
+
+def stop_server(pgdata: Path | None = None) -> EmbeddedStatus:
+    """Stop the embedded server of ``pgdata`` (default ``home() / "pgdata"``) if it runs, whatever uses it
+    (their connections end); return its state before (``running``: whether there was one to stop,
+    ``users``: the processes that used it)."""
+    path = (pgdata or home() / "pgdata").resolve()
+    before = server_status(path)
+    if before.running:
+        with warnings.catch_warnings():  # as in embedded_dsn: platformdirs' warning on import
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR", category=UserWarning)
+            from pgserver import _commands  # the binaries' commands, generated when pgserver is imported
+
+        commands: Any = _commands
+        user = "pgserver" if os.geteuid() == 0 else None
+        commands.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=path, user=user, timeout=60)
+    (path / _USERS_FILE).unlink(missing_ok=True)
+    return before

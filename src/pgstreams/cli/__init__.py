@@ -32,8 +32,11 @@ client:``, prints through :mod:`.output`, and raises :class:`pgstreams.PgStreams
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Annotated, NoReturn
 
 import typer
@@ -52,6 +55,7 @@ from . import (
     produce,
     quickstart,
     security,
+    server,
     topics,
     worker,
 )
@@ -60,6 +64,7 @@ from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
     EXIT_USAGE,
     CliError,
     DsnOption,
@@ -96,6 +101,7 @@ __all__ = [
     "EXIT_BROKEN_PIPE",
     "EXIT_FAILURE",
     "EXIT_INTERRUPTED",
+    "EXIT_TERMINATED",
     "EXIT_USAGE",
     "CliError",
     "DsnOption",
@@ -148,7 +154,7 @@ _HELP = (
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
 for _module in (migrate, cluster, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
-                quickstart, security):
+                quickstart, security, server):
     _module.register(app)
 
 
@@ -177,11 +183,14 @@ def run_app(typer_app: typer.Typer, argv: Sequence[str] | None = None, prog_name
     (``| head``) quietly with 141.
     """
     command = typer.main.get_command(typer_app)
+    restore = _end_on_sigterm()
     try:
         rv = command.main(args=list(argv) if argv is not None else None, prog_name=prog_name,
                           standalone_mode=False)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except Terminated:
+        return EXIT_TERMINATED
     except (BrokenPipeError, StdoutClosed):
         _silence_stdout()
         return EXIT_BROKEN_PIPE
@@ -194,7 +203,35 @@ def run_app(typer_app: typer.Typer, argv: Sequence[str] | None = None, prog_name
         if message is not None:
             report_error(message)
         return code
+    finally:
+        restore()
     return rv if isinstance(rv, int) else 0
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a command ran (outside the waits that handle it themselves): the command
+    ends as after Ctrl-C, leaving its ``with`` blocks and running the exit handlers (the embedded server
+    is released: it stops when no other process uses it), with exit code :data:`EXIT_TERMINATED`."""
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated()
+
+
+def _end_on_sigterm() -> Callable[[], None]:
+    """Make SIGTERM raise :class:`Terminated` while a command runs (SIGTERM's default action ends the
+    process at once, without its exit handlers); returns what puts the former handler back. Only in the
+    main thread, and only over the default action (an application's own handler stays)."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _terminated)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
 
 
 def run(argv: Sequence[str] | None = None) -> int:

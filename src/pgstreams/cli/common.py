@@ -34,6 +34,8 @@ EXIT_USAGE = 2
 EXIT_FAILURE = 1
 #: Exit code after Ctrl-C.
 EXIT_INTERRUPTED = 130
+#: Exit code after SIGTERM, as a shell reports it (128 + 15).
+EXIT_TERMINATED = 143
 #: Exit code when stdout is closed early (``pgstreams consume ... | head``), as a shell reports SIGPIPE.
 EXIT_BROKEN_PIPE = 141
 

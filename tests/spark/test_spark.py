@@ -8,6 +8,7 @@ streaming, exactly-once across a SIGKILL of the whole query process) and bad opt
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -124,6 +125,34 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> No
 
 # --------------------------------------------------------------------------------------------------------
 # batch reads
+
+
+def test_register_runs_the_data_source_in_an_interpreter_that_imports_pgstreams(
+        spark: SparkSession, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
+    """Spark's Python workers would run an interpreter without pgstreams (a virtual environment that is
+    not activated; here Debian's python3): register() runs the data source with this process's
+    interpreter instead, says so, and leaves the context's own setting (the application's UDFs') as it
+    was."""
+    bare = "/usr/bin/python3"
+    probe = subprocess.run([bare, "-c", "import pgstreams"], capture_output=True, text=True, timeout=60)
+    assert probe.returncode != 0 and "No module named 'pgstreams'" in probe.stderr, probe.stderr
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("elsewhere", 1)
+        client.publish("elsewhere", "x", key="k")
+    sc = spark.sparkContext
+    mine = sc.pythonExec
+    sc.pythonExec = bare
+    try:
+        with caplog.at_level(logging.WARNING, logger="pgstreams.spark"):
+            pgspark.register(spark)
+        assert sc.pythonExec == bare
+        assert any("cannot import pgstreams" in r.getMessage() and bare in r.getMessage()
+                   for r in caplog.records), caplog.text
+        rows = reader(spark, dsn, "elsewhere").collect()
+        assert [(r.topic, r.key) for r in rows] == [("elsewhere", "k")]
+    finally:
+        sc.pythonExec = mine
+        pgspark.register(spark)
 
 
 def test_batch_read_returns_exactly_the_published_events_with_documented_types(

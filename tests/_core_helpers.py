@@ -56,6 +56,30 @@ def until(cond: Callable[[], bool], timeout: float = 15.0, what: str = "conditio
     wait_until(cond, timeout, what)
 
 
+class Background:
+    """``fn(*args)`` run in a daemon thread of its own, started at once; :attr:`outcome` gets what it
+    returned, or the exception it raised (for the test to assert on)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        self.outcome: list[Any] = []
+        self.thread = threading.Thread(target=self._run, args=(fn, args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        try:
+            self.outcome.append(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            self.outcome.append(exc)
+
+    def result(self, timeout: float, what: str) -> Any:
+        """What ``fn`` returned or raised, once it ended; fails with ``what`` if it runs ``timeout`` seconds
+        more."""
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"{what} still runs after {timeout:g} s"
+        assert len(self.outcome) == 1, self.outcome
+        return self.outcome[0]
+
+
 @contextmanager
 def running(worker: pgstreams.Worker) -> Iterator[pgstreams.Worker]:
     """Start ``worker`` for the block; stop it (waiting up to 10 s) afterwards."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
 import pgstreams.aio
-from _core_helpers import run_async, wait_until
+from _core_helpers import Background, run_async, wait_until
 from _proxy import CuttingProxy, local_port
 from _system import as_user, debian_package, free_port, service_user
 from pgstreams.storage import identity
@@ -154,49 +153,27 @@ def test_publishes_held_on_a_lock_past_the_silence_probe_are_stored_once_behind_
     try:
         client.create_topic("held", 1)
         table = _table(dsn, "held")
-        results: dict[str, Any] = {}
-        errors: list[BaseException] = []
 
-        def publish() -> None:
-            try:
-                results["one"] = client.publish("held", "single")
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
-
-        def publish_many() -> None:
-            try:
-                results["many"] = client.publish_many("held", [{"value": f"batch-{i}"} for i in range(3)])
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
-
-        async def apublish() -> None:
+        async def apublish() -> pgstreams.PublishResult:
             async with await pgstreams.aio.connect(via) as ac:
-                results["aio"] = await ac.publish("held", "async")
-
-        def publish_async() -> None:
-            try:
-                run_async(apublish)
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                errors.append(exc)
+                return await ac.publish("held", "async")
 
         with psycopg.connect(dsn) as holder:
             holder.execute(f"LOCK TABLE {table} IN SHARE MODE")  # stops writers
-            threads = [threading.Thread(target=f, daemon=True)
-                       for f in (publish, publish_many, publish_async)]
-            for t in threads:
-                t.start()
+            one = Background(client.publish, "held", "single")
+            many = Background(client.publish_many, "held", [{"value": f"batch-{i}"} for i in range(3)])
+            aio = Background(run_async, apublish)
             wait_until(lambda: len(_waiting_on(dsn, table)) == 3, 60,
                        "the three publishes waiting on the lock")
             # held until every one has waited past the silence probe and its answer, unless one was sent
             # again meanwhile (then it waits on the lock beside the first)
             assert len(_held_past_probe(dsn, table, 3)) == 3  # none was cut and sent again
             holder.commit()
-        for t in threads:
-            t.join(60)
-        assert not errors, errors
-        assert set(results) == {"one", "many", "aio"} and results["many"] == 3
+        single, batch, async_ = (b.result(60, "a publish") for b in (one, many, aio))
+        assert isinstance(single, pgstreams.PublishResult) and single.duplicate is False, single
+        assert batch == 3
+        assert isinstance(async_, pgstreams.PublishResult), async_
         assert sorted(_values(dsn, "held")) == sorted(["single", "async", "batch-0", "batch-1", "batch-2"])
-        assert results["one"].duplicate is False
     finally:
         client.close()
 
@@ -216,26 +193,16 @@ def test_a_publish_cut_behind_pgbouncer_waits_for_its_server_session_and_is_stor
         own = client._producer._own  # the producer's own connection, made by that publish
         assert own is not None and identity.pooled(own.pgconn) is True
         server = identity.server_pid(own.pgconn)
-        got: list[Any] = []
-
-        def publish() -> None:
-            try:
-                got.append(client.publish("cut", "once"))
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                got.append(exc)
-
         with psycopg.connect(dsn) as holder:
             holder.execute(f"LOCK TABLE {table} IN SHARE MODE")
-            t = threading.Thread(target=publish, daemon=True)
-            t.start()
+            publish = Background(client.publish, "cut", "once")
             wait_until(lambda: _waiting_on(dsn, table) != [], 60, "the publish waiting on the lock")
             proxy.cut(local_port(own))
             # the client waits past the silence probe; its attempt's server session still waits on the lock
             assert len(_held_past_probe(dsn, table, 1)) == 1  # not sent again meanwhile
             holder.commit()
-        t.join(SILENCE_PROBE + 60)
-        assert not t.is_alive(), "the publish still waits on the cut connection"
-        assert len(got) == 1 and isinstance(got[0], pgstreams.PublishResult), got
+        got = publish.result(SILENCE_PROBE + 60, "the publish on the cut connection")
+        assert isinstance(got, pgstreams.PublishResult), got
         assert _values(dsn, "cut") == ["before", "once"]
         with psycopg.connect(dsn, autocommit=True) as c:
             gone = c.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", (server,)).fetchone()

@@ -26,6 +26,7 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
+from _core_helpers import Background
 from _proxy import CuttingProxy, local_port
 from pgstreams.storage import libpq
 
@@ -91,19 +92,9 @@ def test_a_publish_on_a_silently_cut_connection_is_retried_and_stored_once(dsn: 
         while not _server_pid_gone(dsn, pid):
             assert time.monotonic() < deadline, "the server kept the cut session"
             time.sleep(0.05)
-        outcome: list[object] = []
-
-        def publish() -> None:
-            try:
-                outcome.append(client.publish("t", "after"))
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                outcome.append(exc)
-
-        t = threading.Thread(target=publish, daemon=True)
-        t.start()
-        t.join(libpq.SILENCE_PROBE + 60)
-        assert not t.is_alive(), "the publish still waits on the cut connection"
-        assert len(outcome) == 1 and isinstance(outcome[0], pgstreams.PublishResult), outcome
+        outcome = Background(client.publish, "t", "after").result(libpq.SILENCE_PROBE + 60,
+                                                                  "the publish on the cut connection")
+        assert isinstance(outcome, pgstreams.PublishResult), outcome
     with pgstreams.connect(dsn) as c:
         consumer = c.consumer("t", "count")
         values = []
@@ -166,20 +157,10 @@ def test_a_publish_whose_result_a_partition_swallowed_is_retried_and_stored_once
         assert limit == 10.0  # tcp_user_timeout: retry_timeout, at least MIN_USER_TIMEOUT
         proxy.blackhole(local_port(own), to_server=False, new=True)
         started = time.monotonic()
-        outcome: list[object] = []
-
-        def publish() -> None:
-            try:
-                outcome.append(client.publish("t", "after"))
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                outcome.append(exc)
-
-        t = threading.Thread(target=publish, daemon=True)
-        t.start()
-        t.join(limit + 90)
-        assert not t.is_alive(), "the publish still waits on the blackholed connection"
+        outcome = Background(client.publish, "t", "after").result(
+            limit + 90, "the publish on the blackholed connection")
         waited = time.monotonic() - started
-        assert len(outcome) == 1 and isinstance(outcome[0], pgstreams.PublishResult), outcome
+        assert isinstance(outcome, pgstreams.PublishResult), outcome
         assert limit <= waited < limit + 60
     with pgstreams.connect(dsn) as c:
         consumer = c.consumer("t", "count")
@@ -205,20 +186,10 @@ def test_a_poll_during_a_partition_raises_connection_lost_within_a_bound(dsn: st
         assert limit == 10.0
         proxy.blackhole(new=True)
         started = time.monotonic()
-        outcome: list[object] = []
-
-        def poll() -> None:
-            try:
-                outcome.append(consumer.poll(max_events=10, timeout=0))
-            except BaseException as exc:  # noqa: BLE001 - asserted below
-                outcome.append(exc)
-
-        t = threading.Thread(target=poll, daemon=True)
-        t.start()
-        t.join(limit + 120)
-        assert not t.is_alive(), "the poll still waits on the blackholed connections"
+        outcome = Background(lambda: consumer.poll(max_events=10, timeout=0))
+        got = outcome.result(limit + 120, "the poll on the blackholed connections")
         waited = time.monotonic() - started
-        assert len(outcome) == 1 and isinstance(outcome[0], pgstreams.ConnectionLost), outcome
+        assert isinstance(got, pgstreams.ConnectionLost), got
         assert limit <= waited < limit + 90
 
 

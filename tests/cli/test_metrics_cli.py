@@ -130,3 +130,16 @@ def test_worker_metrics_port_exports_the_workers_own_metrics(dsn: str) -> None:
                      group="g")
         srv.proc.terminate()
         assert srv.proc.wait(30) == 0, srv.output
+
+
+def test_serving_on_a_busy_port_names_the_address_and_exits_1(dsn: str) -> None:
+    """``metrics serve`` and ``console`` on a port another socket listens on: one line naming the address
+    and the reason, exit code 1, no traceback."""
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        for command in (["metrics", "serve"], ["console"]):
+            p = subprocess.run([*CLI, *command, "--host", "127.0.0.1", "--port", str(port), "--dsn", dsn],
+                               capture_output=True, text=True, timeout=120, cwd=TESTS)
+            assert p.returncode == 1, (command, p.stderr)
+            assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in p.stderr, p.stderr
+            assert "Traceback" not in p.stderr

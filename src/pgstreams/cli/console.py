@@ -17,9 +17,9 @@ from pgstreams.console.defaults import (
     USER_ENV,
 )
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, usage_error
+from .common import DEFAULT_SCHEMA, CliError, DsnOption, SchemaOption, open_client, usage_error
 from .output import err_console
-from .serving import check_port, load_extra
+from .serving import check_port, listening, load_extra
 
 
 def console_command(
@@ -46,9 +46,10 @@ def console_command(
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(128)  # connections wait in the backlog until the server takes them
-    except OSError:
+        with listening(host, port):
+            sock.bind((host, port))
+            sock.listen(128)  # connections wait in the backlog until the server takes them
+    except CliError:
         sock.close()
         raise
     with sock, open_client(dsn, schema) as client:

@@ -10,7 +10,7 @@ from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST, DEFAULT_METRICS_POR
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, usage_error
 from .output import err_console
-from .serving import check_port, load_extra, wait_for_signal
+from .serving import check_port, listening, load_extra, wait_for_signal
 
 metrics_app = typer.Typer(help="Prometheus metrics.", no_args_is_help=True)
 
@@ -39,7 +39,8 @@ def metrics_serve(
         # the collector reads once when created, before serving (read_now): that first read of every
         # topic is paid by no scrape; a failure there is the first scrape's to report
         registry.register(metrics.StatusCollector(client, min_interval=min_interval))
-        server = metrics.serve(registry, host=host, port=port)
+        with listening(host, port):
+            server = metrics.serve(registry, host=host, port=port)
         # one line on stderr that scripts (and tests) can read the bound address from
         err_console().print(f"serving metrics at {server.url}", soft_wrap=True)
         try:

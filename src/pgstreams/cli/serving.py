@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import FrameType, ModuleType
 
 from .common import CliError, usage_error
@@ -40,3 +42,14 @@ def wait_for_signal() -> None:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@contextmanager
+def listening(host: str, port: int) -> Iterator[None]:
+    """Turn the failure to listen on ``host:port`` (a port in use, an address not of this machine) into
+    one line that names the address: ``cannot listen on HOST:PORT: reason`` (exit code 1)."""
+    try:
+        yield
+    except OSError as exc:
+        shown = f"[{host}]" if ":" in host else host
+        raise CliError(f"cannot listen on {shown}:{port}: {exc.strerror or exc}") from None

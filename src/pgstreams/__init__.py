@@ -11,6 +11,7 @@ from .client import DEFAULT_RETRY_TIMEOUT, DEFAULT_SEGMENT_SIZE, Client
 from .connecting import connect
 from .consumer import Consumer, ConsumerTransaction, EventBatch
 from .errors import (
+    ClientClosed,
     ConfigurationError,
     ConnectionLost,
     DataLoss,
@@ -129,6 +130,7 @@ __all__ = [
     "BatchConfig",
     "CheckpointReset",
     "Client",
+    "ClientClosed",
     "ClusterClient",
     "ClusterConsumer",
     "ClusterWorker",

@@ -62,6 +62,11 @@ class ConnectionLost(PgStreamsError):
     connection error is the ``__cause__``."""
 
 
+class ClientClosed(PgStreamsError):
+    """The client was closed (``close()``, or the end of its ``with`` block) and was used again, or one of
+    its consumers, producers or workers was: make a new client with :func:`pgstreams.connect`."""
+
+
 class PermissionDenied(PgStreamsError):
     """PostgreSQL refused an action to the connected role (see ``pgstreams grant``); the message names the
     action and the object (topic, group or table). Nothing was changed."""

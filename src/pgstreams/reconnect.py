@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
 
 from .errors import ConnectionLost, PermissionDenied
 from .storage.executor import configure_session, configure_session_async
@@ -59,6 +59,8 @@ def retriable(exc: BaseException) -> bool:
     connection: SQLSTATE class 08 or 57P01/57P02/57P03/53300, a client-side connection failure (an
     ``OperationalError`` without SQLSTATE: connection refused, server closed the connection), a closed
     connection, or no pooled connection within the pool's timeout."""
+    if isinstance(exc, PoolClosed):
+        return False  # the client was closed: no retry brings it back
     if isinstance(exc, PoolTimeout):
         return True
     if isinstance(exc, psycopg.Error):

@@ -16,13 +16,14 @@ from typing import Generic, TypeVar
 
 import psycopg
 
-from .errors import ConfigurationError, MigrationError, PermissionDenied, TopicNotFound
+from .errors import ClientClosed, ConfigurationError, MigrationError, PermissionDenied, TopicNotFound
 from .names import check_topic
 from .ports import TopicView
 from .reconnect import Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
 from .storage.executor import configure_session, session_conninfo
 from .storage.libpq import CheckedPool
+from .storage.libpq.pools import CLOSED
 from .storage.notifications import Listener, Notifier
 
 __all__ = ["Session", "denied"]
@@ -122,7 +123,10 @@ class Session(Generic[StateT]):
 
     # -- connections ---------------------------------------------------------------------------------
     def raw_connection(self) -> psycopg.Connection:
-        """A new autocommit connection of the session's own, outside the pool (the caller closes it)."""
+        """A new autocommit connection of the session's own, outside the pool (the caller closes it);
+        :class:`pgstreams.ClientClosed` once the session is closed."""
+        if self._closed:
+            raise ClientClosed(CLOSED)
         conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
             configure_session(conn)

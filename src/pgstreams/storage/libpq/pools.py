@@ -11,7 +11,12 @@ import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ...errors import ClientClosed
 from .waits import check_alive, polled
+
+#: The error of a closed client's pool when asked for a connection.
+CLOSED = ("the client is closed (close() was called, or its with block ended): make a new one with "
+          "pgstreams.connect()")
 
 #: Seconds a pooled connection's check (:class:`CheckedPool`) waits for the server's answer.
 CHECK_TIMEOUT = 5.0
@@ -37,7 +42,16 @@ def check(pg: pq.abc.PGconn, timeout: float = CHECK_TIMEOUT) -> None:
 class CheckedPool(ConnectionPool):
     """psycopg's pool, whose :meth:`check` (after a lost connection: see :mod:`pgstreams.reconnect`) waits
     :data:`CHECK_TIMEOUT` seconds at most for each connection's answer (psycopg's check waits for it
-    without a bound: one connection cut silently would hold the check forever)."""
+    without a bound: one connection cut silently would hold the check forever), and which, once closed,
+    refuses connections with :class:`pgstreams.ClientClosed` (psycopg's ``PoolClosed`` is an
+    ``OperationalError``, which the retry would take for a lost connection and retry for
+    ``retry_timeout``)."""
+
+    def getconn(self, timeout: float | None = None) -> Any:
+        """A connection of the pool (psycopg's ``getconn``); :class:`pgstreams.ClientClosed` once closed."""
+        if self.closed:
+            raise ClientClosed(CLOSED)
+        return super().getconn(timeout)
 
     @staticmethod
     def check_connection(conn: psycopg.Connection) -> None:
@@ -51,7 +65,13 @@ class CheckedPool(ConnectionPool):
 class AsyncCheckedPool(AsyncConnectionPool):
     """:class:`CheckedPool` for the asyncio client: psycopg's async pool, whose :meth:`check` (after a lost
     connection: see :class:`pgstreams.reconnect.AsyncReconnect`) waits :data:`CHECK_TIMEOUT` seconds at
-    most for each connection's answer."""
+    most for each connection's answer, and which refuses connections once closed."""
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        """A connection of the pool; :class:`pgstreams.ClientClosed` once closed."""
+        if self.closed:
+            raise ClientClosed(CLOSED)
+        return await super().getconn(timeout)
 
     @staticmethod
     async def check_connection(conn: psycopg.AsyncConnection[Any]) -> None:

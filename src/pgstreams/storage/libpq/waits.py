@@ -206,7 +206,7 @@ def await_input(pg: pq.abc.PGconn) -> None:
 
 
 def _lost(pg: pq.abc.PGconn, state: str | None) -> psycopg.OperationalError:
-    pid = server_pid(pg)
+    pid = server_pid(pg) or pg.backend_pid
     return psycopg.OperationalError(
         f"connection lost: the server no longer runs session {pid}, whose results were awaited"
         if state is None else

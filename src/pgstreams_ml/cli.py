@@ -132,11 +132,10 @@ def demo_command(
         str,
         typer.Option(
             "--clean-trigger",
-            help="Spark trigger interval of the clean query (on the serving path). Default: "
-            "pgstreams_ml.demo.CLEAN_TRIGGER.",
-            show_default=False,
+            help="Spark trigger interval of the clean query (on the serving path; 0 seconds: each "
+            "micro-batch starts as soon as the previous one ended).",
         ),
-    ] = "",
+    ] = "0 seconds",
     master: Annotated[
         str | None,
         typer.Option("--master", help="Spark master URL, e.g. spark://HOST:7077 (default local[2])."),

@@ -52,8 +52,8 @@ def test_demo_defaults_are_the_same_from_python_and_the_cli() -> None:
     cli = inspect.signature(demo_command).parameters
     opts = DemoOptions()
     for name in (
-        "rate", "speed", "users", "ads", "partitions", "scorers", "trigger", "seed", "serving",
-        "background_nice",
+        "rate", "speed", "users", "ads", "partitions", "scorers", "trigger", "clean_trigger", "seed",
+        "serving", "background_nice",
     ):
         assert cli[name].default == getattr(opts, name), name
     assert opts.rate == SimConfig().rate

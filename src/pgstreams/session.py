@@ -99,6 +99,7 @@ class Session(Generic[StateT]):
         #: the notifications this session's waiting loops wait for
         self.listener = Listener(self.raw_connection, schema, self._mark_waiting, fast_window=mark_window)
         self._closed = False
+        self._released = False
 
     def __repr__(self) -> str:
         return f"<pgstreams.Session server={self.server!r} schema={self.schema!r}>"
@@ -125,7 +126,7 @@ class Session(Generic[StateT]):
     def raw_connection(self) -> psycopg.Connection:
         """A new autocommit connection of the session's own, outside the pool (the caller closes it);
         :class:`pgstreams.ClientClosed` once the session is closed."""
-        if self._closed:
+        if self._released:
             raise ClientClosed(CLOSED)
         conn = psycopg.connect(self._conninfo, autocommit=True)
         try:
@@ -212,7 +213,8 @@ class Session(Generic[StateT]):
         if self._closed:
             return
         self._closed = True
-        self.notifier.stop(5)
+        self.notifier.stop(5)  # its last notifications may need a connection of its own
         self.listener.stop(5)
+        self._released = True  # from here on, no new connection (ClientClosed)
         self.store.status.close()
         self._pool.close()

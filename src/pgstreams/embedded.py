@@ -235,6 +235,9 @@ def start_server(pgdata: Path | None = None) -> str:
     dsn = embedded_dsn(path)
     srv = _servers[path]
     srv.cleanup_mode = None  # this process's exit leaves it running
+    users = _users(path)  # and it is no user: the server runs for others
+    if os.getpid() in users:
+        (path / _USERS_FILE).write_text(json.dumps([p for p in users if p != os.getpid()]))
     return dsn
 
 

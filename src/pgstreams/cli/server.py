@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 import typer
 
 from pgstreams.embedded import EmbeddedStatus, server_status, start_server, stop_server
@@ -50,8 +47,7 @@ def server_start_command(as_json: JsonOption = False) -> None:
     """Start the embedded server unless it runs, and keep it running after this command (for psql, other
     programs, or commands run one after another) until `pgstreams server stop`; print its DSN."""
     start_server()
-    status = server_status()  # without this process, which leaves it running as it exits
-    _show(dataclasses.replace(status, users=tuple(p for p in status.users if p != os.getpid())), as_json)
+    _show(server_status(), as_json)
 
 
 @server_app.command("stop")

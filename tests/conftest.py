@@ -32,13 +32,15 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
 from _core_helpers import new_database
-from _spark_helpers import JVM_OPTIONS
+from _spark_helpers import JVM_OPTIONS, archive_path, jvm_archive, jvm_options
 from pgstreams import migrate as _migrate
 from pgstreams.cluster import init_cluster
 from pgstreams.embedded import TemporaryServer, restartable_server
 
 # Every JVM the tests start, in this process or in a subprocess (Spark drivers of the CLI and the demo,
-# standalone daemons, executors), with the options of _spark_helpers.JVM_OPTIONS.
+# standalone daemons, executors), with the options of _spark_helpers.JVM_OPTIONS, and the class-data archive
+# of _spark_helpers.jvm_archive once there is one (see pytest_runtest_setup). Options set by the caller win.
+_OWN_JVM_OPTIONS = "JAVA_TOOL_OPTIONS" not in os.environ
 os.environ.setdefault("JAVA_TOOL_OPTIONS", JVM_OPTIONS)
 
 
@@ -323,9 +325,44 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Lanes(config, log)
 
 
+#: The lanes whose tests wait for the JVMs' class-data archive before they start: their JVMs start at the
+#: beginning of the run and live long. The ``spark`` lane starts many short JVMs; those that start before the
+#: archive is written load their classes from the jars, the later ones use it.
+_ARCHIVE_WAITERS = ("demo", "cluster")
+
+
+def _archive_builder() -> None:
+    jvm_archive()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a test of a lane (:data:`_LANES`), point ``$JAVA_TOOL_OPTIONS`` at the class-data archive of
+    the JVMs (:func:`_spark_helpers.jvm_archive`): written by the controller of a parallel run while the
+    first tests run (waited for by the lanes of :data:`_ARCHIVE_WAITERS`), or by the first lane test of a
+    run on one process."""
+    lane = _lane_of(item.nodeid)
+    if lane is None or not _OWN_JVM_OPTIONS:
+        return
+    path = _archive_path()
+    if not path.exists() and (lane in _ARCHIVE_WAITERS or _parallel_worker() is None):
+        jvm_archive()
+    os.environ["JAVA_TOOL_OPTIONS"] = jvm_options(path if path.exists() else None)
+
+
+_ARCHIVE_PATH: list[Path] = []
+
+
+def _archive_path() -> Path:
+    if not _ARCHIVE_PATH:
+        _ARCHIVE_PATH.append(archive_path())
+    return _ARCHIVE_PATH[0]
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """In a parallel run, every worker that runs no lane of :data:`_LANES` lowers its priority by
-    :data:`_BACKGROUND_NICE`.
+    :data:`_BACKGROUND_NICE`, and the controller writes the JVMs' class-data archive in the background
+    (when it is not there yet) while the workers start.
 
     Spark starts Python processes that must connect back to its JVM within 10 seconds (a limit Spark
     hard-codes); on a 2-core machine the database tests' processes and backends on the other workers can
@@ -335,6 +372,35 @@ def pytest_configure(config: pytest.Config) -> None:
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if worker is not None and worker not in _lane_workers(count).values():
         os.nice(_BACKGROUND_NICE)
+    controller = not hasattr(config, "workerinput") and config.getoption("numprocesses", None)
+    if controller and _OWN_JVM_OPTIONS and not _archive_path().exists():
+        builder = threading.Thread(target=_archive_builder, name="jvm-archive", daemon=True)
+        builder.start()
+        config.stash[_BUILDER] = builder
+
+
+_BUILDER = pytest.StashKey[threading.Thread]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the SparkSession the Spark modules of this process shared (``_spark_helpers.session``)."""
+    import sys
+
+    if "pyspark.sql" in sys.modules:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            for q in active.streams.active:
+                q.stop()
+            active.stop()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The controller waits for the archive's writer (it takes well under the run's time)."""
+    builder = config.stash.get(_BUILDER, None)
+    if builder is not None:
+        builder.join(600)
 
 
 def _nice_embedded_server(pgdata: Path) -> None:

@@ -19,6 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
+import _spark_helpers
 import pgstreams
 from pgstreams_ml import audit, clean, join, monitor, train
 from pgstreams_ml._util import wait_until
@@ -48,9 +49,11 @@ class World:
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:
+    _spark_helpers.session("pgstreams-ml-tests")  # the run's session, with the tests' settings
     s = spark_session("local[2]", shuffle_partitions=2)
     yield s
-    s.stop()
+    for q in s.streams.active:
+        q.stop()
 
 
 @contextmanager

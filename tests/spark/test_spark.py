@@ -44,7 +44,6 @@ def spark() -> Iterator[SparkSession]:
     yield session
     for q in session.streams.active:
         q.stop()
-    session.stop()
 
 
 def topic_id(dsn: str, name: str) -> int:

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.timeout(600)
 def spark() -> Iterator[SparkSession]:
     session = _spark_helpers.session("pgstreams-cluster-tests")
     yield session
-    session.stop()
+    for q in session.streams.active:
+        q.stop()
 
 
 def _publish(dsns: list[str], topic: str, keys: list[str], rounds: int) -> None:

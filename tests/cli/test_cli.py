@@ -71,7 +71,10 @@ def test_help_version_and_console_script() -> None:
     assert "topics" in ok(None, "--help")
     assert ok(None, "--version").strip() == f"pgstreams {pgstreams.__version__}"
     for sub in ("topics", "groups", "produce", "consume", "migrate", "quickstart"):
-        assert "--help" in ok(None, sub, "--help")
+        shown = ok(None, sub, "--help")
+        assert "--help" in shown
+        # no type beside flags and arguments, repeated options as <str>...: the help shows what to type
+        assert "<bool>" not in shown and "<list[" not in shown and "<str>  " not in shown.split("Options")[0]
     no_args = cli(None)
     assert no_args.returncode == 2 and "Usage" in no_args.stdout + no_args.stderr
     script = Path(sys.executable).parent / "pgstreams"

@@ -122,3 +122,25 @@ def test_a_user_killed_without_exiting_is_forgotten_by_the_next_command(home_env
     listed = run(home_env, "topics", "list")
     assert listed.returncode == 0, listed.stderr
     assert status(home_env)["running"] is False
+
+
+def test_a_worker_on_the_embedded_server_shows_its_start_up_lines_only_with_log_level_debug(
+        home_env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / "handlers.py").write_text("def handle(event):\n    pass\n")
+    created = run(home_env, "topics", "create", "t")
+    assert created.returncode == 0, created.stderr
+    argv = [*CLI, "worker", "handlers:handle", "--topic", "t", "--group", "g"]
+    for level, shown in (("info", False), ("debug", True)):
+        proc = subprocess.Popen([*argv, "--log-level", level], env=home_env, cwd=tmp_path, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        lines: list[str] = []
+        assert proc.stderr is not None
+        for line in proc.stderr:  # until the worker says it runs
+            lines.append(line)
+            if " INFO worker " in line and " started: g/t" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=120)
+        text = "".join(lines) + rest
+        assert proc.returncode == 0, text
+        assert ("pg_ctl" in text) is shown, text  # pgserver's lines (starting, stopping the server)

@@ -37,7 +37,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Annotated, NoReturn
+from typing import Annotated, Any, NoReturn
 
 import typer
 
@@ -149,6 +149,32 @@ _HELP = (
     "Every command takes --dsn (default: $PGSTREAMS_DSN, else libpq's PGSERVICE/PGHOST environment, else the "
     "embedded PostgreSQL) and --schema."
 )
+
+def _plain_help_types() -> None:
+    """Typer (0.29) shows a type beside every parameter of the rich help: ``<bool>`` beside flags, which take
+    no value, ``<str>`` beside arguments whose name already says what they are, and ``<list[str]>`` beside
+    options given several times. Show none for flags and arguments, and ``<str>...`` for repeated options,
+    as click's own help does."""
+    from typer.core import TyperArgument, TyperOption
+
+    shown = TyperOption.display_type_rich
+
+    def option_type(self: TyperOption, ctx: Any) -> str | None:
+        if self.is_flag:
+            return None
+        label = shown(self, ctx)
+        if label is not None and label.startswith("<list[") and label.endswith("]>"):
+            return f"<{label[6:-2]}>..."
+        return label
+
+    def argument_type(self: TyperArgument, ctx: Any) -> str | None:
+        return None
+
+    TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign]
+
+
+_plain_help_types()
 
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,

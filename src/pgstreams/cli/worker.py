@@ -123,6 +123,8 @@ def worker_command(
     fn = load_handler(handler)
     retry = RetryPolicy(max_attempts=max_attempts, backoff=backoff, max_backoff=max_backoff)
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
+    # the embedded server's start-up and shut-down lines only with --log-level debug
+    logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
     with open_client(dsn, schema) as client:
         worker = Worker(client, member_id=member_id,
                         maintenance=None if no_maintenance else maintenance_interval)

@@ -171,7 +171,7 @@ def _plain_help_types() -> None:
         return None
 
     TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
-    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign]
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]
 
 
 _plain_help_types()

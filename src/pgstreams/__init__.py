@@ -30,6 +30,8 @@ from .errors import (
     TopicNotFound,
 )
 from .models import (
+    GROUP_STATES,
+    PARTITION_STATES,
     CheckpointReset,
     CommitOutcome,
     ConfigEntry,
@@ -52,6 +54,7 @@ from .models import (
     TopicDescription,
     TopicInfo,
     TopicStatus,
+    group_state,
 )
 from .names import MAX_PARTITIONS, MAX_TOPIC_NAME
 from .partitioner import partition_for_key
@@ -123,8 +126,10 @@ __all__ = [
     "DEFAULT_RETRY_TIMEOUT",
     "DEFAULT_SEGMENT_SIZE",
     "DEFAULT_SESSION_TIMEOUT",
+    "GROUP_STATES",
     "MAX_PARTITIONS",
     "MAX_TOPIC_NAME",
+    "PARTITION_STATES",
     "SHARE_DEFAULTS",
     "TOPIC_CONFIG_DEFAULTS",
     "BatchConfig",
@@ -190,6 +195,7 @@ __all__ = [
     "connect",
     "get_group_config",
     "group_members",
+    "group_state",
     "group_status",
     "partition_for_key",
 ]

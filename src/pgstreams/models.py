@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -217,6 +217,11 @@ class GroupPartitionStatus:
         """When the checkpoint last moved (the same as ``updated_at``)."""
         return self.updated_at
 
+    @property
+    def state(self) -> str:
+        """The group's state on this partition, one of :data:`PARTITION_STATES`."""
+        return partition_state(self.owner, self.stale, self.retry_state, self.pending_owner)
+
     def as_dict(self) -> dict[str, Any]:
         """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
         out: dict[str, Any] = to_json(self)
@@ -225,6 +230,46 @@ class GroupPartitionStatus:
 
 #: The status of a group's partition as the membership functions name it: the same model.
 PartitionStatus = GroupPartitionStatus
+
+#: The states of a group on one partition, in the same words in :meth:`GroupPartitionStatus.state`,
+#: ``pgstreams groups describe``, the console and the metrics (``pgstreams_group_partition_state``), the
+#: first that applies: ``blocked`` (the owner's retries of an event are spent and no dead-letter topic takes
+#: it), ``retrying`` (the owner retries an event), ``stale`` (the owner missed its session timeout),
+#: ``handing over`` (another member waits for the lease), ``assigned`` (a live member holds the lease),
+#: ``unassigned`` (no member: plain consumers, or no worker running).
+PARTITION_STATES = ("blocked", "retrying", "stale", "handing over", "assigned", "unassigned")
+
+#: The states of a group on a topic, Kafka's words where they mean the same: ``Empty`` (no live member
+#: holds a partition: the group is read by plain consumers, or by nobody), ``Stable`` (live members hold
+#: every partition, none is being handed over), ``Rebalancing`` (some partitions are being handed over,
+#: have a stale owner or none while others have one: Kafka's PreparingRebalance and CompletingRebalance).
+GROUP_STATES = ("Empty", "Stable", "Rebalancing")
+
+
+def partition_state(owner: str | None, stale: bool, retry_state: str | None = None,
+                    pending_owner: str | None = None) -> str:
+    """The state of a group on a partition (one of :data:`PARTITION_STATES`)."""
+    if retry_state == "blocked":
+        return "blocked"
+    if retry_state:
+        return "retrying"
+    if owner is not None and stale:
+        return "stale"
+    if pending_owner:
+        return "handing over"
+    return "assigned" if owner is not None else "unassigned"
+
+
+def group_state(partitions: Iterable[GroupPartitionStatus | GroupLag]) -> str:
+    """The state of a group on a topic (one of :data:`GROUP_STATES`) from its partitions' statuses."""
+    parts = list(partitions)
+    live = [p for p in parts if p.owner is not None and not p.stale]
+    if not live:
+        return "Empty"
+    moving = any(getattr(p, "pending_owner", None) for p in parts)
+    if moving or len(live) < len(parts):
+        return "Rebalancing"
+    return "Stable"
 
 
 @dataclass(frozen=True)
@@ -472,6 +517,12 @@ class GroupLag:
     owner: str | None
     stale: bool
     retry_state: str | None
+
+    @property
+    def state(self) -> str:
+        """The group's state on this partition, one of :data:`PARTITION_STATES` (``handing over`` is not
+        part of the database-wide status)."""
+        return partition_state(self.owner, self.stale, self.retry_state)
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,8 @@ def test_groups_describe_lag_goes_to_zero(dsn: str) -> None:
     assert listed == [{"group": "g", "topics": ["t"], "lag": 7}]
     table = ok(dsn, "groups", "describe", "g")
     assert "checkpoint" in table and "lag" in table and "total lag: 7" in table
+    # a consumer's group: no member holds a partition (the words of pgstreams.GROUP_STATES, PARTITION_STATES)
+    assert "state on t: Empty" in table and "unassigned" in table and "unowned" not in table
     assert "g" in ok(dsn, "groups", "list")
     assert len(consume(dsn, "t", "g")) == 7
     status = group_json(dsn, "g")

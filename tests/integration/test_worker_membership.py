@@ -299,3 +299,39 @@ def test_deleting_a_topic_removes_its_members_and_leases(client: pgstreams.Clien
             n = conn.execute(psycopg.sql.SQL("SELECT count(*) FROM pgstreams.{}").format(
                 psycopg.sql.Identifier(table))).fetchone()
             assert n == (0,)
+
+
+def test_group_states_are_one_vocabulary_in_describe_group_status_and_metrics(client: pgstreams.Client) -> None:
+    """Empty (no member), Rebalancing (a member holds some partitions, another waits), Stable; per partition
+    unassigned / handing over / assigned: the same words from describe_group, the status and the metrics."""
+    from pgstreams.metrics import StatusCollector
+
+    client.create_topic("t", 2)
+    client.consumer("t", "g").commit()  # a plain consumer's checkpoints: no member
+    rows = client.describe_group("g", "t")
+    assert [r.state for r in rows] == ["unassigned", "unassigned"]
+    assert pgstreams.group_state(rows) == "Empty" and pgstreams.group_state(client.status().groups) == "Empty"
+
+    a = member(client, "a")
+    settle([a])
+    rows = client.describe_group("g", "t")
+    assert [r.state for r in rows] == ["assigned", "assigned"] and pgstreams.group_state(rows) == "Stable"
+
+    b = member(client, "b")
+    b.heartbeat()
+    b.balance()  # b waits for its share, a has not handed it over yet
+    rows = client.describe_group("g", "t")
+    assert sorted(r.state for r in rows) == ["assigned", "handing over"]
+    assert pgstreams.group_state(rows) == "Rebalancing"
+    settle([a, b])
+    rows = client.describe_group("g", "t")
+    assert [r.state for r in rows] == ["assigned", "assigned"] and pgstreams.group_state(rows) == "Stable"
+    assert {r.state for r in client.status().groups} == {"assigned"}
+
+    current = [(s.name, dict(s.labels)) for family in StatusCollector(client).collect() for s in family.samples
+               if family.name in ("pgstreams_group_state", "pgstreams_group_partition_state") and s.value == 1.0]
+    assert ("pgstreams_group_state", {"group": "g", "topic": "t", "state": "Stable"}) in current
+    assert sorted(labels["state"] for name, labels in current if name == "pgstreams_group_partition_state") == [
+        "assigned", "assigned"]
+    for st in rows:
+        assert st.state in pgstreams.PARTITION_STATES

@@ -70,6 +70,8 @@ def groups_describe(
     console = out_console()
     if statuses:
         console.print(group_table(statuses, membership=True))
+        for t in dict.fromkeys(s.topic for s in statuses):
+            console.print(f"state on {t}: {pgstreams.group_state(s for s in statuses if s.topic == t)}")
         console.print(f"total lag: {sum(s.lag for s in statuses)}")
         for m in members:
             console.print(member_line(m))

@@ -138,9 +138,10 @@ def group_json(group: pgstreams.GroupInfo) -> dict[str, Any]:
 
 def group_partition_json(status: pgstreams.GroupPartitionStatus) -> dict[str, Any]:
     """A group's partition for ``groups describe --json``: ``{"group", "topic", "partition", "checkpoint",
-    "head", "lag", "updated_at"}`` and the :data:`MEMBERSHIP_FIELDS`."""
+    "head", "lag", "updated_at"}``, the :data:`MEMBERSHIP_FIELDS` and ``"state"`` (one of
+    :data:`pgstreams.PARTITION_STATES`)."""
     full = to_json(status)
-    return {name: full[name] for name in (*PROGRESS_FIELDS, *MEMBERSHIP_FIELDS)}
+    return {**{name: full[name] for name in (*PROGRESS_FIELDS, *MEMBERSHIP_FIELDS)}, "state": status.state}
 
 
 def share_partition_json(status: pgstreams.ShareGroupStatus) -> dict[str, Any]:
@@ -261,8 +262,10 @@ def retention_table(rows: Sequence[pgstreams.RetentionStatus]) -> Table:
     from rich.table import Table
 
     table = Table()
-    for name in ("topic", "retention.ms", "retention.events", "retention.bytes", "oldest", "bytes",
-                 "segments", "retention ran", "removed events"):
+    # bytes: every fork (pg_total_relation_size), the free-space and visibility maps included, which the
+    # status's size (the console, the metrics) leaves out
+    for name in ("topic", "retention.ms", "retention.events", "retention.bytes", "oldest",
+                 "bytes (all forks)", "segments", "retention ran", "removed events"):
         table.add_column(name, overflow="fold")
     for r in rows:
         table.add_row(r.topic, cell(r.retention_ms), cell(r.retention_events), cell(r.retention_bytes),
@@ -331,20 +334,19 @@ def group_table(statuses: Sequence[pgstreams.GroupPartitionStatus], title: str |
 
 
 def partition_state(m: pgstreams.GroupPartitionStatus) -> str:
-    """The state column of :func:`group_table`: stale, handing over, retrying, blocked, ok or unowned."""
-    states = []
-    if m.stale:
-        states.append("[bold red]stale[/]")
-    if m.pending_owner:
-        states.append(f"handing over to {m.pending_owner}")
-    if m.retry_state == "blocked":
-        states.append(f"[bold red]blocked[/] at {m.retry_position} after {m.retry_attempts} attempts: "
-                      f"{m.last_error}")
-    elif m.retry_state:
-        states.append(f"[yellow]retrying[/] {m.retry_position} ({m.retry_attempts} attempts): {m.last_error}")
-    if not states:
-        states.append("ok" if m.owner else "unowned")
-    return "; ".join(states)
+    """The state column of :func:`group_table`: the partition's state (:data:`pgstreams.PARTITION_STATES`),
+    with the retried event and its error, or the member waiting for the lease."""
+    state = m.state
+    if state == "blocked":
+        return (f"[bold red]blocked[/] at {m.retry_position} after {m.retry_attempts} attempts: "
+                f"{m.last_error}")
+    if state == "retrying":
+        return f"[yellow]retrying[/] {m.retry_position} ({m.retry_attempts} attempts): {m.last_error}"
+    if state == "stale":
+        return "[bold red]stale[/]"
+    if state == "handing over":
+        return f"handing over to {m.pending_owner}"
+    return state
 
 
 def member_line(m: pgstreams.MemberInfo) -> str:

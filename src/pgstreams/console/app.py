@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from .. import group_members
 from ..client import Client
 from ..errors import GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
-from ..models import Event, ShareGroupStatus, StatusSnapshot
+from ..models import Event, ShareGroupStatus, StatusSnapshot, group_state
 from ..names import check_group, check_topic
 from . import render
 from .defaults import DEFAULT_HISTORY_MINUTES, DEFAULT_REFRESH
@@ -117,6 +117,7 @@ class Console:
         self.templates = Jinja2Templates(directory=str(_HERE / "templates"))
         env = self.templates.env
         env.filters["when"] = render.when
+        env.filters["count"] = render.count
         env.filters["size"] = render.size
         env.filters["duration"] = render.duration
         env.globals["age"] = render.age
@@ -149,11 +150,19 @@ class Console:
             t["events"] += p.events
             t["published"] += p.published
         groups: dict[str, dict[str, Any]] = {}
+        by_topic: dict[tuple[str, str], list[Any]] = {}
         for g in snap.groups:
-            row = groups.setdefault(g.group, {"topics": set(), "lag": 0, "stale": False})
+            row = groups.setdefault(g.group, {"topics": set(), "lag": 0, "problems": set()})
             row["topics"].add(g.topic)
             row["lag"] += g.lag
-            row["stale"] = row["stale"] or g.stale
+            if g.state in ("blocked", "retrying", "stale"):
+                row["problems"].add(g.state)
+            by_topic.setdefault((g.group, g.topic), []).append(g)
+        for (group, _topic), parts in by_topic.items():
+            groups[group].setdefault("states", set()).add(group_state(parts))
+        for row in groups.values():
+            # the group's state (pgstreams.GROUP_STATES), one word when it is the same on every topic
+            row["state"] = " / ".join(sorted(row.pop("states", set())))
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
         return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
                          shares=_share_groups(snap.shares))
@@ -185,10 +194,11 @@ class Console:
                 raise BadRequest(f"partition must be from 0 to {desc.topic.partitions - 1}, not {p}")
             events = self.client.read_events(name, p, position=position, at=at, limit=limit)
             partition = p
-        retention = next((r for r in self.client.retention_status(name)), None)
+        # the size of the overview and the metrics (the status): segments, indexes and TOAST
+        status = next((t for t in self._snapshot().topics if t.topic == name), None)
         return self.page(request, "topic.html", desc=desc, events=events, partition=partition,
                          position=position, time=at_text or "", limit=limit, browsing=browsing,
-                         retention=retention, rates=self.history.rates(name))
+                         status=status, rates=self.history.rates(name))
 
     def group(self, request: Request) -> Response:
         name = request.path_params["name"]

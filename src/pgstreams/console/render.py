@@ -29,6 +29,11 @@ def when(dt: datetime | None) -> str:
     return dt.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def count(n: int | None) -> str:
+    """A count with thousands separators (136,267); empty for None."""
+    return "" if n is None else f"{n:,}"
+
+
 def size(n: int | None) -> str:
     """Bytes for people (1.5 MiB)."""
     if n is None:

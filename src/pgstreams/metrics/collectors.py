@@ -16,7 +16,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError('pgstreams.metrics needs prometheus_client: pip install "pgstreams[metrics]"') from exc
 
-from ..models import StatusSnapshot
+from ..models import GROUP_STATES, PARTITION_STATES, GroupLag, StatusSnapshot, group_state
 from .defaults import DEFAULT_DURATION_BUCKETS, DEFAULT_MIN_INTERVAL
 from .exposition import FastFamily, label_text
 
@@ -196,7 +196,25 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         owned.add(labels, 1.0 if g.owner is not None and not g.stale else 0.0, text)
         stale.add(labels, 1.0 if g.stale else 0.0, text)
         retrying.add(labels, 1.0 if g.retry_state is not None else 0.0, text)
-    yield from (lag, lag_s, cp, cp_age, owned, stale, retrying)
+    # the states in the words of describe_group, the CLI and the console: 1 for the current one
+    part_state = _gauge("pgstreams_group_partition_state", "1 for the group's state on the partition "
+                        "(pgstreams.PARTITION_STATES)", (*_GROUP, "state"))
+    group_st = _gauge("pgstreams_group_state", "1 for the group's state on the topic "
+                      "(pgstreams.GROUP_STATES)", ("group", "topic", "state"))
+    by_topic: dict[tuple[str, str], list[GroupLag]] = {}
+    for g in snap.groups:
+        by_topic.setdefault((g.group, g.topic), []).append(g)
+        now = g.state
+        for st in PARTITION_STATES:
+            if st != "handing over":  # not part of the database-wide status
+                labels = (g.group, g.topic, str(g.partition), st)
+                part_state.add(labels, 1.0 if st == now else 0.0, label_text((*_GROUP, "state"), labels))
+    for (group, topic), statuses in sorted(by_topic.items()):
+        now = group_state(statuses)
+        for st in GROUP_STATES:
+            labels = (group, topic, st)
+            group_st.add(labels, 1.0 if st == now else 0.0, label_text(("group", "topic", "state"), labels))
+    yield from (lag, lag_s, cp, cp_age, owned, stale, retrying, part_state, group_st)
     hb = _gauge("pgstreams_member_heartbeat_age_seconds", "Seconds since a member's last heartbeat", _MEMBER)
     mparts = _gauge("pgstreams_member_partitions", "Partitions a member owns", _MEMBER)
     mstale = _gauge("pgstreams_member_stale", "1 if a member missed its session timeout", _MEMBER)

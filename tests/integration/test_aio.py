@@ -93,6 +93,13 @@ def test_exactly_once_transaction_commits_writes_with_the_checkpoint(dsn: str) -
                 assert tx.outcome is CommitOutcome.STORED
                 handled += len(events)
             assert handled == 10
+            # a block that polled nothing stored nothing: IGNORED, as the sync Consumer.transaction says
+            async with consumer.transaction() as tx:
+                assert await tx.poll(max_events=4, timeout=0.1) == []
+            assert tx.outcome is CommitOutcome.IGNORED
+            with pgstreams.connect(dsn) as sync_client, sync_client.consumer("t", "inv").transaction() as stx:
+                assert stx.poll(max_events=4, timeout=0.1) == []
+            assert stx.outcome is CommitOutcome.IGNORED
             # a competing consumer moved the checkpoint: everything of this transaction is rolled back
             other = await client.consumer("t", "inv")
             await client.publish("t", 99, partition=0)

@@ -183,6 +183,8 @@ class AsyncConsumer:
                     kept = transaction_kept(tx.outcome, targets, keep_ignored=False)
                     if not kept:
                         raise psycopg.Rollback()
+                else:
+                    tx.outcome = CommitOutcome.IGNORED  # nothing polled, nothing stored: as the sync side
             if targets and kept:
                 reader.apply(targets)
             elif not kept:
@@ -199,7 +201,8 @@ class AsyncConsumer:
 
 class AsyncConsumerTransaction:
     """The handle of :meth:`AsyncConsumer.transaction`: ``connection`` is in the open transaction;
-    ``outcome`` is ``None`` until the block ends."""
+    ``outcome`` is ``None`` until the block ends, then as :class:`pgstreams.ConsumerTransaction`'s
+    (``IGNORED`` when nothing was polled)."""
 
     def __init__(self, consumer: AsyncConsumer, conn: psycopg.AsyncConnection) -> None:
         self._consumer = consumer

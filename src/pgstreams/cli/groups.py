@@ -93,7 +93,8 @@ def groups_reset(
         "--to-datetime", help="The first event at or after this ISO 8601 time (with a zone).",
         show_default=False)] = None,
     shift_by: Annotated[int | None, typer.Option(
-        "--shift-by", help="Move by N events (negative: back).", show_default=False)] = None,
+        "--shift-by", help="Move by N events of each partition (negative: back), as Kafka's --shift-by; "
+             "positions are topic-wide, so a checkpoint moves by more positions than events.", show_default=False)] = None,
     to_position: Annotated[int | None, typer.Option(
         "--to-position", help="The next event read is the first at or after position P.",
         show_default=False)] = None,

@@ -94,7 +94,8 @@ def groups_reset(
         show_default=False)] = None,
     shift_by: Annotated[int | None, typer.Option(
         "--shift-by", help="Move by N events of each partition (negative: back), as Kafka's --shift-by; "
-             "positions are topic-wide, so a checkpoint moves by more positions than events.", show_default=False)] = None,
+             "positions are topic-wide, so a checkpoint moves by more positions than events.",
+        show_default=False)] = None,
     to_position: Annotated[int | None, typer.Option(
         "--to-position", help="The next event read is the first at or after position P.",
         show_default=False)] = None,

@@ -84,7 +84,6 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
             "0",
             "--partitions",
             "2",
-            "--no-progress",
             "--strict",
             # the rest of the demo at the priority of its serving path: the suite checks what the demo
             # computes, not its latency, and a demo niced by 10 beside the suite's other tests and a
@@ -102,6 +101,12 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for title in ("Events per topic", "reconciliation", "Pipelines", "Models", "Online", "Quality bars"):
         assert title in proc.stdout
+    # the progress bars (their last frame, printed when the output is not a terminal) end at 100 %
+    bars = ("simulator (simulated time)", "clean pipeline (raw records)", "join pipeline (examples)",
+            "scoring workers (impressions)", "monitoring (windows)")
+    for bar in bars:
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(bar)), None)
+        assert line is not None and "100%" in line, (bar, line)
     summary = json.loads((reports / "summary.json").read_text())
     rec = summary["reconciliation"]
     assert rec["ok"], rec["problems"]

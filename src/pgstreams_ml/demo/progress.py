@@ -40,7 +40,18 @@ class DemoProgress:
         }
 
     def tick(self) -> None:
-        """Refresh every bar from the demo's state, its groups' lag and the application's tables."""
+        """Refresh every bar from the demo's state, its groups' lag and the application's tables. Once the
+        pipelines are drained (phase ``summary``), every bar ends at 100 %: what it counts is done (the
+        counts stay in its text; not every raw record becomes an example or a prediction)."""
+        self._tick()
+        if self.demo.state.phase == "summary":
+            for name, task_id in self.tasks.items():
+                if name != "phase":
+                    task = next(t for t in self.bars.tasks if t.id == task_id)
+                    done = max(task.completed, 1)
+                    self.bars.update(task_id, total=done, completed=done)
+
+    def _tick(self) -> None:
         demo, progress, tasks = self.demo, self.bars, self.tasks
         s = demo.sim.stats
         progress.update(

@@ -146,6 +146,9 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
     t.add_column("result")
     for name, item in q.items():
         t.add_row(name, item["value"], _mark(item["ok"]))
+    bar = summary.get("latency_bar")
+    if bar is not None:  # beside the quality bars, with the conditions it was measured in
+        t.add_row(f"{bar['bar']} (latency)", f"{bar['value']}; {bar['conditions']}", _mark(bar["ok"]))
     console.print(t)
     console.print(f"Wall time {summary['wall_seconds']:.0f} s. Plots: " + ", ".join(summary["plots"]))
 

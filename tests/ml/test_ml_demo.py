@@ -143,6 +143,11 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     for st in lat.values():
         assert st["count"] == e2e["count"] and 0 <= st["p50"] <= st["p95"] <= st["p99"] <= st["max"]
     assert any(p.endswith("latency.png") for p in summary["plots"])
+    # the latency bar beside the quality bars, with its conditions (not a quality bar: the machine decides)
+    bar = summary["latency_bar"]
+    assert bar["ok"] == (e2e["p99"] < 1.0) and f"p99 {e2e['p99']:.2f} s" in bar["value"]
+    assert "cores" in bar["conditions"] and "load average" in bar["conditions"]
+    assert "impression -> prediction p99 under 1 s (latency)" in proc.stdout
     from bench.ml_latency import from_topics
 
     again = from_topics(dsn)

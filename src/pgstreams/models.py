@@ -231,6 +231,18 @@ class GroupPartitionStatus:
 #: The status of a group's partition as the membership functions name it: the same model.
 PartitionStatus = GroupPartitionStatus
 
+@dataclass(frozen=True)
+class KeySearch:
+    """What :meth:`pgstreams.Client.search_events` found: the ``events`` with the key (newest first),
+    how many events it walked through at most (``scan``), and ``lowest_position``: search again before
+    it to go further back (the lowest position walked, or the last event found when ``limit`` cut the
+    list); ``None`` when the walk reached the partition's first event."""
+
+    events: list[Event]
+    scan: int
+    lowest_position: int | None
+
+
 #: The states of a group on one partition, in the same words in :meth:`GroupPartitionStatus.state`,
 #: ``pgstreams groups describe``, the console and the metrics (``pgstreams_group_partition_state``), the
 #: first that applies: ``blocked`` (the owner's retries of an event are spent and no dead-letter topic takes

@@ -120,3 +120,36 @@ def test_consumers_of_a_deleted_topic_get_topic_not_found(client: pgstreams.Clie
         client.create_topic("t", 3)
         client.publish("t", "new", partition=2)
         assert [e.value for e in take(other.consumer("t", "h"), 1)] == ["new"]
+
+
+def test_read_events_newest_first_before_a_position_and_a_bounded_search_by_key(
+        client: pgstreams.Client) -> None:
+    client.create_topic("t", 2)
+    client.publish_many("t", [{"value": i, "key": f"k{i % 5}", "partition": i % 2} for i in range(40)])
+    ascending = client.read_events("t", 0, limit=1000)
+    positions = [e.position for e in ascending]
+    assert len(positions) == 20 and positions == sorted(positions)
+    # newest first, a page before a position: the events just below it, in descending order
+    page = client.read_events("t", 0, before=positions[10], limit=4)
+    assert [e.position for e in page] == positions[6:10][::-1]
+    assert client.read_events("t", 0, before=positions[0]) == []
+    with pytest.raises(pgstreams.InvalidArgument, match="not several"):
+        client.read_events("t", 0, before=5, position=3)
+    with pytest.raises(pgstreams.InvalidArgument, match="before must be"):
+        client.read_events("t", 0, before=-1)
+
+    # the key k0 is on partition 0 at values 0, 10, 20, 30 (and 5 .. 35 on 1); the walk is bounded by scan
+    found = client.search_events("t", 0, "k0")
+    assert [e.value for e in found.events] == [30, 20, 10, 0] and found.lowest_position is None
+    short = client.search_events("t", 0, "k0", scan=6)  # the 6 newest events of the partition: 28 .. 38
+    assert [e.value for e in short.events] == [30] and short.lowest_position == positions[14]
+    further = client.search_events("t", 0, "k0", before=short.lowest_position, scan=6)
+    assert [e.value for e in further.events] == [20]
+    cut = client.search_events("t", 0, "k0", limit=2)  # the list is cut: go on before the last one found
+    assert [e.value for e in cut.events] == [30, 20] and cut.lowest_position == cut.events[-1].position
+    rest = client.search_events("t", 0, "k0", before=cut.lowest_position)
+    assert [e.value for e in rest.events] == [10, 0] and rest.lowest_position is None
+    assert [e.value for e in client.search_events("t", 1, "k0").events] == [35, 25, 15, 5]
+    assert client.search_events("t", 1, "nope") == pgstreams.KeySearch([], 10_000, None)
+    with pytest.raises(pgstreams.InvalidArgument, match="scan must be"):
+        client.search_events("t", 0, "k0", scan=0)

@@ -11,13 +11,15 @@ from typing import Any
 from .. import topicconfig
 from ..consumer.reader import events_of
 from ..errors import InvalidArgument, InvalidConfig, TopicConflict, TopicNotFound
-from ..models import DEFAULT_SEGMENT_SIZE, Event, RetentionStatus, TopicDescription, TopicInfo
+from ..models import DEFAULT_SEGMENT_SIZE, Event, KeySearch, RetentionStatus, TopicDescription, TopicInfo
 from ..names import check_partitions, check_topic
 from ..ports import HasSession, SessionPort
 from ..session import denied
 
 #: Events :meth:`pgstreams.Client.read_events` returns unless told otherwise.
 DEFAULT_BROWSE_LIMIT = 20
+#: How many events of a partition :meth:`TopicAdmin.search_events` walks back through at most, by default.
+DEFAULT_SEARCH_SCAN = 10_000
 
 
 def topic_definition(name: object, partitions: object, segment_size: object,
@@ -58,25 +60,37 @@ def describe_topic(session: SessionPort, name: str) -> TopicDescription:
                             topicconfig.effective(record.config, record.segment_size))
 
 
-def read_events(session: SessionPort, topic: str, partition: int, *, position: int | None = None,
-                at: datetime | None = None, limit: int = DEFAULT_BROWSE_LIMIT) -> list[Event]:
-    """Committed events of one partition of ``topic`` without a group (see
-    :meth:`pgstreams.Client.read_events`, which states the defaults)."""
+def _position(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidArgument(f"{name} must be an integer >= 0, not {value!r}")
+
+
+def _browsed(session: SessionPort, topic: str, partition: int, limit: int) -> Any:
     state = session.topic_state(topic, refresh=True)
     if isinstance(partition, bool) or not isinstance(partition, int) or not (
             0 <= partition < state.partitions):
         raise InvalidArgument(f"partition must be an integer from 0 to {state.partitions - 1} for topic "
                               f"{state.name!r}, not {partition!r}")
-    if position is not None and at is not None:
-        raise InvalidArgument("give a position or a time, not both")
-    if position is not None and (isinstance(position, bool) or not isinstance(position, int)
-                                 or position < 0):
-        raise InvalidArgument(f"position must be an integer >= 0, not {position!r}")
-    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None):
-        raise InvalidArgument(f"the time must be a timezone-aware datetime, not {at!r}")
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise InvalidArgument(f"limit must be an integer from 1 to 1000, not {limit!r}")
+    return state
+
+
+def read_events(session: SessionPort, topic: str, partition: int, *, position: int | None = None,
+                at: datetime | None = None, before: int | None = None,
+                limit: int = DEFAULT_BROWSE_LIMIT) -> list[Event]:
+    """Committed events of one partition of ``topic`` without a group (see
+    :meth:`pgstreams.Client.read_events`, which states the defaults)."""
+    state = _browsed(session, topic, partition, limit)
+    if sum(x is not None for x in (position, at, before)) > 1:
+        raise InvalidArgument("give a position, a time or a position to read before, not several")
+    _position("position", position)
+    _position("before", before)
+    if at is not None and (not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None):
+        raise InvalidArgument(f"the time must be a timezone-aware datetime, not {at!r}")
     status = session.store.status
+    if before is not None:
+        return events_of(state.name, status.browse_before(state.id, partition, before, limit))
     start = position or 0
     if at is not None:
         found = status.position_at(state.id, partition, at)
@@ -195,10 +209,36 @@ class TopicAdmin:
         return out
 
     def read_events(self: HasSession, topic: str, partition: int, *, position: int | None = None,
-                    at: datetime | None = None, limit: int = DEFAULT_BROWSE_LIMIT) -> list[Event]:
+                    at: datetime | None = None, before: int | None = None,
+                    limit: int = DEFAULT_BROWSE_LIMIT) -> list[Event]:
         """Up to ``limit`` (default :data:`DEFAULT_BROWSE_LIMIT`, at most 1000) committed events of one
         partition, in read order, from ``position`` (default: the first) or from the first event
-        created at or after ``at`` (an aware datetime), without a group: a look at the log (the web
-        console's event browser). Raises :class:`TopicNotFound`, :class:`InvalidArgument` naming a bad
-        partition, position, time or limit."""
-        return read_events(self.session, topic, partition, position=position, at=at, limit=limit)
+        created at or after ``at`` (an aware datetime); or, with ``before`` (a position), the events
+        before it, newest first. Without a group: a look at the log (the web console's event browser).
+        Raises :class:`TopicNotFound`, :class:`InvalidArgument` naming a bad partition, position, time or
+        limit, or more than one of ``position``, ``at`` and ``before``."""
+        return read_events(self.session, topic, partition, position=position, at=at, before=before,
+                           limit=limit)
+
+    def search_events(self: HasSession, topic: str, partition: int, key: str, *, before: int | None = None,
+                      scan: int = DEFAULT_SEARCH_SCAN, limit: int = DEFAULT_BROWSE_LIMIT) -> KeySearch:
+        """The events with ``key`` among the last ``scan`` (default :data:`DEFAULT_SEARCH_SCAN`, at most
+        1,000,000) committed events of a partition before position ``before`` (default: its end), newest
+        first, at most ``limit``. A bounded walk back on the read index that compares each event's key:
+        it costs ``scan`` index entries and rows, whatever it finds. :attr:`KeySearch.lowest_position`
+        says where to go on: search again with ``before`` set to it to go further back (``None``: it
+        reached the partition's first event)."""
+        state = _browsed(self.session, topic, partition, limit)
+        _position("before", before)
+        if isinstance(scan, bool) or not isinstance(scan, int) or not 1 <= scan <= 1_000_000:
+            raise InvalidArgument(f"scan must be an integer from 1 to 1000000, not {scan!r}")
+        if not isinstance(key, str) or not key:
+            raise InvalidArgument(f"key must be a non-empty string, not {key!r}")
+        end = (1 << 62) if before is None else before
+        rows, lowest = self.session.store.status.browse_key(state.id, partition, key, end, scan, limit)
+        found = events_of(state.name, rows)
+        if len(found) == limit:  # more may match between the last one found and the end of the walk
+            return KeySearch(found, scan, found[-1].position)
+        if lowest is None or not self.session.store.status.browse_before(state.id, partition, lowest, 1):
+            return KeySearch(found, scan, None)
+        return KeySearch(found, scan, lowest)

@@ -137,6 +137,24 @@ class StatusStore:
         return self.ex.all("browse_events", {"partition": partition, "position": position, "limit": limit},
                            topic_id=topic_id)
 
+    def browse_before(self, topic_id: int, partition: int, before: int, limit: int) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` committed events of a partition before position ``before``, newest first, as
+        poll rows."""
+        return self.ex.all("browse_events_before", {"partition": partition, "before": before, "limit": limit},
+                           topic_id=topic_id)
+
+    def browse_key(self, topic_id: int, partition: int, key: str, before: int, scan: int, limit: int
+                   ) -> tuple[list[tuple[Any, ...]], int | None]:
+        """The events with ``key`` among at most ``scan`` committed events of a partition before position
+        ``before`` (newest first, at most ``limit``), as poll rows, and the lowest position walked
+        (``None``: no event before ``before``)."""
+        args = {"partition": partition, "before": before, "scan": scan, "key": key, "limit": limit}
+        rows = self.ex.all("browse_key", args, topic_id=topic_id)
+        if rows:
+            return [tuple(r[:-1]) for r in rows], rows[0][-1]
+        row = self.ex.one("browse_walk_floor", args, topic_id=topic_id)
+        return [], None if row is None or row[0] is None else int(row[0])
+
     def position_at(self, topic_id: int, partition: int, at: datetime) -> int | None:
         """The first position of a partition holding an event created at or after ``at``."""
         row = self.ex.one("browse_position_at", (partition, at), topic_id=topic_id)

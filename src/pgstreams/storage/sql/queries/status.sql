@@ -110,3 +110,45 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
 -- name: browse_position_at
 -- The first position of a partition holding an event created at or after a time (NULL: none).
 SELECT min(e.position) FROM {table} e WHERE e.partition = %s AND e.created_at >= %s;
+
+-- name: browse_events_before
+-- A partition's events before a position, newest first (the event browser's newest-first pages): the
+-- bounds are row comparisons on the read index, read backwards. Committed events only.
+SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       e.kind, e.key, e.value, e.headers, e.event_type, e.event_id, e.correlation_id, e.causation_id
+  FROM {table} e
+ WHERE (e.partition, e.position) < (%(partition)s, %(before)s)
+   AND (e.partition, e.position) >= (%(partition)s, 0)
+ ORDER BY e.partition DESC, e.position DESC
+ LIMIT %(limit)s;
+
+-- name: browse_key
+-- The events with a key among at most %(scan)s of a partition's events before a position, newest first
+-- (the event browser's search: a bounded walk back on the read index, the key compared on each row), and
+-- the lowest position the walk reached (NULL: no event there).
+WITH walked AS (
+    SELECT e.partition, e.position, e.xid, e.created_at, e.kind, e.key, e.value, e.headers, e.event_type,
+           e.event_id, e.correlation_id, e.causation_id
+      FROM {table} e
+     WHERE (e.partition, e.position) < (%(partition)s, %(before)s)
+       AND (e.partition, e.position) >= (%(partition)s, 0)
+     ORDER BY e.partition DESC, e.position DESC
+     LIMIT %(scan)s
+)
+SELECT w.partition, w.position, w.xid::text::bigint, w.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       w.kind, w.key, w.value, w.headers, w.event_type, w.event_id, w.correlation_id, w.causation_id,
+       (SELECT min(position) FROM walked)
+  FROM walked w
+ WHERE w.key = %(key)s
+ ORDER BY w.position DESC
+ LIMIT %(limit)s;
+
+-- name: browse_walk_floor
+-- The lowest position of at most %(scan)s of a partition's events before a position (what browse_key
+-- walked when it found nothing: NULL when there is no event there).
+SELECT min(position) FROM (
+    SELECT e.position FROM {table} e
+     WHERE (e.partition, e.position) < (%(partition)s, %(before)s)
+       AND (e.partition, e.position) >= (%(partition)s, 0)
+     ORDER BY e.partition DESC, e.position DESC
+     LIMIT %(scan)s) w;

@@ -39,7 +39,8 @@ def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, scre
         page.click("#topics a:text-is('orders')")
         page.wait_for_url("**/topics/orders")
         assert page.locator("#partitions tbody tr").count() == 2
-        page.fill("#browse input[name=partition]", "0")
+        page.select_option("#browse select[name=partition]", "0")
+        page.select_option("#browse select[name=order]", "oldest")
         page.fill("#browse input[name=position]", "0")
         page.click("#browse button[type=submit]")
         page.wait_for_selector("#events")
@@ -94,7 +95,10 @@ def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, scre
         assert page.inner_text("#message").startswith("replayed: payments[0]@")
         page.screenshot(path=str(screenshots / "replayed.png"), full_page=True)
         page.goto(srv.url + "/dlt/payments.dlt")
-        page.click("#replay-all button")
+        page.click("#replay-all a")  # replay all asks first, saying how many
+        page.wait_for_selector("#confirm")
+        assert "2 dead letter(s) will be replayed to payments" in page.inner_text("#confirm-what")
+        page.click("#confirm button")
         page.wait_for_selector("#message")
         assert "replayed 2 dead letter(s) of 2 read" in page.inner_text("#message")
         with pgstreams.connect(dsn) as client:
@@ -104,3 +108,97 @@ def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, scre
         assert errors == []
         for name in ("overview", "topic", "group", "share-group", "dead-letters", "dead-letter", "replayed"):
             assert (screenshots / f"{name}.png").stat().st_size > 1000
+
+
+def test_event_browser_paging_search_group_actions_and_navigation_in_a_browser(
+        dsn: str, browser: Any, screenshots: Path) -> None:
+    with pgstreams.connect(dsn) as client:
+        client.create_topic("clicks", 3)
+        client.publish_many("clicks", [{"value": {"n": i}, "key": f"user-{i % 7}", "partition": i % 3}
+                                       for i in range(1200)])
+        for group in ("reader", "gone"):
+            consumer = client.consumer("clicks", group)
+            while consumer.poll(max_events=1000, timeout=0.5):
+                consumer.commit()
+        heads = {p.partition: p.head for p in client.describe_topic("clicks").partition_info}
+    newest = max(h for h in heads.values() if h is not None)
+    with server(["console", "--port", "0", "--refresh", "60", "--dsn", dsn], "serving the console at") as srv:
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(DEADLINE_MS)
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+
+        # the navigation bar on every page; counts with thousands separators; sparkline scales
+        page.goto(srv.url + "/")
+        assert [a.inner_text() for a in page.locator("#nav a").all()][:3] == ["Overview", "Topics", "Groups"]
+        assert page.locator("#topics tr", has_text="clicks").locator("td").nth(2).inner_text() == "1,200"
+
+        # a topic's page: its groups with their lag and state, its dead letters, its configuration
+        page.click("#nav a:text-is('Topics')")
+        page.click("#topics a:text-is('clicks')")
+        page.wait_for_url("**/topics/clicks")
+        groups = page.locator("#topic-groups tbody tr")
+        assert groups.count() == 2 and "Empty" in groups.first.inner_text()
+        assert "no clicks.dlt topic" in page.inner_text("#topic-dlt")
+        assert "retention.ms" in page.inner_text("#config") and "default" in page.inner_text("#config")
+
+        # the event browser: newest first, every partition at once, paging both ways
+        rows = page.locator("#events tr.event")
+        assert rows.count() == 20
+        shown = [int(rows.nth(i).locator("td").nth(1).inner_text()) for i in range(20)]
+        assert shown == sorted(shown, reverse=True) and shown[0] == newest
+        assert len({rows.nth(i).locator("td").first.inner_text() for i in range(20)}) == 3  # all partitions
+        page.screenshot(path=str(screenshots / "browser-newest.png"), full_page=True)
+        page.click("#page-older")
+        older = [int(page.locator("#events tr.event").nth(i).locator("td").nth(1).inner_text())
+                 for i in range(20)]
+        assert older == sorted(older, reverse=True) and older[0] < shown[-1]
+        page.click("#page-newer")
+        again = [int(page.locator("#events tr.event").nth(i).locator("td").nth(1).inner_text())
+                 for i in range(20)]
+        assert again == shown
+        # a jump to a position, oldest first
+        page.select_option("#browse select[name=order]", "oldest")
+        page.fill("#browse input[name=position]", "100")
+        page.click("#browse button[type=submit]")
+        first = int(page.locator("#events tr.event").first.locator("td").nth(1).inner_text())
+        assert first == 100
+
+        # search by key, bounded, with its cost stated
+        page.goto(srv.url + "/topics/clicks?key=user-3&limit=5")
+        found = page.locator("#events tr.event")
+        assert found.count() == 5 and all(found.nth(i).locator("td").nth(3).inner_text() == "user-3"
+                                          for i in range(5))
+        assert "at most 10,000 events of each partition" in page.inner_text("#search-cost")
+        page.screenshot(path=str(screenshots / "browser-search.png"), full_page=True)
+
+        # a group reset, behind a confirmation that shows each partition's move
+        page.goto(srv.url + "/groups/reader")
+        page.select_option("#reset select[name=to]", "earliest")
+        page.click("#reset button[type=submit]")
+        page.wait_for_selector("#reset-plan")
+        assert page.locator("#reset-plan tbody tr").count() == 3
+        assert "move to the oldest retained event" in page.inner_text("#confirm-what")
+        with pgstreams.connect(dsn) as client:  # nothing moved yet
+            assert sum(s.lag for s in client.describe_group("reader", "clicks")) == 0
+        page.screenshot(path=str(screenshots / "confirm-reset.png"), full_page=True)
+        page.click("#confirm button")
+        page.wait_for_selector("#message")
+        assert "3 of 3 partition(s) moved" in page.inner_text("#message")
+        assert page.inner_text("#total-lag") == "1,200"
+
+        # deleting a group, behind a confirmation
+        page.goto(srv.url + "/groups/gone")
+        page.click("#delete")
+        page.wait_for_selector("#confirm")
+        assert "3 checkpoint(s) on clicks" in page.inner_text("#confirm-what")
+        page.click("#confirm button")
+        page.wait_for_selector("#message")
+        assert "deleted group gone" in page.inner_text("#message")
+        assert page.locator("#groups a:text-is('gone')").count() == 0
+        # a request without the form's CSRF token changes nothing
+        refused = page.request.post(srv.url + "/groups/reader/delete", form={"csrf": "wrong"})
+        assert refused.status == 403
+        with pgstreams.connect(dsn) as client:
+            assert client.describe_group("reader", "clicks")
+        assert errors == []

@@ -124,7 +124,10 @@ def test_every_route_and_bad_input(dsn: str) -> None:
                            ("partition=9", "partition must be from 0 to 1, not 9"),
                            ("time=yesterday", "time must be an ISO 8601 time"),
                            ("time=2026-01-01T00:00:00", "has no time zone"),
-                           ("position=1&time=2026-01-01T00:00:00Z", "not both"),
+                           ("position=1&time=2026-01-01T00:00:00Z", "not several"),
+                           ("before=3&after=1", "not several"),
+                           ("order=up", "order must be newest or oldest, not 'up'"),
+                           ("key=k&after=3", "give before, not after"),
                            ("limit=5000", "limit must be at most 1000")):
             code, page = fetch(base + "/topics/orders?" + query)
             assert code == 400, (query, code)

@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 
 from .. import group_members
 from ..client import Client
-from ..errors import GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
+from ..errors import GroupActive, GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
 from ..models import Event, ShareGroupStatus, StatusSnapshot, group_state
 from ..names import check_group, check_topic
 from . import render
@@ -47,6 +47,13 @@ class NotFound(HTTPException):
 
     def __init__(self, detail: str) -> None:
         super().__init__(404, detail)
+
+
+class Conflict(HTTPException):
+    """A 409 page: the action is refused in the state things are in (a group with live members)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(409, detail)
 
 
 class BadRequest(HTTPException):
@@ -165,17 +172,49 @@ class Console:
             row["state"] = " / ".join(sorted(row.pop("states", set())))
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
         return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
-                         shares=_share_groups(snap.shares))
+                         shares=_share_groups(snap.shares), message=request.query_params.get("message"))
 
     def topic(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
         desc = self.client.describe_topic(name)
-        partition = _int(request, "partition")
-        position = _int(request, "position")
-        at_text = request.query_params.get("time") or None
+        browse = self._browse(request, name, desc.topic.partitions)
+        snap = self._snapshot()
+        # the size of the overview and the metrics (the status): segments, indexes and TOAST
+        status = next((t for t in snap.topics if t.topic == name), None)
+        groups: dict[str, dict[str, Any]] = {}
+        for g in snap.groups:
+            if g.topic == name:
+                row = groups.setdefault(g.group, {"lag": 0, "parts": []})
+                row["lag"] += g.lag
+                row["parts"].append(g)
+        for row in groups.values():
+            row["state"] = group_state(row.pop("parts"))
+        dlt = next((t for t in snap.topics if t.topic == f"{name}.dlt"), None)
+        dlt_events = sum(p.events for p in snap.partitions if dlt is not None and p.topic == dlt.topic)
+        return self.page(request, "topic.html", desc=desc, status=status, rates=self.history.rates(name),
+                         groups=groups, dlt=dlt, dlt_events=dlt_events, **browse)
+
+    def _browse(self, request: Request, name: str, partitions: int) -> dict[str, Any]:
+        """The event browser's query (see docs/console.md): which partitions (``partition``, default
+        all), the order shown (``order``: ``newest``, the default, or ``oldest``), a page boundary
+        (``before`` or ``after``, exclusive), a jump (``position`` or ``time``: the page that starts
+        there), a key to search for (``key``, a bounded walk of :data:`SEARCH_SCAN` events per partition,
+        back from ``before`` or the end) and ``limit``."""
+        q = request.query_params
+        part_text = q.get("partition") or ""
+        partition = None if part_text in ("", "all") else _int(request, "partition")
+        if partition is not None and partition >= partitions:
+            raise BadRequest(f"partition must be from 0 to {partitions - 1}, not {partition}")
+        parts = list(range(partitions)) if partition is None else [partition]
+        order = q.get("order") or "newest"
+        if order not in ("newest", "oldest"):
+            raise BadRequest(f"order must be newest or oldest, not {order!r}")
         limit = _int(request, "limit", low=1) or 20
         if limit > 1000:
             raise BadRequest(f"limit must be at most 1000, not {limit}")
+        before, after, position = _int(request, "before"), _int(request, "after"), _int(request, "position")
+        at_text = q.get("time") or None
+        key = q.get("key") or None
         at = None
         if at_text is not None:
             try:
@@ -184,21 +223,34 @@ class Console:
                 raise BadRequest(f"time must be an ISO 8601 time with a zone, not {at_text!r}") from None
             if at.tzinfo is None:
                 raise BadRequest(f"time {at_text!r} has no time zone (add Z or +HH:MM)")
-        if position is not None and at is not None:
-            raise BadRequest("give a position or a time, not both")
-        events: list[Event] = []
-        browsing = partition is not None or position is not None or at is not None
-        if browsing:
-            p = 0 if partition is None else partition
-            if p >= desc.topic.partitions:
-                raise BadRequest(f"partition must be from 0 to {desc.topic.partitions - 1}, not {p}")
-            events = self.client.read_events(name, p, position=position, at=at, limit=limit)
-            partition = p
-        # the size of the overview and the metrics (the status): segments, indexes and TOAST
-        status = next((t for t in self._snapshot().topics if t.topic == name), None)
-        return self.page(request, "topic.html", desc=desc, events=events, partition=partition,
-                         position=position, time=at_text or "", limit=limit, browsing=browsing,
-                         status=status, rates=self.history.rates(name))
+        if sum(x is not None for x in (before, after, position, at)) > 1:
+            raise BadRequest("give one of a position, a time, before or after, not several")
+        if at is not None:  # a jump to a time: from the first event at or after it, in any partition
+            found = [p for p in (self.client.read_events(name, i, at=at, limit=1) for i in parts) if p]
+            position = min((p[0].position for p in found), default=None)
+            if position is None:
+                return _browsed([], parts, partition, order, limit, key, None, at_text, SEARCH_SCAN, None)
+        searched_to: int | None = None
+        if key is not None:
+            if after is not None:
+                raise BadRequest("a search by key goes back in time: give before, not after")
+            top = before if before is not None else (position + 1 if position is not None else None)
+            results = [self.client.search_events(name, i, key, before=top, scan=SEARCH_SCAN, limit=limit)
+                       for i in parts]
+            events = sorted((e for r in results for e in r.events), key=lambda e: -e.position)[:limit]
+            lows = [r.lowest_position for r in results if r.lowest_position is not None]
+            searched_to = max(lows) if lows else None
+        elif after is not None or position is not None or (order == "oldest" and before is None):
+            start = after + 1 if after is not None else (position or 0)
+            got = [e for i in parts for e in self.client.read_events(name, i, position=start, limit=limit)]
+            events = sorted(got, key=lambda e: e.position)[:limit]
+        else:
+            top = before if before is not None else _END
+            got = [e for i in parts for e in self.client.read_events(name, i, before=top, limit=limit)]
+            events = sorted(got, key=lambda e: -e.position)[:limit]
+        events.sort(key=lambda e: -e.position if order == "newest" else e.position)
+        return _browsed(events, parts, partition, order, limit, key, position, at_text, SEARCH_SCAN,
+                        searched_to)
 
     def group(self, request: Request) -> Response:
         name = request.path_params["name"]
@@ -226,7 +278,8 @@ class Console:
         return self.page(request, "group.html", group=name, rows=rows, members=members, topics=topics,
                          charts=charts, total_lag=sum(r.lag for r in rows), shares=shares,
                          share_topics=share_topics, backlogs=backlogs,
-                         share_totals=_share_totals(shares), now=datetime.now(timezone.utc))
+                         share_totals=_share_totals(shares), now=datetime.now(timezone.utc),
+                         message=request.query_params.get("message"))
 
     def dlt(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
@@ -267,12 +320,106 @@ class Console:
         return RedirectResponse(f"/dlt/{name}/{ev.partition}/{ev.position}?message={_q(msg)}",
                                 status_code=303)
 
+    # -- actions behind a confirmation: a GET page that states what will happen, a POST that does it --------
+    def _group_name(self, request: Request) -> str:
+        name = request.path_params["name"]
+        try:
+            check_group(name)
+        except InvalidName:
+            raise NotFound(f"there is no group named {name!r}") from None
+        return name
+
+    def _reset_args(self, group: str, source: Any) -> tuple[str, str, dict[str, Any]]:
+        topic = self._topic(str(source.get("topic") or ""))
+        target = str(source.get("to") or "")
+        if target == "earliest":
+            return topic, "the oldest retained event", {"to_earliest": True}
+        if target == "latest":
+            return topic, "after the last committed event", {"to_latest": True}
+        if target == "time":
+            text = str(source.get("time") or "")
+            try:
+                at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                raise BadRequest(f"time must be an ISO 8601 time with a zone, not {text!r}") from None
+            if at.tzinfo is None:
+                raise BadRequest(f"time {text!r} has no time zone (add Z or +HH:MM)")
+            return topic, f"the first event at or after {at.isoformat()}", {"to_datetime": at}
+        raise BadRequest(f"to must be earliest, latest or time, not {target!r}")
+
+    def confirm_reset(self, request: Request) -> Response:
+        group = self._group_name(request)
+        topic, what, args = self._reset_args(group, request.query_params)
+        try:
+            rows = self.client.reset_group(group, topic, dry_run=True, **args)
+        except GroupActive as exc:
+            raise Conflict(str(exc)) from None
+        return self.page(request, "confirm_reset.html", group=group, topic=topic, what=what, rows=rows,
+                         to=request.query_params.get("to"), time=request.query_params.get("time") or "")
+
+    async def reset(self, request: Request) -> Response:
+        form = await _check_csrf(request)
+        group = await _threaded(self._group_name, request)
+        topic, what, args = await _threaded(self._reset_args, group, form)
+        try:
+            rows = await _threaded(lambda: self.client.reset_group(group, topic, **args))
+        except GroupActive as exc:
+            raise Conflict(str(exc)) from None
+        moved = sum(r.previous != r.checkpoint for r in rows)
+        msg = f"reset {group} on {topic} to {what}: {moved} of {len(rows)} partition(s) moved"
+        return RedirectResponse(f"/groups/{group}?message={_q(msg)}", status_code=303)
+
+    def confirm_delete(self, request: Request) -> Response:
+        group = self._group_name(request)
+        try:
+            rows = self.client.describe_group(group)
+        except GroupNotFound:
+            raise NotFound(f"there is no group named {group!r} (no checkpoints)") from None
+        return self.page(request, "confirm_delete.html", group=group, rows=rows,
+                         topics=sorted({r.topic for r in rows}))
+
+    async def delete(self, request: Request) -> Response:
+        await _check_csrf(request)
+        group = await _threaded(self._group_name, request)
+        try:
+            n = await _threaded(self.client.delete_group, group)
+        except GroupNotFound:
+            raise NotFound(f"there is no group named {group!r} (no checkpoints)") from None
+        except GroupActive as exc:
+            raise Conflict(str(exc)) from None
+        msg = f"deleted group {group}: {n} checkpoint(s), its leases and its configuration"
+        return RedirectResponse(f"/?message={_q(msg)}", status_code=303)
+
+    def confirm_replay_all(self, request: Request) -> Response:
+        name = self._topic(request.path_params["name"])
+        plan = self.client.replay_dead_letters(name, dry_run=True)
+        targets = sorted({e.headers.get("dlt.topic", "?") for e in plan.events})
+        return self.page(request, "confirm_replay.html", topic=name, plan=plan, targets=targets)
+
     async def replay_all(self, request: Request) -> Response:
         await _check_csrf(request)
         name = await _threaded(self._topic, request.path_params["name"])
         res = await _threaded(self.client.replay_dead_letters, name)
         msg = f"replayed {res.replayed} dead letter(s) of {res.read} read ({res.skipped} passed over)"
         return RedirectResponse(f"/dlt/{name}?message={_q(msg)}", status_code=303)
+
+
+#: How many events of each partition a search by key walks back through (see Client.search_events).
+SEARCH_SCAN = 10_000
+#: A position past every event: the end of a partition for a read before it.
+_END = 1 << 62
+
+
+def _browsed(events: list[Event], parts: list[int], partition: int | None, order: str, limit: int,
+             key: str | None, position: int | None, time: str | None, scan: int,
+             searched_to: int | None) -> dict[str, Any]:
+    """The event browser's template context: the events, the query, and the positions of the pages
+    before and after (``older``: events below the lowest shown; ``newer``: above the highest)."""
+    positions = [e.position for e in events]
+    return {"events": events, "partition": partition, "order": order, "limit": limit, "key": key or "",
+            "position": position, "time": time or "", "scan": scan, "searched_to": searched_to,
+            "older": min(positions) if positions else None, "newer": max(positions) if positions else None,
+            "all_partitions": len(parts) > 1}
 
 
 def _share_totals(shares: list[ShareGroupStatus] | tuple[ShareGroupStatus, ...]) -> dict[str, Any]:
@@ -337,6 +484,11 @@ def create_app(client: Client, *, credentials: Credentials | None = None, refres
         Route("/", console.overview, name="overview"),
         Route("/topics/{name}", console.topic, name="topic"),
         Route("/groups/{name}", console.group, name="group"),
+        Route("/groups/{name}/reset", console.confirm_reset, name="confirm_reset"),
+        Route("/groups/{name}/reset", console.reset, methods=["POST"], name="reset"),
+        Route("/groups/{name}/delete", console.confirm_delete, name="confirm_delete"),
+        Route("/groups/{name}/delete", console.delete, methods=["POST"], name="delete"),
+        Route("/dlt/{name}/replay", console.confirm_replay_all, name="confirm_replay_all"),
         Route("/dlt/{name}", console.dlt, name="dlt"),
         Route("/dlt/{name}/replay", console.replay_all, methods=["POST"], name="replay_all"),
         Route("/dlt/{name}/{partition:int}/{position:int}", console.dead_letter, name="dead_letter"),

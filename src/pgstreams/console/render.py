@@ -70,16 +70,21 @@ def duration(ms: int | None) -> str:
     return f"{seconds:g}s"
 
 
-def sparkline(values: Sequence[float], label: str, width: int = 140, height: int = 28) -> Markup:
-    """A small line chart of ``values`` (oldest first) as inline SVG, titled ``label``; a dash when there
-    are fewer than two."""
+def sparkline(values: Sequence[float], label: str, unit: str = "", width: int = 140, height: int = 28
+              ) -> Markup:
+    """A small line chart of ``values`` (oldest first) as inline SVG, titled ``label``, followed by its
+    scale (the chart runs from 0 at the bottom to the largest value at the top, in ``unit``); a dash when
+    there are fewer than two."""
     if len(values) < 2:
         return Markup('<span class="muted" title="collecting samples">&mdash;</span>')
     top = max(values) or 1.0
     step = width / (len(values) - 1)
     points = " ".join(f"{i * step:.1f},{height - 2 - (v / top) * (height - 4):.1f}"
                       for i, v in enumerate(values))
+    scale = f"{top:,.0f}" if top >= 100 else f"{top:.3g}"
     return Markup(
         f'<svg class="spark" width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
         f'aria-label="{escape(label)}"><title>{escape(label)}</title>'
-        f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{points}"/></svg>')
+        f'<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{points}"/></svg>'
+        f'<span class="spark-scale small muted" title="the chart\'s scale">0&ndash;{escape(scale)}'
+        f'{escape(unit)}</span>')

@@ -151,12 +151,15 @@ _HELP = (
 )
 
 def _plain_help_types() -> None:
-    """Typer (0.29) shows a type beside every parameter of the rich help: ``<bool>`` beside flags, which take
+    """Typer 0.29 (pinned below it for its start-up time; this keeps its help clean when allowed) shows a type
+    beside every parameter of the rich help: ``<bool>`` beside flags, which take
     no value, ``<str>`` beside arguments whose name already says what they are, and ``<list[str]>`` beside
     options given several times. Show none for flags and arguments, and ``<str>...`` for repeated options,
     as click's own help does."""
     from typer.core import TyperArgument, TyperOption
 
+    if not hasattr(TyperOption, "display_type_rich"):  # typer before 0.29 shows click's own types
+        return
     shown = TyperOption.display_type_rich
 
     def option_type(self: TyperOption, ctx: Any) -> str | None:

@@ -160,7 +160,9 @@ def _plain_help_types() -> None:
 
     if not hasattr(TyperOption, "display_type_rich"):  # typer before 0.29 shows click's own types
         return
-    shown = TyperOption.display_type_rich
+    option_class: Any = TyperOption
+    argument_class: Any = TyperArgument
+    shown = option_class.display_type_rich
 
     def option_type(self: TyperOption, ctx: Any) -> str | None:
         if self.is_flag:
@@ -173,8 +175,8 @@ def _plain_help_types() -> None:
     def argument_type(self: TyperArgument, ctx: Any) -> str | None:
         return None
 
-    TyperOption.display_type_rich = option_type  # type: ignore[method-assign]
-    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]
+    option_class.display_type_rich = option_type
+    argument_class.display_type_rich = argument_type
 
 
 _plain_help_types()

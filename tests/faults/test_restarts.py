@@ -283,3 +283,30 @@ def test_debug_logs_never_show_the_password_over_a_restart_and_connection_lost(
     for record in caplog.records:
         assert secret not in record.getMessage(), record.name
     assert secret not in caplog.text  # the formatted records, tracebacks included
+
+
+def test_after_an_outage_longer_than_retry_timeout_the_next_calls_do_not_wait_on_the_pools_backoff(
+        server: TemporaryServer, db: str) -> None:
+    """An outage longer than ``retry_timeout``: the call during it raises ConnectionLost once; once the
+    server is back, the next publish and the next poll complete at once (psycopg's pool would wait out its
+    doubling reconnection delay, 4 s and more, before trying the server again)."""
+    with pgstreams.connect(db, retry_timeout=4) as client:
+        client.create_topic("t", 2)
+        client.publish_many("t", [{"value": i} for i in range(10)])
+        consumer = client.consumer("t", "g")
+        assert len(consumer.poll(max_events=100, timeout=2)) == 10
+        consumer.commit()
+        server.stop()
+        try:
+            with pytest.raises(pgstreams.ConnectionLost):
+                consumer.poll(timeout=1)
+            time.sleep(4)  # the outage goes on past retry_timeout: the pool's own delay grows to 4 s and more
+        finally:
+            server.start()
+        started = time.monotonic()
+        client.publish("t", "after", partition=0)
+        got = consumer.poll(timeout=5)
+        took = time.monotonic() - started
+        assert [e.value for e in got] == ["after"]
+        # well under retry_timeout: no call waited for a connection the pool was not trying to make
+        assert took < 3.0, f"the first calls after the outage took {took:.2f} s"

@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool.base import AttemptWithBackoff
 
 from ...errors import ClientClosed
 from .waits import check_alive, polled
@@ -20,6 +21,22 @@ CLOSED = ("the client is closed (close() was called, or its with block ended): m
 
 #: Seconds a pooled connection's check (:class:`CheckedPool`) waits for the server's answer.
 CHECK_TIMEOUT = 5.0
+
+#: The longest wait between two attempts of a pool to replace a lost connection (psycopg's pool doubles its
+#: wait from 1 s up to its ``reconnect_timeout``, 5 minutes: after an outage of a minute the server could be
+#: back for 30 s before the pool tried again, and every call waited for it). A refused connection costs
+#: nothing, so the pools here try at least this often.
+MAX_RECONNECT_DELAY = 1.0
+
+
+class _CappedAttempt(AttemptWithBackoff):
+    """psycopg's reconnection attempt, its backoff capped at :data:`MAX_RECONNECT_DELAY`."""
+
+    INITIAL_DELAY = 0.1
+
+    def update_delay(self, now: float) -> None:
+        super().update_delay(now)
+        self.delay = min(self.delay, MAX_RECONNECT_DELAY)
 
 
 def check(pg: pq.abc.PGconn, timeout: float = CHECK_TIMEOUT) -> None:
@@ -53,6 +70,10 @@ class CheckedPool(ConnectionPool):
             raise ClientClosed(CLOSED)
         return super().getconn(timeout)
 
+    def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        # psycopg's own, with the capped backoff (the attempt is handed on to the next try)
+        super()._add_connection(attempt or _CappedAttempt(timeout=self.reconnect_timeout), growing)
+
     @staticmethod
     def check_connection(conn: psycopg.Connection) -> None:
         """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
@@ -72,6 +93,9 @@ class AsyncCheckedPool(AsyncConnectionPool):
         if self.closed:
             raise ClientClosed(CLOSED)
         return await super().getconn(timeout)
+
+    async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
+        await super()._add_connection(attempt or _CappedAttempt(timeout=self.reconnect_timeout), growing)
 
     @staticmethod
     async def check_connection(conn: psycopg.AsyncConnection[Any]) -> None:

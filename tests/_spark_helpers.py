@@ -31,6 +31,10 @@ JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 ARCHIVE_OPTIONS = "-XX:SharedArchiveFile={path} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 
+#: How many class-data archives (of different pyspark installs) :func:`jvm_archive` keeps (200 MB each).
+KEEP_ARCHIVES = 3
+
+
 def archive_path() -> Path:
     """Where the class-data archive of this machine's Java and this pyspark is kept: a file named by a digest
     of both, under the tests' temporary folder (``pgstreams-test-<uid>/jvm``)."""
@@ -72,7 +76,16 @@ def jvm_archive(wait: float = 600.0) -> Path | None:
             if done.returncode != 0 or not path.exists():
                 sys.stderr.write(f"no class-data archive for the JVMs: {done.stderr[-2000:]}\n")
                 return None
+            _prune(path.parent)
         return path
+
+
+def _prune(folder: Path) -> None:
+    """Remove the class-data archives of other installs (each clone's venv has its own) but the newest
+    :data:`KEEP_ARCHIVES`, with their lock files."""
+    for old in sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime)[:-KEEP_ARCHIVES]:
+        old.unlink(missing_ok=True)
+        old.with_suffix(".lock").unlink(missing_ok=True)
 
 
 def jvm_options(archive: Path | None) -> str:

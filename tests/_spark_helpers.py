@@ -83,7 +83,13 @@ def jvm_archive(wait: float = 600.0) -> Path | None:
 def _prune(folder: Path) -> None:
     """Remove the class-data archives of other installs (each clone's venv has its own) but the newest
     :data:`KEEP_ARCHIVES`, with their lock files."""
-    for old in sorted(folder.glob("*.jsa"), key=lambda p: p.stat().st_mtime)[:-KEEP_ARCHIVES]:
+    def mtime(p: Path) -> float:
+        try:
+            return p.stat().st_mtime
+        except OSError:  # removed meanwhile by another run
+            return 0.0
+
+    for old in sorted(folder.glob("*.jsa"), key=mtime)[:-KEEP_ARCHIVES]:
         old.unlink(missing_ok=True)
         old.with_suffix(".lock").unlink(missing_ok=True)
 

@@ -14,13 +14,25 @@ from _obs_helpers import server
 DEADLINE_MS = 30_000
 
 
+def _page(browser: Any) -> tuple[Any, list[str]]:
+    """A new page (1280 x 900, actions waiting up to DEADLINE_MS) and the list its script errors go to."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.set_default_timeout(DEADLINE_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return page, errors
+
+
+def _positions(page: Any, count: int) -> list[int]:
+    """The positions of the first ``count`` rows of the event browser."""
+    rows = page.locator("#events tr.event")
+    return [int(rows.nth(i).locator("td").nth(1).inner_text()) for i in range(count)]
+
+
 def test_pages_live_updates_and_replay_in_a_browser(dsn: str, browser: Any, screenshots: Path) -> None:
     where = fill(dsn)
     with server(["console", "--port", "0", "--refresh", "1", "--dsn", dsn], "serving the console at") as srv:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(DEADLINE_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page, errors = _page(browser)
 
         # overview: topics with their counts, groups; it updates itself
         page.goto(srv.url + "/")
@@ -123,10 +135,7 @@ def test_event_browser_paging_search_group_actions_and_navigation_in_a_browser(
         heads = {p.partition: p.head for p in client.describe_topic("clicks").partition_info}
     newest = max(h for h in heads.values() if h is not None)
     with server(["console", "--port", "0", "--refresh", "60", "--dsn", dsn], "serving the console at") as srv:
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
-        page.set_default_timeout(DEADLINE_MS)
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page, errors = _page(browser)
 
         # the navigation bar on every page; counts with thousands separators; sparkline scales
         page.goto(srv.url + "/")
@@ -145,24 +154,21 @@ def test_event_browser_paging_search_group_actions_and_navigation_in_a_browser(
         # the event browser: newest first, every partition at once, paging both ways
         rows = page.locator("#events tr.event")
         assert rows.count() == 20
-        shown = [int(rows.nth(i).locator("td").nth(1).inner_text()) for i in range(20)]
+        shown = _positions(page, 20)
         assert shown == sorted(shown, reverse=True) and shown[0] == newest
         assert len({rows.nth(i).locator("td").first.inner_text() for i in range(20)}) == 3  # all partitions
         page.screenshot(path=str(screenshots / "browser-newest.png"), full_page=True)
         page.click("#page-older")
-        older = [int(page.locator("#events tr.event").nth(i).locator("td").nth(1).inner_text())
-                 for i in range(20)]
+        older = _positions(page, 20)
         assert older == sorted(older, reverse=True) and older[0] < shown[-1]
         page.click("#page-newer")
-        again = [int(page.locator("#events tr.event").nth(i).locator("td").nth(1).inner_text())
-                 for i in range(20)]
+        again = _positions(page, 20)
         assert again == shown
         # a jump to a position, oldest first
         page.select_option("#browse select[name=order]", "oldest")
         page.fill("#browse input[name=position]", "100")
         page.click("#browse button[type=submit]")
-        first = int(page.locator("#events tr.event").first.locator("td").nth(1).inner_text())
-        assert first == 100
+        assert _positions(page, 1) == [100]
 
         # search by key, bounded, with its cost stated
         page.goto(srv.url + "/topics/clicks?key=user-3&limit=5")

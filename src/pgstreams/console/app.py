@@ -96,6 +96,17 @@ async def _check_csrf(request: Request) -> dict[str, Any]:
     return form
 
 
+def _time(text: str) -> datetime:
+    """A time given in a page's query or form: ISO 8601 with a zone (``Z`` or ``+HH:MM``)."""
+    try:
+        at = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise BadRequest(f"time must be an ISO 8601 time with a zone, not {text!r}") from None
+    if at.tzinfo is None:
+        raise BadRequest(f"time {text!r} has no time zone (add Z or +HH:MM)")
+    return at
+
+
 def hmac_equal(a: str, b: str) -> bool:
     """Constant-time string comparison."""
     return secrets.compare_digest(a.encode(), b.encode())
@@ -132,8 +143,9 @@ class Console:
         env.globals["value_text"] = render.value_text
 
     def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+        # message: what the action a page redirected from did (shown by base.html)
         context.update(request=request, refresh=self.refresh, csrf=request.app.state.csrf,
-                       schema=self.client.schema)
+                       schema=self.client.schema, message=request.query_params.get("message"))
         return self.templates.TemplateResponse(request, template, context, status_code=status_code)
 
     def _snapshot(self) -> StatusSnapshot:
@@ -172,7 +184,7 @@ class Console:
             row["state"] = " / ".join(sorted(row.pop("states", set())))
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
         return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
-                         shares=_share_groups(snap.shares), message=request.query_params.get("message"))
+                         shares=_share_groups(snap.shares))
 
     def topic(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
@@ -215,14 +227,7 @@ class Console:
         before, after, position = _int(request, "before"), _int(request, "after"), _int(request, "position")
         at_text = q.get("time") or None
         key = q.get("key") or None
-        at = None
-        if at_text is not None:
-            try:
-                at = datetime.fromisoformat(at_text.replace("Z", "+00:00"))
-            except ValueError:
-                raise BadRequest(f"time must be an ISO 8601 time with a zone, not {at_text!r}") from None
-            if at.tzinfo is None:
-                raise BadRequest(f"time {at_text!r} has no time zone (add Z or +HH:MM)")
+        at = None if at_text is None else _time(at_text)
         if sum(x is not None for x in (before, after, position, at)) > 1:
             raise BadRequest("give one of a position, a time, before or after, not several")
         if at is not None:  # a jump to a time: from the first event at or after it, in any partition
@@ -253,11 +258,7 @@ class Console:
                         searched_to)
 
     def group(self, request: Request) -> Response:
-        name = request.path_params["name"]
-        try:
-            check_group(name)
-        except InvalidName:
-            raise NotFound(f"there is no group named {name!r}") from None
+        name = self._group_name(request)
         try:
             rows = self.client.describe_group(name)
         except GroupNotFound:
@@ -278,8 +279,7 @@ class Console:
         return self.page(request, "group.html", group=name, rows=rows, members=members, topics=topics,
                          charts=charts, total_lag=sum(r.lag for r in rows), shares=shares,
                          share_topics=share_topics, backlogs=backlogs,
-                         share_totals=_share_totals(shares), now=datetime.now(timezone.utc),
-                         message=request.query_params.get("message"))
+                         share_totals=_share_totals(shares), now=datetime.now(timezone.utc))
 
     def dlt(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])
@@ -292,8 +292,7 @@ class Console:
         except GroupNotFound:
             progress = []
         replayed = {s.partition: s.checkpoint or 0 for s in progress}
-        return self.page(request, "dlt.html", topic=name, desc=desc, letters=letters, replayed=replayed,
-                         message=request.query_params.get("message"))
+        return self.page(request, "dlt.html", topic=name, desc=desc, letters=letters, replayed=replayed)
 
     def _dead_letter(self, request: Request) -> tuple[str, Event]:
         name = self._topic(request.path_params["name"])
@@ -308,8 +307,7 @@ class Console:
 
     def dead_letter(self, request: Request) -> Response:
         name, ev = self._dead_letter(request)
-        return self.page(request, "dead_letter.html", topic=name, ev=ev,
-                         message=request.query_params.get("message"))
+        return self.page(request, "dead_letter.html", topic=name, ev=ev)
 
     async def replay_one(self, request: Request) -> Response:
         await _check_csrf(request)
@@ -329,7 +327,8 @@ class Console:
             raise NotFound(f"there is no group named {name!r}") from None
         return name
 
-    def _reset_args(self, group: str, source: Any) -> tuple[str, str, dict[str, Any]]:
+    def _reset_args(self, source: Any) -> tuple[str, str, dict[str, Any]]:
+        """The topic, the target in words and ``reset_group``'s keyword arguments from a query or form."""
         topic = self._topic(str(source.get("topic") or ""))
         target = str(source.get("to") or "")
         if target == "earliest":
@@ -337,19 +336,13 @@ class Console:
         if target == "latest":
             return topic, "after the last committed event", {"to_latest": True}
         if target == "time":
-            text = str(source.get("time") or "")
-            try:
-                at = datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                raise BadRequest(f"time must be an ISO 8601 time with a zone, not {text!r}") from None
-            if at.tzinfo is None:
-                raise BadRequest(f"time {text!r} has no time zone (add Z or +HH:MM)")
+            at = _time(str(source.get("time") or ""))
             return topic, f"the first event at or after {at.isoformat()}", {"to_datetime": at}
         raise BadRequest(f"to must be earliest, latest or time, not {target!r}")
 
     def confirm_reset(self, request: Request) -> Response:
         group = self._group_name(request)
-        topic, what, args = self._reset_args(group, request.query_params)
+        topic, what, args = self._reset_args(request.query_params)
         try:
             rows = self.client.reset_group(group, topic, dry_run=True, **args)
         except GroupActive as exc:
@@ -360,7 +353,7 @@ class Console:
     async def reset(self, request: Request) -> Response:
         form = await _check_csrf(request)
         group = await _threaded(self._group_name, request)
-        topic, what, args = await _threaded(self._reset_args, group, form)
+        topic, what, args = await _threaded(self._reset_args, form)
         try:
             rows = await _threaded(lambda: self.client.reset_group(group, topic, **args))
         except GroupActive as exc:

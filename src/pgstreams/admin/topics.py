@@ -235,10 +235,13 @@ class TopicAdmin:
         if not isinstance(key, str) or not key:
             raise InvalidArgument(f"key must be a non-empty string, not {key!r}")
         end = (1 << 62) if before is None else before
-        rows, lowest = self.session.store.status.browse_key(state.id, partition, key, end, scan, limit)
+        rows, lowest, walked = self.session.store.status.browse_key(state.id, partition, key, end, scan,
+                                                                   limit)
         found = events_of(state.name, rows)
         if len(found) == limit:  # more may match between the last one found and the end of the walk
             return KeySearch(found, scan, found[-1].position)
-        if lowest is None or not self.session.store.status.browse_before(state.id, partition, lowest, 1):
+        # a walk shorter than scan reached the partition's first event; a full one may have ended on it
+        status = self.session.store.status
+        if lowest is None or walked < scan or not status.browse_before(state.id, partition, lowest, 1):
             return KeySearch(found, scan, None)
         return KeySearch(found, scan, lowest)

@@ -144,16 +144,14 @@ class StatusStore:
                            topic_id=topic_id)
 
     def browse_key(self, topic_id: int, partition: int, key: str, before: int, scan: int, limit: int
-                   ) -> tuple[list[tuple[Any, ...]], int | None]:
+                   ) -> tuple[list[tuple[Any, ...]], int | None, int]:
         """The events with ``key`` among at most ``scan`` committed events of a partition before position
-        ``before`` (newest first, at most ``limit``), as poll rows, and the lowest position walked
-        (``None``: no event before ``before``)."""
+        ``before`` (newest first, at most ``limit``), as poll rows; the lowest position walked (``None``:
+        no event before ``before``) and how many events the walk went through."""
         args = {"partition": partition, "before": before, "scan": scan, "key": key, "limit": limit}
         rows = self.ex.all("browse_key", args, topic_id=topic_id)
-        if rows:
-            return [tuple(r[:-1]) for r in rows], rows[0][-1]
-        row = self.ex.one("browse_walk_floor", args, topic_id=topic_id)
-        return [], None if row is None or row[0] is None else int(row[0])
+        lowest, walked = rows[0][-2], int(rows[0][-1])
+        return [tuple(r[:-2]) for r in rows if r[1] is not None], lowest, walked
 
     def position_at(self, topic_id: int, partition: int, at: datetime) -> int | None:
         """The first position of a partition holding an event created at or after ``at``."""

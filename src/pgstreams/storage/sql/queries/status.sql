@@ -124,8 +124,9 @@ SELECT e.partition, e.position, e.xid::text::bigint, e.created_at - '1970-01-01 
 
 -- name: browse_key
 -- The events with a key among at most %(scan)s of a partition's events before a position, newest first
--- (the event browser's search: a bounded walk back on the read index, the key compared on each row), and
--- the lowest position the walk reached (NULL: no event there).
+-- (the event browser's search: a bounded walk back on the read index, the key compared on each row), each
+-- with the lowest position the walk reached and how many events it walked through; one row of NULL events
+-- with those two when none has the key.
 WITH walked AS (
     SELECT e.partition, e.position, e.xid, e.created_at, e.kind, e.key, e.value, e.headers, e.event_type,
            e.event_id, e.correlation_id, e.causation_id
@@ -134,21 +135,12 @@ WITH walked AS (
        AND (e.partition, e.position) >= (%(partition)s, 0)
      ORDER BY e.partition DESC, e.position DESC
      LIMIT %(scan)s
+), found AS (
+    SELECT * FROM walked w WHERE w.key = %(key)s ORDER BY w.position DESC LIMIT %(limit)s
 )
-SELECT w.partition, w.position, w.xid::text::bigint, w.created_at - '1970-01-01 00:00:00+00'::timestamptz,
-       w.kind, w.key, w.value, w.headers, w.event_type, w.event_id, w.correlation_id, w.causation_id,
-       (SELECT min(position) FROM walked)
-  FROM walked w
- WHERE w.key = %(key)s
- ORDER BY w.position DESC
- LIMIT %(limit)s;
-
--- name: browse_walk_floor
--- The lowest position of at most %(scan)s of a partition's events before a position (what browse_key
--- walked when it found nothing: NULL when there is no event there).
-SELECT min(position) FROM (
-    SELECT e.position FROM {table} e
-     WHERE (e.partition, e.position) < (%(partition)s, %(before)s)
-       AND (e.partition, e.position) >= (%(partition)s, 0)
-     ORDER BY e.partition DESC, e.position DESC
-     LIMIT %(scan)s) w;
+SELECT f.partition, f.position, f.xid::text::bigint, f.created_at - '1970-01-01 00:00:00+00'::timestamptz,
+       f.kind, f.key, f.value, f.headers, f.event_type, f.event_id, f.correlation_id, f.causation_id,
+       s.lowest, s.walked
+  FROM (SELECT min(position) AS lowest, count(*) AS walked FROM walked) s
+  LEFT JOIN found f ON true
+ ORDER BY f.position DESC;

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
 from .. import group_members
 from ..client import Client
 from ..errors import GroupActive, GroupNotFound, InvalidArgument, InvalidName, PgStreamsError, TopicNotFound
-from ..models import Event, ShareGroupStatus, StatusSnapshot, group_state
+from ..models import Event, GroupLag, ShareGroupStatus, StatusSnapshot, group_state
 from ..names import check_group, check_topic
 from . import render
 from .defaults import DEFAULT_HISTORY_MINUTES, DEFAULT_REFRESH
@@ -168,20 +168,7 @@ class Console:
             t = per_topic.setdefault(p.topic, {"events": 0, "published": 0})
             t["events"] += p.events
             t["published"] += p.published
-        groups: dict[str, dict[str, Any]] = {}
-        by_topic: dict[tuple[str, str], list[Any]] = {}
-        for g in snap.groups:
-            row = groups.setdefault(g.group, {"topics": set(), "lag": 0, "problems": set()})
-            row["topics"].add(g.topic)
-            row["lag"] += g.lag
-            if g.state in ("blocked", "retrying", "stale"):
-                row["problems"].add(g.state)
-            by_topic.setdefault((g.group, g.topic), []).append(g)
-        for (group, _topic), parts in by_topic.items():
-            groups[group].setdefault("states", set()).add(group_state(parts))
-        for row in groups.values():
-            # the group's state (pgstreams.GROUP_STATES), one word when it is the same on every topic
-            row["state"] = " / ".join(sorted(row.pop("states", set())))
+        groups = _group_rows(snap.groups)
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
         return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
                          shares=_share_groups(snap.shares))
@@ -193,14 +180,7 @@ class Console:
         snap = self._snapshot()
         # the size of the overview and the metrics (the status): segments, indexes and TOAST
         status = next((t for t in snap.topics if t.topic == name), None)
-        groups: dict[str, dict[str, Any]] = {}
-        for g in snap.groups:
-            if g.topic == name:
-                row = groups.setdefault(g.group, {"lag": 0, "parts": []})
-                row["lag"] += g.lag
-                row["parts"].append(g)
-        for row in groups.values():
-            row["state"] = group_state(row.pop("parts"))
+        groups = _group_rows(g for g in snap.groups if g.topic == name)
         dlt = next((t for t in snap.topics if t.topic == f"{name}.dlt"), None)
         dlt_events = sum(p.events for p in snap.partitions if dlt is not None and p.topic == dlt.topic)
         return self.page(request, "topic.html", desc=desc, status=status, rates=self.history.rates(name),
@@ -234,7 +214,7 @@ class Console:
             found = [p for p in (self.client.read_events(name, i, at=at, limit=1) for i in parts) if p]
             position = min((p[0].position for p in found), default=None)
             if position is None:
-                return _browsed([], parts, partition, order, limit, key, None, at_text, SEARCH_SCAN, None)
+                return _browsed([], parts, partition, order, limit, key, None, at_text, None)
         searched_to: int | None = None
         if key is not None:
             if after is not None:
@@ -254,8 +234,7 @@ class Console:
             got = [e for i in parts for e in self.client.read_events(name, i, before=top, limit=limit)]
             events = sorted(got, key=lambda e: -e.position)[:limit]
         events.sort(key=lambda e: -e.position if order == "newest" else e.position)
-        return _browsed(events, parts, partition, order, limit, key, position, at_text, SEARCH_SCAN,
-                        searched_to)
+        return _browsed(events, parts, partition, order, limit, key, position, at_text, searched_to)
 
     def group(self, request: Request) -> Response:
         name = self._group_name(request)
@@ -397,6 +376,22 @@ class Console:
         return RedirectResponse(f"/dlt/{name}?message={_q(msg)}", status_code=303)
 
 
+def _group_rows(lags: Iterable[GroupLag]) -> dict[str, dict[str, Any]]:
+    """Per stream group of the status: its topics, total lag, the partition states that need a look
+    (blocked, retrying, stale) and its state (:data:`pgstreams.GROUP_STATES`; one word when it is the same
+    on every topic)."""
+    by_group: dict[str, dict[str, list[GroupLag]]] = {}
+    for g in lags:
+        by_group.setdefault(g.group, {}).setdefault(g.topic, []).append(g)
+    rows: dict[str, dict[str, Any]] = {}
+    for group, topics in by_group.items():
+        parts = [g for on_topic in topics.values() for g in on_topic]
+        rows[group] = {"topics": set(topics), "lag": sum(g.lag for g in parts),
+                       "problems": {g.state for g in parts} & {"blocked", "retrying", "stale"},
+                       "state": " / ".join(sorted({group_state(t) for t in topics.values()}))}
+    return rows
+
+
 #: How many events of each partition a search by key walks back through (see Client.search_events).
 SEARCH_SCAN = 10_000
 #: A position past every event: the end of a partition for a read before it.
@@ -404,13 +399,13 @@ _END = 1 << 62
 
 
 def _browsed(events: list[Event], parts: list[int], partition: int | None, order: str, limit: int,
-             key: str | None, position: int | None, time: str | None, scan: int,
-             searched_to: int | None) -> dict[str, Any]:
+             key: str | None, position: int | None, time: str | None, searched_to: int | None
+             ) -> dict[str, Any]:
     """The event browser's template context: the events, the query, and the positions of the pages
     before and after (``older``: events below the lowest shown; ``newer``: above the highest)."""
     positions = [e.position for e in events]
     return {"events": events, "partition": partition, "order": order, "limit": limit, "key": key or "",
-            "position": position, "time": time or "", "scan": scan, "searched_to": searched_to,
+            "position": position, "time": time or "", "scan": SEARCH_SCAN, "searched_to": searched_to,
             "older": min(positions) if positions else None, "newer": max(positions) if positions else None,
             "all_partitions": len(parts) > 1}
 

@@ -14,11 +14,12 @@ import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from _system import TEST_ROOT
 
 #: The options of every JVM the tests start (set in ``$JAVA_TOOL_OPTIONS`` by ``conftest.py``, so that the
 #: drivers of subprocesses, Spark's standalone daemons and executors get them too): the client compiler
@@ -43,8 +44,7 @@ def archive_path() -> Path:
     env = {k: v for k, v in os.environ.items() if k != "JAVA_TOOL_OPTIONS"}  # its echo is not the version
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, check=True, env=env).stderr
     key = hashlib.sha1(f"{java}|{pyspark.__version__}|{pyspark.__file__}|{JVM_OPTIONS}".encode())
-    root = Path(tempfile.gettempdir()) / f"pgstreams-test-{os.getuid()}" / "jvm"
-    return root / f"{key.hexdigest()[:16]}.jsa"
+    return TEST_ROOT / "jvm" / f"{key.hexdigest()[:16]}.jsa"
 
 
 def jvm_archive(wait: float = 600.0) -> Path | None:

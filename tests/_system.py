@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+#: The tests' own folder under the temporary one: the embedded test server's data, the JVMs' archives.
+TEST_ROOT = Path(tempfile.gettempdir()) / f"pgstreams-test-{os.getuid()}"
+
 
 def debian_package(package: str, installed: Path) -> None:
     """Install Debian's ``package`` unless ``installed`` (a file it provides) exists; fail the test when it

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import os
 import queue
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 import pgstreams
 from _core_helpers import new_database
 from _spark_helpers import JVM_OPTIONS, archive_path, jvm_archive, jvm_options
+from _system import TEST_ROOT
 from pgstreams import migrate as _migrate
 from pgstreams.cluster import init_cluster
 from pgstreams.embedded import TemporaryServer, restartable_server
@@ -50,7 +50,7 @@ def _server_dsn() -> str:
         return dsn
     from pgstreams.embedded import embedded_dsn
 
-    root = Path(tempfile.gettempdir()) / f"pgstreams-test-{os.getuid()}"
+    root = TEST_ROOT
     dsn = embedded_dsn(root / "pgdata")
     _nice_embedded_server(root / "pgdata")
     # The embedded test server holds only throw-away databases: skip the WAL flushes.

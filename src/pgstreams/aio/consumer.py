@@ -184,7 +184,7 @@ class AsyncConsumer:
                     if not kept:
                         raise psycopg.Rollback()
                 else:
-                    tx.outcome = CommitOutcome.IGNORED  # nothing polled, nothing stored: as the sync side
+                    tx.outcome = reader.outcome({})  # nothing polled, nothing stored: the reader's rule
             if targets and kept:
                 reader.apply(targets)
             elif not kept:

@@ -15,6 +15,7 @@ of the session's own (:func:`shard_servers`), started the first time a test asks
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import queue
@@ -331,10 +332,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 _ARCHIVE_WAITERS = ("demo", "cluster")
 
 
-def _archive_builder() -> None:
-    jvm_archive()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Before a test of a lane (:data:`_LANES`), point ``$JAVA_TOOL_OPTIONS`` at the class-data archive of
@@ -350,13 +347,9 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     os.environ["JAVA_TOOL_OPTIONS"] = jvm_options(path if path.exists() else None)
 
 
-_ARCHIVE_PATH: list[Path] = []
-
-
+@functools.cache
 def _archive_path() -> Path:
-    if not _ARCHIVE_PATH:
-        _ARCHIVE_PATH.append(archive_path())
-    return _ARCHIVE_PATH[0]
+    return archive_path()  # runs `java -version`: once per process
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -374,7 +367,7 @@ def pytest_configure(config: pytest.Config) -> None:
         os.nice(_BACKGROUND_NICE)
     controller = not hasattr(config, "workerinput") and config.getoption("numprocesses", None)
     if controller and _OWN_JVM_OPTIONS and not _archive_path().exists():
-        builder = threading.Thread(target=_archive_builder, name="jvm-archive", daemon=True)
+        builder = threading.Thread(target=jvm_archive, name="jvm-archive", daemon=True)
         builder.start()
         config.stash[_BUILDER] = builder
 

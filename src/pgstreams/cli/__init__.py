@@ -37,7 +37,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -150,36 +150,6 @@ _HELP = (
     "embedded PostgreSQL) and --schema."
 )
 
-def _plain_help_types() -> None:
-    """Typer 0.29 (pinned below it for its start-up time; this keeps its help clean when allowed) shows a type
-    beside every parameter of the rich help: ``<bool>`` beside flags, which take
-    no value, ``<str>`` beside arguments whose name already says what they are, and ``<list[str]>`` beside
-    options given several times. Show none for flags and arguments, and ``<str>...`` for repeated options,
-    as click's own help does."""
-    from typer.core import TyperArgument, TyperOption
-
-    if not hasattr(TyperOption, "display_type_rich"):  # typer before 0.29 shows click's own types
-        return
-    option_class: Any = TyperOption
-    argument_class: Any = TyperArgument
-    shown = option_class.display_type_rich
-
-    def option_type(self: TyperOption, ctx: Any) -> str | None:
-        if self.is_flag:
-            return None
-        label = shown(self, ctx)
-        if label is not None and label.startswith("<list[") and label.endswith("]>"):
-            return f"<{label[6:-2]}>..."
-        return label
-
-    def argument_type(self: TyperArgument, ctx: Any) -> str | None:
-        return None
-
-    option_class.display_type_rich = option_type
-    argument_class.display_type_rich = argument_type
-
-
-_plain_help_types()
 
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,

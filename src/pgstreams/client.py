@@ -28,7 +28,7 @@ from .models import (
     StatusSnapshot,
 )
 from .names import check_schema
-from .producer import TOPIC_CHECK_INTERVAL, Producer, TopicState
+from .producer import MARK_WINDOW, Producer, TopicState
 from .reconnect import DEFAULT_RETRY_TIMEOUT
 from .session import Session, denied
 from .storage import TopicRecord
@@ -43,9 +43,6 @@ T = TypeVar("T")
 DEFAULT_SCHEMA = "pgstreams"
 #: Connections per client pool (``connect(pool_size=...)``).
 DEFAULT_POOL_SIZE = 10
-#: Seconds added to a publisher's reading interval during which a consumer that marked a topic as waited
-#: for after a lapse rechecks fast (the reading's round trip; see ``0027_topic_waiters.sql``).
-_MARK_MARGIN = 0.2
 
 #: Seconds between fallback polls of a waiting consumer when no notification arrives.
 DEFAULT_POLL_INTERVAL = 0.25
@@ -97,10 +94,9 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
         if not isinstance(dsn, str) or not dsn:
             raise InvalidArgument("dsn must be a non-empty string")
         check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
-        # publishers see a consumer's mark with the topic's row, read at least every TOPIC_CHECK_INTERVAL
         session = Session(dsn, schema=schema, migrate=migrate, pool_size=pool_size,
                           poll_interval=poll_interval, retry_timeout=retry_timeout, state_of=TopicState.of,
-                          mark_window=TOPIC_CHECK_INTERVAL + _MARK_MARGIN)
+                          mark_window=MARK_WINDOW)
         self._session = session
         #: the session's storage layer, retry rule and wake-up services, bound once (one hop for callers)
         self.store = session.store

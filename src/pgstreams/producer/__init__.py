@@ -38,7 +38,8 @@ from __future__ import annotations
 from .idempotence import Interrupted, ProducerTags, backend_pid
 from .producer import Producer
 from .rows import Batch, checked_row, choose_partition, encode_row, event_row, event_size, route
-from .state import TOPIC_CHECK_INTERVAL, TopicState
+from .state import MARK_WINDOW, TOPIC_CHECK_INTERVAL, TopicState
 
-__all__ = ["TOPIC_CHECK_INTERVAL", "Batch", "Interrupted", "Producer", "ProducerTags", "TopicState",
-           "backend_pid", "checked_row", "choose_partition", "encode_row", "event_row", "event_size", "route"]
+__all__ = ["MARK_WINDOW", "TOPIC_CHECK_INTERVAL", "Batch", "Interrupted", "Producer", "ProducerTags",
+           "TopicState", "backend_pid", "checked_row", "choose_partition", "encode_row", "event_row",
+           "event_size", "route"]

@@ -17,6 +17,11 @@ from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
 #: (a partition count raised by :meth:`pgstreams.Client.alter_topic`).
 TOPIC_CHECK_INTERVAL = 0.5
 
+#: Seconds after a consumer marked a topic as waited for (after a lapse) during which it rechecks fast:
+#: publishers see the mark with the topic's row, read every :data:`TOPIC_CHECK_INTERVAL`, plus that
+#: reading's round trip (see ``0027_topic_waiters.sql``).
+MARK_WINDOW = TOPIC_CHECK_INTERVAL + 0.2
+
 
 @dataclass
 class TopicState:

@@ -140,9 +140,10 @@ class ClusterStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None if any(x is None for x in latest) else {"shards": latest}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """Each shard's end offset of the next micro-batch, below its own read fences."""
+        """Each shard's end offset of the next micro-batch, below its own read fences (without waiting for
+        new events: option ``maxWaitMs`` applies to streams of one server)."""
         starts = _shard_offsets(start, len(self.readers))
-        return {"shards": [r.latestOffset(s, limit) for r, s in zip(self.readers, starts, strict=True)]}
+        return {"shards": [r.latest_offset(s, limit, 0.0) for r, s in zip(self.readers, starts, strict=True)]}
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """Every shard's input partitions between its start and end offsets."""

@@ -26,6 +26,12 @@ LATEST = -1
 #: retention removed fails.
 FAIL_ON_DATA_LOSS = True
 
+#: Default of option ``maxWaitMs``: how long planning a micro-batch of a stream waits for new events when
+#: there are none, woken early by the publishers' notifications (as a Kafka fetch waits up to
+#: ``fetch.max.wait.ms``). Without it an idle query with the default trigger asks the database every
+#: 10 ms (``spark.sql.streaming.pollingDelay``).
+MAX_WAIT_MS = 250
+
 #: The cursor before every event (a cursor, :data:`pgstreams.storage.Cursor`, is the position of the last
 #: event read: "after this position").
 ORIGIN: Cursor = 0
@@ -164,6 +170,20 @@ def positive_int_option(options: Mapping[str, str], name: str) -> int | None:
     return number
 
 
+def non_negative_int_option(options: Mapping[str, str], name: str, default: int) -> int:
+    """An option holding an integer >= 0; ``default`` when not set."""
+    value = _get(options, name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise InvalidArgument(f"option '{name}' must be an integer >= 0, got {value!r}") from None
+    if number < 0:
+        raise InvalidArgument(f"option '{name}' must be an integer >= 0, got {value!r}")
+    return number
+
+
 def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:
     """An option holding ``true`` or ``false`` (any case); ``default`` when not set."""
     value = _get(options, name)
@@ -296,6 +316,7 @@ class ReadOptions:
     group: str | None
     batch_size: int
     fail_on_data_loss: bool = FAIL_ON_DATA_LOSS
+    max_wait_ms: int = MAX_WAIT_MS
 
 
 def read_options(options: Mapping[str, str]) -> ReadOptions:
@@ -318,6 +339,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         group=group,
         batch_size=positive_int_option(options, "arrowBatchSize") or 32768,
         fail_on_data_loss=bool_option(options, "failOnDataLoss", FAIL_ON_DATA_LOSS),
+        max_wait_ms=non_negative_int_option(options, "maxWaitMs", MAX_WAIT_MS),
     )
 
 

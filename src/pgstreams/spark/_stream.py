@@ -20,6 +20,7 @@ again. New offsets are always written in the form above.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, Union
 
@@ -35,7 +36,9 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from ..errors import InvalidArgument
+from ..producer.state import MARK_WINDOW
 from ..storage import TopicRecord
+from ..storage.notifications import FAST_RECHECK, Listener
 from . import _db
 from ._batch import Split, check_loss, lift_origins, read_split, resolve_cursor, specs
 from ._options import ORIGIN, Cursor, ReadOptions, legacy_cursor
@@ -101,6 +104,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._metas: list[TopicRecord] | None = None
         self._target: Offsets | None = None
         self._mirrored: Offsets | None = None
+        self._listen: Listener | None = None
 
     # -- plumbing -------------------------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection:
@@ -175,8 +179,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         """The end offset of the next micro-batch: everything below the read fences (up to the
-        ``availableNow`` target), at most ``limit`` events when the limit is ``ReadMaxRows``."""
-        def run(conn: psycopg.Connection) -> Offsets:
+        ``availableNow`` target), at most ``limit`` events when the limit is ``ReadMaxRows``. With no new
+        event, it waits up to option ``maxWaitMs`` for one (woken by the publishers' notifications), so
+        that an idle query does not ask the database at every trigger."""
+        return self.latest_offset(start, limit, self.opts.max_wait_ms / 1000)
+
+    def latest_offset(self, start: dict, limit: ReadLimit, wait: float) -> dict:
+        """:meth:`latestOffset`, waiting up to ``wait`` s for new events when there are none."""
+        def run(conn: psycopg.Connection) -> tuple[Offsets, bool]:
             upper = self._target
             fences = self._fences(conn) if upper is None or _has_legacy(start) else None
             if upper is None:
@@ -192,8 +202,48 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                              for t in starts}
             if isinstance(limit, ReadMaxRows):
                 ends = self._limit(conn, metas, starts, ends, int(limit.max_rows))
-            return ends
-        return to_json(self._run(run))
+            return ends, ends != starts
+
+        if self._target is not None:
+            wait = 0.0  # ``availableNow`` reads up to a fixed target: nothing to wait for
+        deadline = time.monotonic() + wait
+        recheck = 0.0
+        while True:
+            # the notifications counted before the read: one that comes after it ends the wait below
+            generations = self._listener().generations(self._run(self._topic_ids)) if wait else None
+            ends, moving = self._run(run)
+            left = deadline - time.monotonic()
+            if moving or generations is None or left <= 0:
+                return to_json(ends)
+            recheck = self._wait_for_events(generations, left, recheck)
+
+    def _topic_ids(self, conn: psycopg.Connection) -> list[int]:
+        return [m.id for m in self._topics(conn)]
+
+    def _listener(self) -> Listener:
+        """The LISTEN connection (a thread of this process) that wakes :meth:`latestOffset`'s wait."""
+        if self._listen is None:
+            opts = self.opts
+            self._listen = Listener(lambda: _db.connect(opts.dsn), opts.schema, self._mark_waiting,
+                                    fast_window=MARK_WINDOW)
+        return self._listen
+
+    def _mark_waiting(self, topic_id: int, ttl: float) -> None:
+        """Mark ``topic_id`` as waited for, so that publishers notify (called by :meth:`Listener.waiting`
+        in the thread of :meth:`latestOffset`, on the reader's connection)."""
+        _db.store(self.opts.schema).executor.one("topic_waiting", (topic_id, ttl), conn=self._connection())
+
+    def _wait_for_events(self, generations: dict[int, int], left: float, recheck: float) -> float:
+        """Wait up to ``left`` s for a notification about a topic read; return the next wait's cap. After
+        a notification whose events the read did not find (still behind the read fence of an open
+        transaction, or announced a little before their commit) read again after 2 ms, then 4 ms, ..."""
+        listener = self._listener()
+        wait = min(left, recheck) if recheck else left
+        if any([listener.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
+            wait = min(wait, FAST_RECHECK)
+        if listener.wait_any(generations, wait):
+            return min(recheck * 2, 0.1) if recheck else 0.002
+        return min(recheck * 2, 0.1) if recheck else 0.0
 
     def _limit(self, conn: psycopg.Connection, metas: dict[str, TopicRecord], starts: Offsets,
                ends: Offsets, max_rows: int) -> Offsets:
@@ -270,7 +320,10 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._mirrored = offsets
 
     def stop(self) -> None:
-        """Close the connection."""
+        """Close the connections."""
+        if self._listen is not None:
+            self._listen.stop(5.0)
+            self._listen = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import psycopg
 from psycopg import pq
@@ -233,6 +233,24 @@ class Listener(Service):
         deadline = time.monotonic() + timeout
         with self._cond:
             while self._gens.get(topic_id, 0) == generation:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
+
+    def generations(self, topic_ids: Iterable[int]) -> dict[int, int]:
+        """:meth:`generation` of each of ``topic_ids``."""
+        with self._cond:
+            return {tid: self._gens.get(tid, 0) for tid in topic_ids}
+
+    def wait_any(self, generations: Mapping[int, int], timeout: float) -> bool:
+        """Wait up to ``timeout`` s for a notification about any topic of ``generations`` (topic id ->
+        :meth:`generation`) newer than its generation there."""
+        self.start()
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while all(self._gens.get(tid, 0) == gen for tid, gen in generations.items()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False

@@ -9,5 +9,5 @@ PY=${PYTHON:-python3}
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "pgstreams needs Python >= 3.11")'
 command -v java >/dev/null || { echo "test.sh: java (17) is required for the Spark tests" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[spark,ml,dev,metrics,console]"
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[spark,ml,dev,metrics,console,kafka]"
 exec .venv/bin/python -m pytest -n "${PGSTREAMS_TEST_WORKERS:-4}" --dist loadgroup "$@"

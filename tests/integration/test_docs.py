@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
     "README.md", "docs/aio.md", "docs/shares.md", "docs/workers.md", "docs/metrics.md", "docs/sql.md",
     "docs/cli.md", "docs/shards.md", "docs/ml-system.md", "docs/operations.md", "docs/security.md",
-    "docs/console.md", "docs/architecture.md", "docs/design.md", "docs/benchmarks.md",
+    "docs/console.md", "docs/kafka.md", "docs/architecture.md", "docs/design.md", "docs/benchmarks.md",
 ]
 #: Pages that are not run: the record of earlier benchmark runs (commands of code that no longer exists).
 NOT_RUN = {"docs/benchmarks-history.md", "docs/spark.md"}

@@ -10,7 +10,7 @@ The layers, bottom to top (docs/architecture.md draws them):
 3. ``client``: the public facade;
 4. ``runtime``: worker and cluster;
 5. ``connecting``: connecting, aio and the package's public names (``pgstreams/__init__.py``);
-6. ``extras``: metrics, console, spark, cli;
+6. ``extras``: metrics, console, spark, kafka, cli;
 7. ``application``: pgstreams_ml.
 
 Imports within a layer are allowed between the packages :data:`SAME_LAYER` names, and only those (the
@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("client", frozenset({"client"})),
     ("runtime", frozenset({"worker", "cluster"})),
     ("connecting", frozenset({"connecting", "aio", ""})),  # "": the package pgstreams itself
-    ("extras", frozenset({"metrics", "console", "spark", "cli"})),
+    ("extras", frozenset({"metrics", "console", "spark", "kafka", "cli"})),
 )
 APPLICATION = "application"  # pgstreams_ml, above everything
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)} | {APPLICATION: len(LAYERS)}
@@ -49,6 +49,7 @@ SAME_LAYER = frozenset({
     ("aio", "connecting"),  # the asyncio client resolves its DSN as connect() does
     ("cli", "metrics"),  # the worker command's metrics endpoint
     ("cli", "console"),  # the console command
+    ("cli", "kafka"),  # the kafka serve command
 })
 
 def part_of(module: str) -> str:

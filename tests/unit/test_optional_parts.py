@@ -1,4 +1,4 @@
-"""The core imports none of the optional parts (metrics, console, their web frameworks), and the
+"""The core imports none of the optional parts (metrics, console, the Kafka gateway, their libraries), and the
 console's pure helpers: credentials, the loopback rule, value rendering."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ def test_the_core_imports_no_optional_part() -> None:
     code = ("import sys, pgstreams, pgstreams.client, pgstreams.consumer, pgstreams.groups, "
             "pgstreams.storage, pgstreams.worker, pgstreams.aio, pgstreams.maintenance, pgstreams.admin\n"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('prometheus_client', 'starlette', "
-            "'jinja2', 'uvicorn') or m.split('.')[:2] in (['pgstreams', 'console'], "
-            "['pgstreams', 'metrics'], ['pgstreams', 'cli'])]\n"
+            "'jinja2', 'uvicorn', 'kio') or m.split('.')[:2] in (['pgstreams', 'console'], "
+            "['pgstreams', 'metrics'], ['pgstreams', 'cli'], ['pgstreams', 'kafka'])]\n"
             "assert not bad, bad")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr

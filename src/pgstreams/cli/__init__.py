@@ -49,6 +49,7 @@ from . import (
     consume,
     dlt,
     groups,
+    kafka,
     maintain,
     metrics,
     migrate,
@@ -155,7 +156,7 @@ _HELP = (
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
 for _module in (migrate, cluster, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
-                quickstart, security, server):
+                kafka, quickstart, security, server):
     _module.register(app)
 
 

@@ -1,0 +1,65 @@
+"""``pgstreams kafka serve``: the Kafka protocol gateway (see ``docs/kafka.md``)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Annotated
+
+import typer
+
+from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve, usage_error
+from .output import err_console
+from .serving import listening, load_extra
+
+kafka_app = typer.Typer(help="The Kafka protocol gateway.", no_args_is_help=True)
+
+
+@kafka_app.command("serve")
+def kafka_serve(
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any free one).")
+                      ] = "127.0.0.1:9092",
+    advertise: Annotated[str | None, typer.Option(
+        "--advertise", help="HOST:PORT that clients are told to connect to (default: the listening "
+        "address).")] = None,
+    node_id: Annotated[int, typer.Option("--node-id", help="This gateway's broker id.")] = 0,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Serve the Kafka protocol over the topics of one database until SIGINT/SIGTERM."""
+    load_extra("pgstreams.kafka", "kafka")
+    from pgstreams.kafka.server import parse_address
+
+    try:
+        host, port = parse_address(listen, "--listen")
+        if advertise is not None:
+            parse_address(advertise, "--advertise")
+    except ValueError as exc:
+        raise usage_error(str(exc)) from None
+    if not 0 <= node_id <= 2**31 - 1:
+        raise usage_error(f"--node-id must be from 0 to {2**31 - 1}, not {node_id}")
+    server_dsn = resolve(dsn)
+    with listening(host, port):
+        asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id))
+
+
+async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int) -> None:
+    import pgstreams.aio
+    from pgstreams.kafka import Gateway
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for s in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(s, stop.set)
+    async with await pgstreams.aio.connect(dsn, schema=schema) as client:
+        async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id) as gateway:
+            host, port = gateway.address
+            shown = f"[{host}]" if ":" in host else host
+            # one line on stderr that scripts (and tests) can read the bound address from
+            err_console().print(f"serving the Kafka protocol at {shown}:{port}", soft_wrap=True)
+            await stop.wait()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``kafka`` commands to ``app``."""
+    app.add_typer(kafka_app, name="kafka")

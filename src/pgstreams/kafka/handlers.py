@@ -1,0 +1,100 @@
+"""What the gateway answers to each API it serves (:data:`pgstreams.kafka.versions.SERVED`).
+
+A handler gets the gateway's :class:`Context` and the decoded request, and returns the response as plain
+values for :func:`pgstreams.kafka.codec.build` (the same for every version of its API).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..aio import AsyncClient
+from .codec import Request
+from .versions import SERVED
+
+#: The namespace of the topic ids the gateway hands out: a topic's id is derived from its server, schema
+#: and name, so that every gateway over the same database gives the same one.
+TOPIC_ID_NAMESPACE = uuid.UUID("5d0b3c1e-7f53-4e0c-9a43-6f2c3c1b8a10")
+
+
+@dataclass(frozen=True)
+class Context:
+    """What the handlers of one gateway share: its client, its broker identity and the cluster id."""
+
+    client: AsyncClient
+    node_id: int
+    host: str
+    port: int
+    cluster_id: str
+
+
+Handler = Callable[[Context, Request], Awaitable[dict[str, Any]]]
+
+
+def topic_id(ctx: Context, name: str) -> uuid.UUID:
+    """The Kafka topic id of topic ``name`` (stable across gateways and restarts)."""
+    return uuid.uuid5(TOPIC_ID_NAMESPACE, f"{ctx.cluster_id}/{name}")
+
+
+async def api_versions(ctx: Context, req: Request) -> dict[str, Any]:
+    """``ApiVersions``: every API served, with its versions (from the one table)."""
+    return api_versions_reply(ErrorCode.none)
+
+
+def api_versions_reply(error: ErrorCode) -> dict[str, Any]:
+    """The ``ApiVersions`` response values with ``error``."""
+    return {
+        "error_code": error,
+        "api_keys": [
+            {"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
+            for api in sorted(SERVED.values(), key=lambda a: a.key)
+        ],
+        "throttle_time": 0,
+    }
+
+
+async def metadata(ctx: Context, req: Request) -> dict[str, Any]:
+    """``Metadata``: this gateway as the one broker, leader of every partition; the topics asked for
+    (all when the request names none), an unknown one with ``UNKNOWN_TOPIC_OR_PARTITION``. Topics are
+    not created on request: create them with ``pgstreams topics create`` (or ``CreateTopics``)."""
+    known = {t.name: t for t in await ctx.client.list_topics()}
+    asked = req.body.topics
+    names = sorted(known) if asked is None else [t.name for t in asked if t.name is not None]
+    topics: list[dict[str, Any]] = []
+    for name in names:
+        info = known.get(name)
+        if info is None:
+            topics.append({"error_code": ErrorCode.unknown_topic_or_partition, "name": name,
+                           "topic_id": uuid.UUID(int=0), "partitions": []})
+            continue
+        topics.append({
+            "error_code": ErrorCode.none,
+            "name": name,
+            "topic_id": topic_id(ctx, name),
+            "is_internal": False,
+            "partitions": [
+                {"error_code": ErrorCode.none, "partition_index": p, "leader_id": ctx.node_id,
+                 "leader_epoch": 0, "replica_nodes": [ctx.node_id], "isr_nodes": [ctx.node_id],
+                 "offline_replicas": []}
+                for p in range(info.partitions)
+            ],
+        })
+    return {
+        "throttle_time": 0,
+        "brokers": [{"node_id": ctx.node_id, "host": ctx.host, "port": ctx.port, "rack": None}],
+        "cluster_id": ctx.cluster_id,
+        "controller_id": ctx.node_id,
+        "topics": topics,
+    }
+
+
+#: The handler of each API key served.
+HANDLERS: dict[int, Handler] = {
+    3: metadata,
+    18: api_versions,
+}

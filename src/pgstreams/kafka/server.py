@@ -1,0 +1,158 @@
+"""The gateway's asyncio server: one task per connection, its requests answered in order.
+
+A frame that cannot be read (a size out of range, a malformed request) closes its own connection only. A
+request for an API or a version that is not served gets Kafka's ``UNSUPPORTED_VERSION``: in an
+``ApiVersions`` reply of version 0 (with the versions served) for ``ApiVersions`` itself, as Kafka does;
+for another API, where no reply of the version asked can be built, the connection is closed with a
+warning that names the API and version (Kafka brokers close it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from ..aio import AsyncClient
+from . import codec
+from .handlers import HANDLERS, Context, api_versions_reply
+from .versions import API_VERSIONS_KEY, SERVED, served
+
+log = logging.getLogger("pgstreams.kafka")
+
+#: The gateway's default listening address.
+DEFAULT_LISTEN = "127.0.0.1:9092"
+
+
+def parse_address(value: str, option: str) -> tuple[str, int]:
+    """``HOST:PORT`` as a pair; :class:`ValueError` naming ``option`` when it is not one."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{option} must be HOST:PORT with a port from 0 to 65535, not {value!r}")
+    return host.strip("[]"), int(port)
+
+
+class Gateway:
+    """A Kafka protocol server over the topics of one pgstreams schema (see ``docs/kafka.md``).
+
+    ``client``: the :class:`pgstreams.aio.AsyncClient` it serves from (not closed by the gateway);
+    ``listen``: ``HOST:PORT`` to listen on (port 0: any free one); ``advertise``: ``HOST:PORT`` that
+    clients are told to connect to (default: the listening address); ``node_id``: its broker id.
+    """
+
+    def __init__(self, client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
+                 node_id: int = 0) -> None:
+        self._client = client
+        self._listen = parse_address(listen, "listen")
+        self._advertise = parse_address(advertise, "advertise") if advertise else None
+        self._node_id = node_id
+        self._server: asyncio.Server | None = None
+        self._ctx: Context | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address the gateway listens on (after :meth:`start`: with the port bound)."""
+        if self._server is None or not self._server.sockets:
+            return self._listen
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """The address clients are told to connect to."""
+        return self._advertise or self.address
+
+    async def start(self) -> None:
+        """Listen (returns once bound)."""
+        host, port = self._listen
+        self._server = await asyncio.start_server(self._serve, host, port)
+        adv_host, adv_port = self.advertised
+        # the cluster id: the same for every gateway of one database and schema
+        cluster = hashlib.sha256(f"{self._client.server}/{self._client.schema}".encode()).hexdigest()[:22]
+        self._ctx = Context(self._client, self._node_id, adv_host, adv_port, cluster)
+        log.info("serving the Kafka protocol on %s:%d (advertised as %s:%d)", *self.address, adv_host,
+                 adv_port)
+
+    async def close(self) -> None:
+        """Stop listening and end every connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            while True:
+                try:
+                    prefix = await reader.readexactly(4)
+                except asyncio.IncompleteReadError:
+                    return  # the client closed the connection
+                size = codec.frame_size(prefix)
+                frame = await reader.readexactly(size)
+                reply = await self._answer(frame)
+                if reply is None:
+                    return
+                writer.write(reply)
+                await writer.drain()
+        except codec.FrameError as exc:
+            log.warning("closing the connection of %s: %s", peer, exc)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("closing the connection of %s after an unexpected error", peer)
+        finally:
+            self._connections.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, frame: bytes) -> bytes | None:
+        """The reply frame to a request frame (``None``: close the connection)."""
+        key, version, correlation = codec.peek(frame)
+        api = served(key, version)
+        if api is None:
+            if key == API_VERSIONS_KEY:
+                refusal = api_versions_reply(ErrorCode.unsupported_version)
+                return codec.encode(correlation, codec.build(codec.response_type(key, 0), refusal),
+                                    header_version=0)
+            known = SERVED.get(key)
+            log.warning("closing a connection that sent API key %d version %d: %s", key, version,
+                        "not served" if known is None
+                        else f"{known.name} is served in versions {known.min_version}-{known.max_version}")
+            return None
+        request = codec.decode(frame, served=True)
+        assert self._ctx is not None
+        values = await HANDLERS[key](self._ctx, request)
+        return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
+
+
+async def serve(client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
+                node_id: int = 0, ready: asyncio.Event | None = None) -> None:
+    """Serve the Kafka protocol until cancelled (``ready`` is set once listening)."""
+    async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id):
+        if ready is not None:
+            ready.set()
+        await asyncio.Event().wait()

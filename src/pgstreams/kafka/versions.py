@@ -1,0 +1,44 @@
+"""The one table of the Kafka APIs the gateway serves: dispatch and the ``ApiVersions`` reply are both built
+from :data:`SERVED`, so the gateway never advertises a version it does not implement (a client that is told
+a version is served sends it, and waits for a reply it cannot parse)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True)
+class ApiRange:
+    """An API the gateway serves: its Kafka key, name (as in Kafka's message schemas) and the versions
+    served, inclusive."""
+
+    key: int
+    name: str
+    min_version: int
+    max_version: int
+
+    def serves(self, version: int) -> bool:
+        """Whether ``version`` of this API is served."""
+        return self.min_version <= version <= self.max_version
+
+
+#: Every API served, by key. Versions are those of Kafka's schemas (through ``kio``) that the gateway's
+#: handlers implement; Kafka 4 itself no longer serves the oldest ones.
+SERVED: Final[dict[int, ApiRange]] = {
+    r.key: r
+    for r in (
+        ApiRange(3, "metadata", 1, 12),
+        ApiRange(18, "api_versions", 0, 3),
+    )
+}
+
+#: The API key of ``ApiVersions``: its reply header is always version 0, and an unsupported version of it
+#: is answered in version 0 (Kafka's rule, so that a client can learn what to send).
+API_VERSIONS_KEY: Final = 18
+
+
+def served(key: int, version: int) -> ApiRange | None:
+    """The API of ``key`` when ``version`` of it is served, else ``None``."""
+    api = SERVED.get(key)
+    return api if api is not None and api.serves(version) else None

@@ -1,0 +1,173 @@
+"""The Kafka gateway's handshake and metadata, with real Kafka clients (confluent-kafka, which is
+librdkafka, and kafka-python) and raw frames: the versions advertised come from the one table, an
+unsupported or malformed request costs its own connection only, and ``pgstreams kafka serve`` runs and
+refuses bad options as a command should."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka.admin import AdminClient
+from kafka import KafkaConsumer
+
+import pgstreams
+import pgstreams.aio
+from _core_helpers import wait_until
+from pgstreams.kafka import SERVED, Gateway
+
+
+@pytest.fixture
+def gateway(client: pgstreams.Client, dsn: str) -> Iterator[str]:
+    """A gateway over this test's database, in a thread of its own; yields its bootstrap address."""
+    ready = threading.Event()
+    address: list[str] = []
+    failure: list[BaseException] = []
+    stop: list[asyncio.Event] = []
+
+    async def main() -> None:
+        async with await pgstreams.aio.connect(dsn) as aclient:
+            async with Gateway(aclient, listen="127.0.0.1:0") as gw:
+                address.append("{}:{}".format(*gw.address))
+                stop.append(asyncio.Event())
+                loop.append(asyncio.get_running_loop())
+                ready.set()
+                await stop[0].wait()
+
+    loop: list[asyncio.AbstractEventLoop] = []
+
+    def run() -> None:
+        try:
+            asyncio.run(main())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failure.append(exc)
+            ready.set()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(60) and not failure, failure
+    yield address[0]
+    loop[0].call_soon_threadsafe(stop[0].set)
+    thread.join(30)
+    assert not failure, failure
+
+
+def _request(api_key: int, version: int, correlation: int, body: bytes = b"", flexible: bool = False
+             ) -> bytes:
+    header = struct.pack(">hhih", api_key, version, correlation, 4) + b"test"
+    if flexible:
+        header += b"\0"
+    payload = header + body
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _read_frame(sock: socket.socket) -> bytes:
+    size = struct.unpack(">i", _recv(sock, 4))[0]
+    return _recv(sock, size)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError("closed")
+        out += chunk
+    return out
+
+
+def _connect(address: str) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    return sock
+
+
+def _api_versions_v0(frame: bytes) -> tuple[int, int, dict[int, tuple[int, int]]]:
+    correlation, error, count = struct.unpack_from(">ihi", frame)
+    apis = {}
+    for i in range(count):
+        key, lo, hi = struct.unpack_from(">hhh", frame, 10 + 6 * i)
+        apis[key] = (lo, hi)
+    return correlation, error, apis
+
+
+def test_confluent_kafka_and_kafka_python_read_the_topics_and_partitions(client: pgstreams.Client,
+                                                                         gateway: str) -> None:
+    client.create_topic("orders", partitions=3)
+    client.create_topic("audit", partitions=1)
+    md = AdminClient({"bootstrap.servers": gateway}).list_topics(timeout=30)
+    assert {t: len(m.partitions) for t, m in md.topics.items()} == {"orders": 3, "audit": 1}
+    (broker,) = md.brokers.values()
+    assert f"{broker.host}:{broker.port}" == gateway
+    assert all(p.leader == broker.id for p in md.topics["orders"].partitions.values())
+    consumer = KafkaConsumer(bootstrap_servers=gateway, request_timeout_ms=30000)
+    try:
+        assert consumer.topics() == {"orders", "audit"}
+        assert consumer.partitions_for_topic("orders") == {0, 1, 2}
+    finally:
+        consumer.close()
+    missing = AdminClient({"bootstrap.servers": gateway}).list_topics(topic="nope", timeout=30)
+    assert missing.topics["nope"].error is not None
+    assert missing.topics["nope"].error.name() == "UNKNOWN_TOPIC_OR_PART"
+
+
+def test_api_versions_lists_exactly_the_table_and_refuses_an_unknown_version_in_v0(gateway: str) -> None:
+    with _connect(gateway) as sock:
+        sock.sendall(_request(18, 0, 41))
+        correlation, error, apis = _api_versions_v0(_read_frame(sock))
+        assert (correlation, error) == (41, 0)
+        assert apis == {a.key: (a.min_version, a.max_version) for a in SERVED.values()}
+        # a version above those served: UNSUPPORTED_VERSION (35), answered in v0 with the table
+        sock.sendall(_request(18, 99, 42))
+        correlation, error, apis = _api_versions_v0(_read_frame(sock))
+        assert (correlation, error) == (42, 35) and 18 in apis
+        # the connection stays usable
+        sock.sendall(_request(18, 0, 43))
+        assert _api_versions_v0(_read_frame(sock))[:2] == (43, 0)
+
+
+@pytest.mark.parametrize("frame", [
+    _request(9999, 0, 1),  # an API that is not served
+    _request(3, 99, 1),  # a version of Metadata that is not served
+    struct.pack(">i", 2**30) + b"x" * 16,  # a frame over the size limit
+    struct.pack(">i", 20) + struct.pack(">hhi", 3, 12, 1) + b"\xff" * 12,  # a malformed Metadata
+])
+def test_a_bad_request_closes_its_own_connection_only(gateway: str, frame: bytes) -> None:
+    with _connect(gateway) as good, _connect(gateway) as bad:
+        bad.sendall(frame)
+        with pytest.raises(ConnectionError):
+            _read_frame(bad)
+        good.sendall(_request(18, 0, 7))
+        assert _api_versions_v0(_read_frame(good))[:2] == (7, 0)
+
+
+def test_kafka_serve_command_serves_until_sigterm_and_refuses_bad_options(dsn: str) -> None:
+    cmd = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--dsn", dsn]
+    for args, word in ((["--listen", "nowhere"], "--listen"), (["--listen", "127.0.0.1:99999"], "--listen"),
+                       (["--advertise", "host"], "--advertise"), (["--node-id", "-1"], "--node-id")):
+        bad = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    proc = subprocess.Popen([*cmd, "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, COLUMNS="200"))
+    try:
+        assert proc.stderr is not None
+        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
+        found = re.search(r"serving the Kafka protocol at (\S+)", line)
+        assert found, line
+        md = AdminClient({"bootstrap.servers": found.group(1)}).list_topics(timeout=30)
+        assert md.brokers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

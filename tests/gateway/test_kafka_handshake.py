@@ -5,7 +5,6 @@ refuses bad options as a command should."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import signal
@@ -13,7 +12,6 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -21,44 +19,15 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer
 
 import pgstreams
-import pgstreams.aio
 from _core_helpers import wait_until
-from pgstreams.kafka import SERVED, Gateway
+from _gateway_helpers import running_gateway
+from pgstreams.kafka import SERVED
 
 
 @pytest.fixture
 def gateway(client: pgstreams.Client, dsn: str) -> Iterator[str]:
-    """A gateway over this test's database, in a thread of its own; yields its bootstrap address."""
-    ready = threading.Event()
-    address: list[str] = []
-    failure: list[BaseException] = []
-    stop: list[asyncio.Event] = []
-
-    async def main() -> None:
-        async with await pgstreams.aio.connect(dsn) as aclient:
-            async with Gateway(aclient, listen="127.0.0.1:0") as gw:
-                address.append("{}:{}".format(*gw.address))
-                stop.append(asyncio.Event())
-                loop.append(asyncio.get_running_loop())
-                ready.set()
-                await stop[0].wait()
-
-    loop: list[asyncio.AbstractEventLoop] = []
-
-    def run() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            failure.append(exc)
-            ready.set()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    assert ready.wait(60) and not failure, failure
-    yield address[0]
-    loop[0].call_soon_threadsafe(stop[0].set)
-    thread.join(30)
-    assert not failure, failure
+    with running_gateway(dsn) as address:
+        yield address
 
 
 def _request(api_key: int, version: int, correlation: int, body: bytes = b"", flexible: bool = False

@@ -1,4 +1,4 @@
-"""What the gateway answers to each API it serves (:data:`pgstreams.kafka.versions.SERVED`).
+"""The handlers' shared context, and the handshake and metadata APIs (the others: ``reads``).
 
 A handler gets the gateway's :class:`Context` and the decoded request, and returns the response as plain
 values for :func:`pgstreams.kafka.codec.build` (the same for every version of its API).
@@ -91,10 +91,3 @@ async def metadata(ctx: Context, req: Request) -> dict[str, Any]:
         "controller_id": ctx.node_id,
         "topics": topics,
     }
-
-
-#: The handler of each API key served.
-HANDLERS: dict[int, Handler] = {
-    3: metadata,
-    18: api_versions,
-}

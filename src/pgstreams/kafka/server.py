@@ -18,11 +18,20 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import codec
-from .handlers import HANDLERS, Context, api_versions_reply
+from . import codec, reads, writes
+from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
 log = logging.getLogger("pgstreams.kafka")
+
+#: The handler of each API key served (their versions: :data:`pgstreams.kafka.versions.SERVED`).
+HANDLERS: dict[int, Handler] = {
+    0: writes.produce,
+    1: reads.fetch,
+    2: reads.list_offsets,
+    3: metadata,
+    18: api_versions,
+}
 
 #: The gateway's default listening address.
 DEFAULT_LISTEN = "127.0.0.1:9092"
@@ -113,8 +122,9 @@ class Gateway:
                 reply = await self._answer(frame)
                 if reply is None:
                     return
-                writer.write(reply)
-                await writer.drain()
+                if reply:  # a produce with acks=0 gets no reply
+                    writer.write(reply)
+                    await writer.drain()
         except codec.FrameError as exc:
             log.warning("closing the connection of %s: %s", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -130,7 +140,7 @@ class Gateway:
                 await writer.wait_closed()
 
     async def _answer(self, frame: bytes) -> bytes | None:
-        """The reply frame to a request frame (``None``: close the connection)."""
+        """The reply frame to a request frame (``None``: close the connection; empty: no reply)."""
         key, version, correlation = codec.peek(frame)
         api = served(key, version)
         if api is None:
@@ -146,6 +156,8 @@ class Gateway:
         request = codec.decode(frame, served=True)
         assert self._ctx is not None
         values = await HANDLERS[key](self._ctx, request)
+        if values is writes.NO_REPLY:
+            return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
 
 

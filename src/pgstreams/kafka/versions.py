@@ -28,6 +28,9 @@ class ApiRange:
 SERVED: Final[dict[int, ApiRange]] = {
     r.key: r
     for r in (
+        ApiRange(0, "produce", 3, 9),
+        ApiRange(1, "fetch", 4, 12),
+        ApiRange(2, "list_offsets", 1, 6),
         ApiRange(3, "metadata", 1, 12),
         ApiRange(18, "api_versions", 0, 3),
     )

@@ -1,0 +1,220 @@
+"""``ListOffsets`` and ``Fetch``: Kafka offsets are event positions.
+
+A partition's high watermark and last stable offset are both its read fence: every event below the fence
+is committed or rolled back for good (``pgstreams.storage.EventStore.fences``), so no event can later
+appear below an offset a client has read, and what a read-committed consumer sees is what every
+pgstreams reader sees (an open transaction's events are held back, a rolled-back one's never appear).
+Offsets inside a partition have gaps (positions are numbered per topic), as in a compacted Kafka topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from kio.records.schema import NewRecordBatch, Record, RecordHeader
+from kio.records.writers import write_new_batch
+from kio.schema.errors import ErrorCode
+from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
+
+from ..errors import InvalidName, TopicNotFound
+from ..storage import TopicRecord
+from .codec import Request
+from .handlers import Context
+
+#: ListOffsets' special timestamps.
+LATEST, EARLIEST = -1, -2
+
+#: Events read per partition and statement by a fetch (then cut to the partition's byte budget).
+FETCH_ROWS = 1000
+
+#: Seconds between two reads of a fetch that waits for ``min_bytes`` (up to its ``max_wait``).
+FETCH_RECHECK = 0.02
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+async def topic_record(ctx: Context, name: str | None) -> TopicRecord | None:
+    """Topic ``name``'s row (``None`` for a name that is not a topic's)."""
+    if not name:
+        return None
+    try:
+        return (await ctx.client.topic_state(name)).record
+    except (TopicNotFound, InvalidName):
+        return None
+
+
+async def list_offsets(ctx: Context, req: Request) -> dict[str, Any]:
+    """``ListOffsets``: latest (-1) is the read fence, earliest (-2) the first retained event (the fence
+    when there is none), a timestamp the first event created at or after it (-1 when there is none)."""
+    topics = []
+    for t in req.body.topics:
+        record = await topic_record(ctx, t.name)
+        if record is None:
+            topics.append({"name": t.name, "partitions": [
+                {"partition_index": p.partition_index, "error_code": ErrorCode.unknown_topic_or_partition,
+                 "timestamp": -1, "offset": -1} for p in t.partitions]})
+            continue
+        wanted = [p for p in t.partitions if 0 <= p.partition_index < record.partitions]
+        parts = sorted({int(p.partition_index) for p in wanted})
+        answers = await _offsets_of(ctx, record, parts, wanted) if parts else {}
+        topics.append({"name": t.name, "partitions": [
+            answers.get(int(p.partition_index), {
+                "partition_index": p.partition_index, "error_code": ErrorCode.unknown_topic_or_partition,
+                "timestamp": -1, "offset": -1})
+            for p in t.partitions]})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def _offsets_of(ctx: Context, record: TopicRecord, parts: list[int], wanted: Sequence[Any]
+                      ) -> dict[int, dict[str, Any]]:
+    return await ctx.client.run(lambda conn: _offsets(ctx, conn, record, parts, wanted))
+
+
+async def _offsets(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRecord, parts: list[int],
+                   wanted: Sequence[Any]) -> dict[int, dict[str, Any]]:
+    store = ctx.client.store
+    fences = await store.fences(conn, record.id, parts)
+    out: dict[int, dict[str, Any]] = {}
+    for p in wanted:
+        part, ts = int(p.partition_index), int(p.timestamp)
+        fence = fences[part]
+        if ts == LATEST:
+            offset, found_ts = fence, -1
+        else:
+            at = _EPOCH if ts == EARLIEST or ts < 0 else _EPOCH + timedelta(milliseconds=ts)
+            cursor = (await store.time_cursors(conn, record.id, {part: fence}, at))[part]
+            offset = cursor + 1
+            found_ts = -1
+            if ts >= 0:
+                if offset >= fence:
+                    offset = -1  # no event at or after the time (Kafka's answer)
+                else:
+                    found_ts = ts
+        out[part] = {"partition_index": part, "error_code": ErrorCode.none, "timestamp": found_ts,
+                     "offset": offset, "leader_epoch": 0}
+    return out
+
+
+async def fetch(ctx: Context, req: Request) -> dict[str, Any]:
+    """``Fetch``: per partition, the events from ``fetch_offset`` below the read fence, as one record batch
+    (at least one event, however large, then up to the partition's byte budget and the request's); waits
+    up to ``max_wait`` for ``min_bytes``."""
+    body = req.body
+    deadline = time.monotonic() + _millis(body.max_wait) / 1000
+    while True:
+        responses, size = await _fetch_once(ctx, body)
+        left = deadline - time.monotonic()
+        if size >= max(1, int(body.min_bytes)) or left <= 0 or _has_error(responses):
+            return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
+                    "responses": responses}
+        await asyncio.sleep(min(left, FETCH_RECHECK))
+
+
+def _millis(value: Any) -> float:
+    return value.total_seconds() * 1000 if isinstance(value, timedelta) else float(value)
+
+
+def _has_error(responses: list[dict[str, Any]]) -> bool:
+    return any(p["error_code"] != ErrorCode.none for t in responses for p in t["partitions"])
+
+
+async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], int]:
+    budget = int(body.max_bytes) if int(body.max_bytes) > 0 else 2**31 - 1
+    total = 0
+    responses = []
+    for t in body.topics:
+        record = await topic_record(ctx, t.topic)
+        parts_out = []
+        if record is None:
+            for p in t.partitions:
+                parts_out.append(_partition_error(p.partition, ErrorCode.unknown_topic_or_partition))
+            responses.append({"topic": t.topic, "partitions": parts_out})
+            continue
+        valid = [p for p in t.partitions if 0 <= p.partition < record.partitions]
+        got: dict[int, tuple[int, list[tuple[Any, ...]]]] = {}
+        if valid:
+            got = await _read_of(ctx, record, valid)
+        for p in t.partitions:
+            part = int(p.partition)
+            if part not in got:
+                parts_out.append(_partition_error(part, ErrorCode.unknown_topic_or_partition))
+                continue
+            fence, rows = got[part]
+            records, used = _batch(rows, min(int(p.partition_max_bytes), budget - total), first=total == 0)
+            total += used
+            parts_out.append({"partition_index": part, "error_code": ErrorCode.none, "high_watermark": fence,
+                              "last_stable_offset": fence, "log_start_offset": -1,
+                              "aborted_transactions": [], "preferred_read_replica": -1,
+                              "records": records})
+        responses.append({"topic": t.topic, "partitions": parts_out})
+    return responses, total
+
+
+def _partition_error(partition: int, error: ErrorCode) -> dict[str, Any]:
+    return {"partition_index": partition, "error_code": error, "high_watermark": -1,
+            "last_stable_offset": -1, "log_start_offset": -1, "aborted_transactions": None, "records": None}
+
+
+async def _read_of(ctx: Context, record: TopicRecord, wanted: Sequence[Any]
+                   ) -> dict[int, tuple[int, list[tuple[Any, ...]]]]:
+    return await ctx.client.run(lambda conn: _read(ctx, conn, record, wanted))
+
+
+async def _read(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRecord, wanted: Sequence[Any]
+                ) -> dict[int, tuple[int, list[tuple[Any, ...]]]]:
+    store = ctx.client.store
+    parts = [int(p.partition) for p in wanted]
+    offsets = {int(p.partition): max(0, int(p.fetch_offset)) for p in wanted}
+    params = {"partitions": parts, "positions": [offsets[p] - 1 for p in parts], "limit": FETCH_ROWS,
+              "total": FETCH_ROWS * len(parts)}
+    rows, _removed, _count = await store.poll_checked(conn, record.id, params)
+    fences = await store.fences(conn, record.id, parts)
+    by_part: dict[int, list[tuple[Any, ...]]] = {p: [] for p in parts}
+    for row in rows:
+        if row[1] < fences[row[0]]:
+            by_part[row[0]].append(row)
+    return {p: (fences[p], by_part[p]) for p in parts}
+
+
+def _batch(rows: list[tuple[Any, ...]], budget: int, first: bool) -> tuple[bytes | None, int]:
+    """One uncompressed record batch (v2) of ``rows``: the first row always when ``first``, then rows while
+    the batch stays within ``budget`` bytes."""
+    if not rows:
+        return b"", 0
+    records: list[Record] = []
+    size = 61  # the batch header
+    for row in rows:
+        rec = _record(row)
+        rec_size = 20 + len(rec.value or b"") + len(rec.key or b"") + sum(
+            len(h.key or b"") + len(h.value or b"") + 4 for h in rec.headers)
+        if records and size + rec_size > budget:
+            break
+        if not records and not first and size + rec_size > budget:
+            return b"", 0
+        records.append(rec)
+        size += rec_size
+    buf = io.BytesIO()
+    write_new_batch(buf, NewRecordBatch(producer_id=i64(-1), producer_epoch=i16(-1), base_sequence=i32(-1),
+                                        records=tuple(records), attributes=i16(0)))
+    out = buf.getvalue()
+    return out, len(out)
+
+
+def _record(row: tuple[Any, ...]) -> Record:
+    _part, position, _xid, since_epoch, _kind, key, payload, headers = row[:8]
+    created = TZAwareMicros.parse(_EPOCH + since_epoch)
+    return Record(
+        attributes=i8(0),
+        timestamp=created,
+        offset=i64(position),
+        key=None if key is None else key.encode("utf-8"),
+        value=bytes(payload),
+        headers=tuple(RecordHeader(key=k.encode("utf-8"), value=v.encode("utf-8"))
+                      for k, v in (headers or {}).items()),
+    )

@@ -1,0 +1,140 @@
+"""Producing and fetching through the Kafka gateway with real clients: the same data both ways (key, value,
+headers), offsets that are event positions (below the read fence, with gaps), ListOffsets by earliest,
+latest and time, and the refusal of what is not served yet (compressed batches)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from kafka import KafkaConsumer, KafkaProducer
+from kafka import TopicPartition as KTopicPartition
+
+import pgstreams
+from _gateway_helpers import running_gateway
+from pgstreams.partitioner import partition_for_key
+
+
+@pytest.fixture
+def gateway(client: pgstreams.Client, dsn: str) -> Iterator[str]:
+    with running_gateway(dsn) as address:
+        yield address
+
+
+Consumed = list[tuple[int, int, bytes, bytes, list]]
+
+
+def _consume(consumer: Consumer, count: int, timeout: float = 60) -> Consumed:
+    got: Consumed = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is None:
+            continue
+        assert m.error() is None, m.error()
+        got.append((m.partition(), m.offset(), m.key(), m.value(), m.headers() or []))
+    return got
+
+
+def test_records_produced_by_librdkafka_are_events_and_come_back_the_same(client: pgstreams.Client,
+                                                                         gateway: str) -> None:
+    client.create_topic("orders", partitions=3)
+    producer = Producer({"bootstrap.servers": gateway, "linger.ms": 5, "partitioner": "murmur2_random"})
+    reports: list[tuple[object, int, int]] = []
+    for i in range(30):
+        producer.produce("orders", value=f"order {i}".encode(), key=f"customer-{i % 7}",
+                         headers=[("source", b"shop"), ("n", str(i).encode())],
+                         on_delivery=lambda err, m: reports.append((err, m.partition(), m.offset())))
+    assert producer.flush(60) == 0
+    assert len(reports) == 30 and all(err is None for err, _, _ in reports), reports
+    # pgstreams sees the same events, each where its partitioner puts the key (Kafka's murmur2)
+    events = client.consumer("orders", "check").poll(max_events=100, timeout=5)
+    assert len(events) == 30
+    for e in events:
+        assert isinstance(e.value, bytes) and e.value.startswith(b"order ")
+        assert e.partition == partition_for_key(e.key, 3)
+        assert e.headers == {"source": "shop", "n": e.value.decode().split()[1]}
+    by_offset = {(e.partition, e.position): e for e in events}
+    assert {(p, o) for _, p, o in reports} <= set(by_offset)
+    # and a Kafka consumer reads them back, offsets being positions
+    consumer = Consumer({"bootstrap.servers": gateway, "group.id": "unused", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("orders", p, 0) for p in range(3)])
+        got = _consume(consumer, 30)
+    finally:
+        consumer.close()
+    assert len(got) == 30
+    for p, offset, key, value, headers in got:
+        e = by_offset[(p, offset)]
+        assert key == e.key.encode() and value == e.value
+        assert dict((k, v.decode()) for k, v in headers) == e.headers
+
+
+def test_events_published_by_pgstreams_reach_kafka_clients_with_their_bytes(client: pgstreams.Client,
+                                                                          gateway: str) -> None:
+    client.create_topic("mixed", partitions=2)
+    client.publish("mixed", b"\x00\xffraw", key="a", headers={"kind": "bytes"})
+    client.publish("mixed", "text é", key="b")
+    client.publish("mixed", {"n": 1, "ok": True}, key="c")
+    consumer = KafkaConsumer(bootstrap_servers=gateway, enable_auto_commit=False)
+    got: dict[bytes, tuple[bytes, list]] = {}
+    try:
+        consumer.assign([KTopicPartition("mixed", 0), KTopicPartition("mixed", 1)])
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + 60
+        while len(got) < 3 and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=500).values():
+                got.update({m.key: (m.value, m.headers) for m in records})
+    finally:
+        consumer.close()
+    assert got == {b"a": (b"\x00\xffraw", [("kind", b"bytes")]), b"b": ("text é".encode(), []),
+                   b"c": (b'{"n":1,"ok":true}', [])}
+
+
+def test_offsets_are_positions_below_the_read_fence_and_list_offsets_finds_them(client: pgstreams.Client,
+                                                                               gateway: str) -> None:
+    client.create_topic("t", partitions=2)
+    before = int(time.time() * 1000) - 1000
+    for i in range(10):
+        client.publish("t", f"{i}", partition=i % 2)  # positions alternate: each partition's have gaps
+    events = client.consumer("t", "check").poll(max_events=100, timeout=5)
+    positions = {p: sorted(e.position for e in events if e.partition == p) for p in (0, 1)}
+    assert all(len(positions[p]) == 5 for p in (0, 1))
+    consumer = Consumer({"bootstrap.servers": gateway, "group.id": "unused", "enable.auto.commit": False})
+    try:
+        for p in (0, 1):
+            low, high = consumer.get_watermark_offsets(TopicPartition("t", p), timeout=30, cached=False)
+            assert low == positions[p][0] and high > positions[p][-1]
+        found = consumer.offsets_for_times([TopicPartition("t", 0, before),
+                                            TopicPartition("t", 1, int(time.time() * 1000) + 3_600_000)],
+                                           timeout=30)
+        assert found[0].offset == positions[0][0]
+        assert found[1].offset == -1  # nothing at or after that time
+        consumer.assign([TopicPartition("t", 1, positions[1][2])])
+        got = _consume(consumer, 3)
+        assert [o for _, o, *_ in got] == positions[1][2:]
+    finally:
+        consumer.close()
+
+
+def test_compressed_batches_are_refused_with_their_reason_and_store_nothing(client: pgstreams.Client,
+                                                                       gateway: str) -> None:
+    client.create_topic("t", partitions=1)
+    # a compressed batch: refused, the delivery report names the compression
+    producer = Producer({"bootstrap.servers": gateway, "message.timeout.ms": 20000, "retries": 0,
+                         "compression.type": "gzip"})
+    errors: list[object] = []
+    # (large and compressible: librdkafka sends a batch uncompressed when compressing does not shrink it)
+    producer.produce("t", value=b"x" * 100_000, on_delivery=lambda err, m: errors.append(err))
+    producer.flush(60)
+    assert len(errors) == 1 and errors[0] is not None and "COMPRESSION" in str(errors[0]).upper(), errors
+    assert client.describe_topic("t").events == 0
+    # a plain producer on the same topic works
+    kp = KafkaProducer(bootstrap_servers=gateway, enable_idempotence=False)
+    try:
+        assert kp.send("t", key=b"k", value=b"v").get(timeout=30).offset >= 1
+    finally:
+        kp.close()
+    assert client.describe_topic("t").events == 1

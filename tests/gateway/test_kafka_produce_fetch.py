@@ -138,3 +138,35 @@ def test_compressed_batches_are_refused_with_their_reason_and_store_nothing(clie
     finally:
         kp.close()
     assert client.describe_topic("t").events == 1
+
+
+def test_committed_offsets_are_the_pgstreams_groups_checkpoints_both_ways(client: pgstreams.Client,
+                                                                          gateway: str) -> None:
+    client.create_topic("t", partitions=2)
+    for i in range(6):
+        client.publish("t", f"{i}", partition=i % 2)
+    consumer = Consumer({"bootstrap.servers": gateway, "group.id": "billing", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition("t", 0, 0), TopicPartition("t", 1, 0)])
+        got = _consume(consumer, 6)
+        assert len(got) == 6
+        consumer.commit(asynchronous=False)
+        last = {p: max(o for q, o, *_ in got if q == p) for p in (0, 1)}
+        committed = consumer.committed([TopicPartition("t", 0), TopicPartition("t", 1)], timeout=30)
+        assert {tp.partition: tp.offset for tp in committed} == {p: last[p] + 1 for p in (0, 1)}
+    finally:
+        consumer.close()
+    # the Kafka group is the pgstreams group: checkpoints at the last offsets read, no lag
+    status = {s.partition: s for s in client.describe_group("billing", "t")}
+    assert {p: s.checkpoint for p, s in status.items()} == last and all(s.lag == 0 for s in status.values())
+    # moved back by pgstreams, the Kafka client sees the move
+    client.reset_group("billing", "t", to_earliest=True)
+    # (the origin, before every event, shows as no checkpoint: position 0)
+    moved = {s.partition: s.checkpoint or 0 for s in client.describe_group("billing", "t")}
+    assert all(moved[p] < last[p] for p in (0, 1))
+    reader = KafkaConsumer(bootstrap_servers=gateway, group_id="billing", enable_auto_commit=False)
+    try:
+        seen = {p: reader.committed(KTopicPartition("t", p)) for p in (0, 1)}
+        assert seen == {p: moved[p] + 1 for p in (0, 1)}
+    finally:
+        reader.close()

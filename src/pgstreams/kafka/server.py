@@ -18,7 +18,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import codec, reads, writes
+from . import codec, offsets, reads, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -30,6 +30,9 @@ HANDLERS: dict[int, Handler] = {
     1: reads.fetch,
     2: reads.list_offsets,
     3: metadata,
+    8: offsets.offset_commit,
+    9: offsets.offset_fetch,
+    10: offsets.find_coordinator,
     18: api_versions,
 }
 

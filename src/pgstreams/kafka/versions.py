@@ -32,6 +32,9 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(1, "fetch", 4, 12),
         ApiRange(2, "list_offsets", 1, 6),
         ApiRange(3, "metadata", 1, 12),
+        ApiRange(8, "offset_commit", 2, 8),
+        ApiRange(9, "offset_fetch", 1, 7),
+        ApiRange(10, "find_coordinator", 0, 4),
         ApiRange(18, "api_versions", 0, 3),
     )
 }

@@ -115,7 +115,8 @@ def encode(correlation_id: int, response: Entity, *, header_version: int | None 
 def build(entity: type[Entity], values: Mapping[str, Any]) -> Any:
     """An instance of ``entity`` (a kio class of one API version) from plain values: keys the version
     lacks are dropped, fields not given take their defaults, nested mappings become the version's nested
-    classes and integers its integer types."""
+    classes and integers its integer types; ``None`` for a string the version cannot leave null is
+    empty."""
     hints = _hints(entity)
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(entity):  # type: ignore[arg-type,unused-ignore]
@@ -132,7 +133,8 @@ def _hints(entity: type) -> dict[str, Any]:
 
 def _convert(hint: Any, value: Any) -> Any:
     if value is None:
-        return None
+        # a field that older versions cannot leave null (a string before it became nullable): empty
+        return "" if hint is str else b"" if hint is bytes else None
     origin = typing.get_origin(hint)
     if origin is tuple:
         (item,) = [a for a in typing.get_args(hint) if a is not Ellipsis]

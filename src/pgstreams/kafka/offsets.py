@@ -19,6 +19,7 @@ from ..names import check_group
 from ..storage import TopicRecord
 from .codec import Request
 from .handlers import Context
+from .membership import check_member
 from .reads import topic_record
 
 #: FindCoordinator's key types.
@@ -53,10 +54,15 @@ def _group_error(group: str) -> ErrorCode | None:
 
 async def offset_commit(ctx: Context, req: Request) -> dict[str, Any]:
     """``OffsetCommit``: the group's checkpoints set to each offset - 1 (they may move backwards, as a
-    Kafka commit may). Commits are not fenced by a generation: group membership is not served yet."""
+    Kafka commit may). A member of the group (generation >= 0) commits only in its own generation, outside
+    a rebalance; a consumer that assigns its partitions itself (generation -1) commits freely."""
     body = req.body
     group = body.group_id
     bad = _group_error(group)
+    generation = int(getattr(body, "generation_id_or_member_epoch", getattr(body, "generation_id", -1)))
+    if bad is None and generation >= 0 and body.member_id:
+        fenced = await check_member(ctx, group, body.member_id, generation)
+        bad = None if fenced == ErrorCode.none else fenced
     topics = []
     for t in body.topics:
         record = None if bad else await topic_record(ctx, t.name)

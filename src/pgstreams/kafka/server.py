@@ -18,7 +18,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import codec, offsets, reads, writes
+from . import codec, membership, offsets, reads, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -33,6 +33,10 @@ HANDLERS: dict[int, Handler] = {
     8: offsets.offset_commit,
     9: offsets.offset_fetch,
     10: offsets.find_coordinator,
+    11: membership.join_group,
+    12: membership.heartbeat,
+    13: membership.leave_group,
+    14: membership.sync_group,
     18: api_versions,
 }
 

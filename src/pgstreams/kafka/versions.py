@@ -35,6 +35,10 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(8, "offset_commit", 2, 8),
         ApiRange(9, "offset_fetch", 1, 7),
         ApiRange(10, "find_coordinator", 0, 4),
+        ApiRange(11, "join_group", 2, 7),
+        ApiRange(12, "heartbeat", 0, 4),
+        ApiRange(13, "leave_group", 0, 4),
+        ApiRange(14, "sync_group", 0, 5),
         ApiRange(18, "api_versions", 0, 3),
     )
 }

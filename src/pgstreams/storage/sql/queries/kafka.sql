@@ -1,0 +1,62 @@
+-- The Kafka gateway's consumer groups (0028_kafka_groups.sql; pgstreams.kafka.membership).
+
+-- name: kafka_group_lock
+-- The group's row, created when absent, locked for the transaction.
+WITH made AS (
+    INSERT INTO {schema}.kafka_groups (group_id) VALUES (%s) ON CONFLICT (group_id) DO NOTHING
+)
+SELECT 1;
+
+-- name: kafka_group_row
+SELECT generation, state, round, join_deadline <= now(), protocol_type, protocol, leader,
+       GREATEST(0, EXTRACT(EPOCH FROM join_deadline - now()))
+  FROM {schema}.kafka_groups WHERE group_id = %s FOR UPDATE;
+
+-- name: kafka_expire_members
+-- Remove the members whose session timed out; their ids.
+DELETE FROM {schema}.kafka_members
+ WHERE group_id = %s AND last_seen < now() - make_interval(secs => session_timeout_ms / 1000.0)
+RETURNING member_id;
+
+-- name: kafka_members
+SELECT member_id, client_id, client_host, session_timeout_ms, rebalance_timeout_ms, protocol_type,
+       protocol_names, protocol_metadata, join_round, generation, assignment
+  FROM {schema}.kafka_members WHERE group_id = %s ORDER BY member_id;
+
+-- name: kafka_member_upsert
+INSERT INTO {schema}.kafka_members AS m (group_id, member_id, client_id, client_host, session_timeout_ms,
+       rebalance_timeout_ms, protocol_type, protocol_names, protocol_metadata, join_round)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (group_id, member_id) DO UPDATE
+   SET client_id = excluded.client_id, client_host = excluded.client_host,
+       session_timeout_ms = excluded.session_timeout_ms, rebalance_timeout_ms = excluded.rebalance_timeout_ms,
+       protocol_type = excluded.protocol_type, protocol_names = excluded.protocol_names,
+       protocol_metadata = excluded.protocol_metadata, join_round = excluded.join_round, last_seen = now();
+
+-- name: kafka_member_seen
+UPDATE {schema}.kafka_members SET last_seen = now() WHERE group_id = %s AND member_id = %s
+RETURNING generation;
+
+-- name: kafka_member_delete
+DELETE FROM {schema}.kafka_members WHERE group_id = %s AND member_id = ANY(%s) RETURNING member_id;
+
+-- name: kafka_members_drop_stale
+-- End of a round: the members that did not rejoin it leave the group.
+DELETE FROM {schema}.kafka_members WHERE group_id = %s AND join_round < %s;
+
+-- name: kafka_members_generation
+UPDATE {schema}.kafka_members SET generation = %s, assignment = NULL WHERE group_id = %s;
+
+-- name: kafka_member_assign
+UPDATE {schema}.kafka_members SET assignment = c.a
+  FROM unnest(%s::text[], %s::bytea[]) AS c(m, a)
+ WHERE group_id = %s AND member_id = c.m;
+
+-- name: kafka_group_update
+UPDATE {schema}.kafka_groups
+   SET generation = %s, state = %s, round = %s, join_deadline = now() + make_interval(secs => %s),
+       protocol_type = %s, protocol = %s, leader = %s, updated_at = now()
+ WHERE group_id = %s;
+
+-- name: kafka_groups_list
+SELECT group_id, state, protocol_type FROM {schema}.kafka_groups ORDER BY group_id;

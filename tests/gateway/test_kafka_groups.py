@@ -1,0 +1,157 @@
+"""Kafka consumer groups through the gateway (librdkafka's ``subscribe()``): members join one generation
+even when they are connected to different gateways over the same database, partitions are shared and
+handed over when a member leaves, every event is consumed once and the commits are the pgstreams group's
+checkpoints."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+from confluent_kafka import Consumer
+
+import pgstreams
+from _core_helpers import until
+from _gateway_helpers import running_gateway
+
+
+@pytest.fixture
+def gateways(client: pgstreams.Client, dsn: str) -> Iterator[tuple[str, str]]:
+    with running_gateway(dsn) as first, running_gateway(dsn) as second:
+        yield first, second
+
+
+class Member:
+    """A librdkafka consumer in group ``g`` subscribed to ``t``, polling in a thread of its own."""
+
+    def __init__(self, bootstrap: str, name: str) -> None:
+        self.name = name
+        self.assigned: set[int] = set()
+        self.records: list[tuple[int, int]] = []
+        self.errors: list[object] = []
+        self._stop = threading.Event()
+        self._consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "g", "client.id": name,
+                                   "auto.offset.reset": "earliest", "session.timeout.ms": 10000,
+                                   "heartbeat.interval.ms": 300, "auto.commit.interval.ms": 200})
+        self._consumer.subscribe(["t"], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _on_assign(self, consumer: Consumer, partitions: list) -> None:
+        self.assigned = {p.partition for p in partitions}
+
+    def _on_revoke(self, consumer: Consumer, partitions: list) -> None:
+        self.assigned = set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            m = self._consumer.poll(0.1)
+            if m is None:
+                continue
+            if m.error():
+                self.errors.append(m.error())
+            else:
+                self.records.append((m.partition(), m.offset()))
+        self._consumer.close()  # commits what was read and leaves the group
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive()
+
+
+def test_members_on_two_gateways_share_the_partitions_and_consume_each_event_once(
+        client: pgstreams.Client, gateways: tuple[str, str]) -> None:
+    client.create_topic("t", partitions=4)
+    client.publish_many("t", [{"value": f"{i}", "key": f"k{i}"} for i in range(100)])
+    a = Member(gateways[0], "a")
+    b = Member(gateways[1], "b")
+    try:
+        # one generation over both gateways: the partitions split between the members, none twice
+        until(lambda: a.assigned and b.assigned and a.assigned | b.assigned == {0, 1, 2, 3}
+              and not a.assigned & b.assigned, 60, "both members to get partitions")
+        until(lambda: len({*a.records, *b.records}) == 100, 60, "the first 100 events")
+    finally:
+        b.stop()
+    # b left: a takes every partition and reads what is published next
+    until(lambda: a.assigned == {0, 1, 2, 3}, 60, "a to take b's partitions")
+    client.publish_many("t", [{"value": f"{i}", "key": f"k{i}"} for i in range(100, 150)])
+    until(lambda: len({*a.records, *b.records}) == 150, 60, "the next 50 events")
+    a.stop()
+    assert not a.errors and not b.errors, (a.errors, b.errors)
+    every = a.records + b.records
+    assert len(set(every)) == 150
+    # the group's commits are its pgstreams checkpoints: nothing left to read
+    status = client.describe_group("g", "t")
+    assert len(status) == 4 and all(s.lag == 0 for s in status), status
+    # (a member that restarts resumes there: the group's committed offsets are its checkpoints)
+    c = Member(gateways[1], "c")
+    try:
+        until(lambda: c.assigned == {0, 1, 2, 3}, 60, "the restarted member to join")
+        client.publish("t", "after", key="k1")
+        until(lambda: len(c.records) == 1, 60, "the one new event")
+    finally:
+        c.stop()
+    assert len(c.records) == 1  # what was committed before is not read again
+
+
+def _offset_commit(bootstrap: str, group: str, member: str, generation: int, offset: int) -> int:
+    """The error code of a raw OffsetCommit v2 of ``offset`` on partition 0 of ``t``."""
+    import io
+    import socket
+    import struct
+    from datetime import timedelta
+
+    from kio.schema.offset_commit.v2.request import (
+        OffsetCommitRequest,
+        OffsetCommitRequestPartition,
+        OffsetCommitRequestTopic,
+    )
+    from kio.schema.offset_commit.v2.response import OffsetCommitResponse
+    from kio.schema.request_header.v1.header import RequestHeader
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i16, i32, i64, i64Timedelta
+
+    buf = io.BytesIO()
+    entity_writer(RequestHeader)(buf, RequestHeader(request_api_key=i16(8), request_api_version=i16(2),
+                                                    correlation_id=i32(1), client_id="test"))
+    partition = OffsetCommitRequestPartition(partition_index=i32(0), committed_offset=i64(offset),
+                                             committed_metadata="")
+    entity_writer(OffsetCommitRequest)(buf, OffsetCommitRequest(
+        group_id=group, generation_id_or_member_epoch=i32(generation), member_id=member,
+        retention_time=i64Timedelta.parse(timedelta(milliseconds=-1)),
+        topics=(OffsetCommitRequestTopic(name="t", partitions=(partition,)),)))
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
+        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
+        frame = sock.recv(size, socket.MSG_WAITALL)
+    response, _ = entity_reader(OffsetCommitResponse)(memoryview(frame), 4)
+    return int(response.topics[0].partitions[0].error_code)
+
+
+def test_a_commit_from_another_generation_or_no_member_is_refused_and_moves_nothing(
+        client: pgstreams.Client, gateways: tuple[str, str]) -> None:
+    client.create_topic("t", partitions=1)
+    client.publish("t", "x")
+    member = Member(gateways[0], "a")
+    try:
+        until(lambda: member.assigned == {0}, 60, "the member to join")
+        # the member read the event and committed it: it commits nothing more (nothing changes)
+        until(lambda: len(member.records) == 1 and client.list_groups() != [] and
+              client.describe_group("g", "t")[0].checkpoint == member.records[0][1], 60, "its commit")
+        member_id, generation = client.run(lambda c: c.execute(
+            "SELECT m.member_id, g.generation FROM pgstreams.kafka_members m "
+            "JOIN pgstreams.kafka_groups g USING (group_id) WHERE group_id = 'g'").fetchone())
+        before = {s.partition: s.checkpoint for s in client.describe_group("g", "t")}
+        assert _offset_commit(gateways[1], "g", "nobody", generation, 1000) == 25  # UNKNOWN_MEMBER_ID
+        assert _offset_commit(gateways[1], "g", member_id, generation - 1, 1000) == 22  # ILLEGAL_GENERATION
+        assert {s.partition: s.checkpoint for s in client.describe_group("g", "t")} == before
+        # the member of the current generation, and a consumer outside the group protocol, commit
+        assert _offset_commit(gateways[1], "g", member_id, generation, 1000) == 0
+        assert client.describe_group("g", "t")[0].checkpoint == 999
+        assert _offset_commit(gateways[1], "g", "", -1, 1001) == 0
+        assert client.describe_group("g", "t")[0].checkpoint == 1000
+    finally:
+        member.stop()

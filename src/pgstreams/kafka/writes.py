@@ -5,17 +5,22 @@ key as text (UTF-8), its headers as the event's headers (UTF-8, one value per na
 client chose. The record batches of one partition are stored in one transaction, all or none. Their
 time is the time of the commit (Kafka's ``LogAppendTime``), not the producer's.
 
-Not yet served here: compressed batches, idempotent and transactional producers (their batches are
-refused with an error that names the reason; see ``docs/kafka.md``).
+Batches compressed with any of Kafka's codecs (gzip, snappy, lz4, zstd) are decompressed with
+``cramjam``. Not yet served here: idempotent and transactional producers (their batches are refused with
+an error that names the reason; see ``docs/kafka.md``).
 """
 
 from __future__ import annotations
 
+import struct
+from dataclasses import dataclass
 from typing import Any
 
+import cramjam
+import crc32c
 import psycopg
-from kio.records.readers import read_batch
-from kio.records.schema import RecordBatch
+from kio.records.readers import read_record
+from kio.records.schema import Record
 from kio.schema.errors import ErrorCode
 
 from ..errors import PgStreamsError
@@ -86,29 +91,84 @@ def _events(records: bytes) -> list[dict[str, Any]]:
     view = memoryview(records)
     offset = 0
     while offset < len(view):
-        if len(view) - offset < 61:
+        if len(view) - offset < _HEADER.size:
             break  # a partial batch at the end (Kafka's clients may send one): ignored, as Kafka does
-        try:
-            batch, size = read_batch(view, offset)
-        except (ValueError, IndexError) as exc:
-            if _compressed(view, offset):
-                raise RecordError(ErrorCode.unsupported_compression_type,
-                                  "compressed record batches are not served yet") from None
-            raise RecordError(ErrorCode.corrupt_message, f"a malformed record batch: {exc}") from None
+        batch, size = read_batch(view, offset)
         offset += size
         out.extend(_batch_events(batch))
     return out
 
 
-def _compressed(view: memoryview, offset: int) -> bool:
-    attributes = int.from_bytes(view[offset + 21:offset + 23], "big", signed=True)
-    return bool(attributes & COMPRESSION_MASK)
+#: A record batch's header (v2): base offset, length, leader epoch, magic, CRC-32C, attributes, last
+#: offset delta, base and max timestamps, producer id and epoch, base sequence, record count.
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_XERIAL = b"\x82SNAPPY\x00"
 
 
-def _batch_events(batch: RecordBatch) -> list[dict[str, Any]]:
-    if batch.attributes & COMPRESSION_MASK:
-        raise RecordError(ErrorCode.unsupported_compression_type,
-                          "compressed record batches are not served yet")
+@dataclass(frozen=True)
+class Batch:
+    """A decoded record batch (v2): what ``Produce`` needs of it."""
+
+    attributes: int
+    producer_id: int
+    records: tuple[Record, ...]
+
+
+def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
+    """The record batch at ``offset`` and its size; its records decompressed (gzip, snappy, lz4, zstd)."""
+    try:
+        (base_offset, length, _epoch, magic, crc, attributes, _last, base_ts, _max_ts, producer_id,
+         _producer_epoch, _sequence, count) = _HEADER.unpack_from(view, offset)
+    except struct.error as exc:
+        raise RecordError(ErrorCode.corrupt_message, f"a truncated record batch: {exc}") from None
+    end = offset + 12 + length
+    if magic != 2:
+        raise RecordError(ErrorCode.unsupported_for_message_format,
+                          f"record batches of magic {magic} are not served (only v2)")
+    if end > len(view) or length < _HEADER.size - 12:
+        raise RecordError(ErrorCode.corrupt_message, "a record batch longer than its request")
+    if crc32c.crc32c(view[offset + 21:end]) != crc:
+        raise RecordError(ErrorCode.corrupt_message, "a record batch whose CRC does not match")
+    body: bytes | memoryview = view[offset + _HEADER.size:end]
+    codec = attributes & COMPRESSION_MASK
+    if codec:
+        body = _decompress(codec, bytes(body))
+    records = []
+    at = 0
+    try:
+        for _ in range(count):
+            record, used = read_record(body, base_ts, base_offset, at)
+            records.append(record)
+            at += used
+    except (ValueError, IndexError) as exc:
+        raise RecordError(ErrorCode.corrupt_message, f"a malformed record: {exc}") from None
+    return Batch(attributes, producer_id, tuple(records)), end - offset
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    try:
+        if codec == 1:
+            return bytes(cramjam.gzip.decompress(data))
+        if codec == 2:
+            if data.startswith(_XERIAL):  # the Java client's framing: blocks of raw snappy
+                out, at = bytearray(), 16
+                while at < len(data):
+                    (size,) = struct.unpack_from(">i", data, at)
+                    out += bytes(cramjam.snappy.decompress_raw(data[at + 4:at + 4 + size]))
+                    at += 4 + size
+                return bytes(out)
+            return bytes(cramjam.snappy.decompress_raw(data))
+        if codec == 3:
+            return bytes(cramjam.lz4.decompress(data))
+        if codec == 4:
+            return bytes(cramjam.zstd.decompress(data))
+    except Exception as exc:  # noqa: BLE001 - every codec raises its own kind
+        raise RecordError(ErrorCode.corrupt_message, f"a record batch that does not decompress: {exc}") \
+            from None
+    raise RecordError(ErrorCode.unsupported_compression_type, f"compression codec {codec} is not Kafka's")
+
+
+def _batch_events(batch: Batch) -> list[dict[str, Any]]:
     if batch.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
         raise RecordError(ErrorCode.invalid_request, "transactional record batches are not served yet")
     if batch.producer_id >= 0:

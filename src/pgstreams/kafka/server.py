@@ -37,6 +37,7 @@ HANDLERS: dict[int, Handler] = {
     12: membership.heartbeat,
     13: membership.leave_group,
     14: membership.sync_group,
+    22: writes.init_producer_id,
     18: api_versions,
 }
 

@@ -40,6 +40,7 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(13, "leave_group", 0, 4),
         ApiRange(14, "sync_group", 0, 5),
         ApiRange(18, "api_versions", 0, 3),
+        ApiRange(22, "init_producer_id", 0, 4),
     )
 }
 

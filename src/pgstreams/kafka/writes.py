@@ -6,8 +6,10 @@ client chose. The record batches of one partition are stored in one transaction,
 time is the time of the commit (Kafka's ``LogAppendTime``), not the producer's.
 
 Batches compressed with any of Kafka's codecs (gzip, snappy, lz4, zstd) are decompressed with
-``cramjam``. Not yet served here: idempotent and transactional producers (their batches are refused with
-an error that names the reason; see ``docs/kafka.md``).
+``cramjam``. An idempotent producer's batches (``InitProducerId``) are checked against its last batches
+on the partition (``0029_kafka_producers.sql``), in the transaction that stores them: a batch sent again
+is stored once, one out of order is refused. Transactional producers are not served yet (their batches
+are refused with an error that names the reason; see ``docs/kafka.md``).
 """
 
 from __future__ import annotations
@@ -62,8 +64,8 @@ async def produce(ctx: Context, req: Request) -> dict[str, Any]:
                 if body.transactional_id is not None:
                     raise RecordError(ErrorCode.invalid_request,
                                       "transactional producers are not served yet")
-                events = _events(pd.records or b"")
-                base = await _store(ctx, t.name, index, events) if events else -1
+                batches = _batches(pd.records or b"")
+                base = await _store(ctx, t.name, record.id, index, batches) if batches else -1
             except RecordError as exc:
                 parts.append(_error(index, exc.code, str(exc)))
                 continue
@@ -84,10 +86,9 @@ def _error(index: int, code: ErrorCode, message: str | None) -> dict[str, Any]:
             "log_start_offset": -1, "record_errors": [], "error_message": message}
 
 
-def _events(records: bytes) -> list[dict[str, Any]]:
-    """The events of the record batches in ``records`` (:class:`RecordError` for one that cannot be
-    stored)."""
-    out: list[dict[str, Any]] = []
+def _batches(records: bytes) -> list[Batch]:
+    """The record batches in ``records`` (:class:`RecordError` for one that cannot be stored)."""
+    out: list[Batch] = []
     view = memoryview(records)
     offset = 0
     while offset < len(view):
@@ -95,7 +96,8 @@ def _events(records: bytes) -> list[dict[str, Any]]:
             break  # a partial batch at the end (Kafka's clients may send one): ignored, as Kafka does
         batch, size = read_batch(view, offset)
         offset += size
-        out.extend(_batch_events(batch))
+        _check(batch)
+        out.append(batch)
     return out
 
 
@@ -111,6 +113,8 @@ class Batch:
 
     attributes: int
     producer_id: int
+    producer_epoch: int
+    base_sequence: int
     records: tuple[Record, ...]
 
 
@@ -118,7 +122,7 @@ def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
     """The record batch at ``offset`` and its size; its records decompressed (gzip, snappy, lz4, zstd)."""
     try:
         (base_offset, length, _epoch, magic, crc, attributes, _last, base_ts, _max_ts, producer_id,
-         _producer_epoch, _sequence, count) = _HEADER.unpack_from(view, offset)
+         producer_epoch, base_sequence, count) = _HEADER.unpack_from(view, offset)
     except struct.error as exc:
         raise RecordError(ErrorCode.corrupt_message, f"a truncated record batch: {exc}") from None
     end = offset + 12 + length
@@ -142,7 +146,7 @@ def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
             at += used
     except (ValueError, IndexError) as exc:
         raise RecordError(ErrorCode.corrupt_message, f"a malformed record: {exc}") from None
-    return Batch(attributes, producer_id, tuple(records)), end - offset
+    return Batch(attributes, producer_id, producer_epoch, base_sequence, tuple(records)), end - offset
 
 
 def _decompress(codec: int, data: bytes) -> bytes:
@@ -168,12 +172,12 @@ def _decompress(codec: int, data: bytes) -> bytes:
     raise RecordError(ErrorCode.unsupported_compression_type, f"compression codec {codec} is not Kafka's")
 
 
-def _batch_events(batch: Batch) -> list[dict[str, Any]]:
+def _check(batch: Batch) -> None:
     if batch.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
         raise RecordError(ErrorCode.invalid_request, "transactional record batches are not served yet")
-    if batch.producer_id >= 0:
-        raise RecordError(ErrorCode.invalid_request,
-                          "idempotent producers are not served yet: set enable.idempotence=false")
+
+
+def _events_of(batch: Batch) -> list[dict[str, Any]]:
     events = []
     for rec in batch.records:
         try:
@@ -192,19 +196,93 @@ def _batch_events(batch: Batch) -> list[dict[str, Any]]:
     return events
 
 
-async def _store(ctx: Context, topic: str, partition: int, events: list[dict[str, Any]]) -> int:
-    """Store ``events`` in ``partition`` in one transaction; the position of the first."""
-    client = ctx.client
+#: How many of a producer's last batches per partition are remembered (Kafka's limit on the batches an
+#: idempotent producer has in flight, ``max.in.flight.requests.per.connection``).
+REMEMBERED_BATCHES = 5
 
-    async def attempt(conn: psycopg.AsyncConnection) -> int:
-        first = -1
-        async with conn.transaction():
+
+async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batches: list[Batch]) -> int:
+    """Store ``batches`` in ``partition`` in one transaction; the position of the first event (of a batch
+    stored before, when it is one an idempotent producer sent again)."""
+    client = ctx.client
+    ex = client.store.ex
+    first = -1
+    async with client.connection() as conn, conn.transaction():
+        for batch in batches:
+            events = _events_of(batch)  # every record checked before anything is stored
+            known = await _sequence_state(ex, conn, batch, topic_id, partition)
+            if isinstance(known, int):  # stored before: answered with where it was stored
+                first = known if first < 0 else first
+                continue
+            at = -1
             for e in events:
                 stored = await client.publish(topic, e["value"], key=e["key"], headers=e["headers"],
                                               partition=partition, conn=conn)
-                if first < 0:
-                    first = stored.position
-        return first
+                at = stored.position if at < 0 else at
+            first = at if first < 0 else first
+            if known is not None:
+                seqs, counts, positions = known
+                await ex.run("kafka_sequences_put", (
+                    batch.producer_id, topic_id, partition, batch.producer_epoch,
+                    [*seqs, batch.base_sequence][-REMEMBERED_BATCHES:],
+                    [*counts, len(batch.records)][-REMEMBERED_BATCHES:],
+                    [*positions, at][-REMEMBERED_BATCHES:]), conn=conn)
+    return first
 
-    async with client.connection() as conn:
-        return await attempt(conn)
+
+Remembered = tuple[list[int], list[int], list[int]]
+
+
+async def _sequence_state(ex: Any, conn: psycopg.AsyncConnection, batch: Batch, topic_id: int,
+                          partition: int) -> Remembered | int | None:
+    """For a batch of an idempotent producer: the producer's remembered batches on the partition (to be
+    stored with this one), or the position of this batch when it was stored before; ``RecordError`` for a
+    batch out of order or of an old epoch. ``None`` for a batch of no producer."""
+    if batch.producer_id < 0:
+        return None
+    row = await ex.one("kafka_producer_epoch", (batch.producer_id,), conn=conn)
+    if row is None:
+        raise RecordError(ErrorCode.unknown_producer_id, f"producer id {batch.producer_id} is unknown")
+    if batch.producer_epoch < row[0]:
+        raise RecordError(ErrorCode.invalid_producer_epoch,
+                          f"producer epoch {batch.producer_epoch} is older than {row[0]}")
+    got = await ex.one("kafka_sequences_get", (batch.producer_id, topic_id, partition), conn=conn)
+    if got is None or batch.producer_epoch > got[0]:  # a new producer, or a new epoch: from sequence 0
+        if batch.base_sequence != 0:
+            raise RecordError(ErrorCode.out_of_order_sequence_number,
+                              f"the first batch of a producer epoch starts at sequence "
+                              f"{batch.base_sequence}, not 0")
+        return [], [], []
+    seqs, counts, positions = list(got[1]), list(got[2]), list(got[3])
+    for seq, count, position in zip(seqs, counts, positions, strict=True):
+        if seq == batch.base_sequence and count == len(batch.records):
+            return int(position)  # sent again: stored once
+    expected = (seqs[-1] + counts[-1]) % 2**31
+    if batch.base_sequence != expected:
+        code = ErrorCode.duplicate_sequence_number if batch.base_sequence < seqs[0] \
+            else ErrorCode.out_of_order_sequence_number
+        raise RecordError(code, f"batch sequence {batch.base_sequence}, expected {expected}")
+    return seqs, counts, positions
+
+
+async def init_producer_id(ctx: Context, req: Request) -> dict[str, Any]:
+    """``InitProducerId``: a new producer id (epoch 0), or, given a producer's id and current epoch, its
+    next epoch (earlier epochs are then fenced). Transactional ids are not served yet."""
+    body = req.body
+    fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
+    if body.transactional_id is not None:
+        return {**fail, "error_code": ErrorCode.invalid_request}
+    ex = ctx.client.store.ex
+    pid = int(getattr(body, "producer_id", -1))
+    epoch = int(getattr(body, "producer_epoch", -1))
+
+    async def go(conn: psycopg.AsyncConnection) -> Any:
+        if pid >= 0 and epoch >= 0:
+            return await ex.one("kafka_producer_bump", (pid, epoch), conn=conn)
+        return await ex.one("kafka_producer_new", (), conn=conn)
+
+    row = await ctx.client.run(go)
+    if row is None:
+        return {**fail, "error_code": ErrorCode.invalid_producer_epoch}
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": int(row[0]),
+            "producer_epoch": int(row[1])}

@@ -60,3 +60,27 @@ UPDATE {schema}.kafka_groups
 
 -- name: kafka_groups_list
 SELECT group_id, state, protocol_type FROM {schema}.kafka_groups ORDER BY group_id;
+
+-- name: kafka_producer_new
+INSERT INTO {schema}.kafka_producers DEFAULT VALUES RETURNING producer_id, epoch;
+
+-- name: kafka_producer_bump
+-- A producer starts a new epoch (InitProducerId with its id and current epoch).
+UPDATE {schema}.kafka_producers SET epoch = epoch + 1
+ WHERE producer_id = %s AND epoch = %s RETURNING producer_id, epoch;
+
+-- name: kafka_producer_epoch
+-- The producer's current epoch, its row locked: its batches are stored one at a time.
+SELECT epoch FROM {schema}.kafka_producers WHERE producer_id = %s FOR UPDATE;
+
+-- name: kafka_sequences_get
+-- The producer's last batches on a partition, locked for the transaction that stores the next one.
+SELECT epoch, sequences, counts, positions FROM {schema}.kafka_sequences
+ WHERE producer_id = %s AND topic_id = %s AND partition = %s FOR UPDATE;
+
+-- name: kafka_sequences_put
+INSERT INTO {schema}.kafka_sequences AS s (producer_id, topic_id, partition, epoch, sequences, counts, positions)
+VALUES (%s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (producer_id, topic_id, partition) DO UPDATE
+   SET epoch = excluded.epoch, sequences = excluded.sequences, counts = excluded.counts,
+       positions = excluded.positions;

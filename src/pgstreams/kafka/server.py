@@ -18,7 +18,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import codec, membership, offsets, reads, writes
+from . import admin, codec, membership, offsets, reads, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -37,7 +37,14 @@ HANDLERS: dict[int, Handler] = {
     12: membership.heartbeat,
     13: membership.leave_group,
     14: membership.sync_group,
+    15: admin.describe_groups,
+    16: admin.list_groups,
+    19: admin.create_topics,
+    20: admin.delete_topics,
     22: writes.init_producer_id,
+    32: admin.describe_configs,
+    37: admin.create_partitions,
+    44: admin.incremental_alter_configs,
     18: api_versions,
 }
 

@@ -39,8 +39,15 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(12, "heartbeat", 0, 4),
         ApiRange(13, "leave_group", 0, 4),
         ApiRange(14, "sync_group", 0, 5),
+        ApiRange(15, "describe_groups", 0, 5),
+        ApiRange(16, "list_groups", 0, 4),
         ApiRange(18, "api_versions", 0, 3),
+        ApiRange(19, "create_topics", 2, 7),
+        ApiRange(20, "delete_topics", 1, 5),
         ApiRange(22, "init_producer_id", 0, 4),
+        ApiRange(32, "describe_configs", 1, 4),
+        ApiRange(37, "create_partitions", 0, 3),
+        ApiRange(44, "incremental_alter_configs", 0, 1),
     )
 }
 

@@ -84,3 +84,6 @@ VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (producer_id, topic_id, partition) DO UPDATE
    SET epoch = excluded.epoch, sequences = excluded.sequences, counts = excluded.counts,
        positions = excluded.positions;
+
+-- name: kafka_group_protocol
+SELECT protocol FROM {schema}.kafka_groups WHERE group_id = %s;

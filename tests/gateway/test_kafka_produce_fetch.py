@@ -174,3 +174,24 @@ def test_committed_offsets_are_the_pgstreams_groups_checkpoints_both_ways(client
         assert seen == {p: moved[p] + 1 for p in (0, 1)}
     finally:
         reader.close()
+
+
+def test_a_waiting_fetch_returns_as_soon_as_an_event_is_published(client: pgstreams.Client,
+                                                                 gateway: str) -> None:
+    client.create_topic("t", partitions=1)
+    consumer = Consumer({"bootstrap.servers": gateway, "group.id": "unused", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 20000, "fetch.min.bytes": 1})
+    try:
+        consumer.assign([TopicPartition("t", 0, 0)])
+        assert consumer.poll(1.0) is None  # its fetch now waits at the gateway, for up to 20 s
+        delays = []
+        for i in range(3):
+            sent = time.monotonic()
+            client.publish("t", f"{i}")
+            got = _consume(consumer, 1, timeout=30)
+            delays.append(time.monotonic() - sent)
+            assert len(got) == 1
+        # woken by the publisher's notification, not at the end of the fetch's wait
+        assert max(delays) < 5, delays
+    finally:
+        consumer.close()

@@ -24,6 +24,7 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from ..errors import InvalidName, TopicNotFound
 from ..storage import TopicRecord
+from ..storage.notifications import FAST_RECHECK, Listener
 from .codec import Request
 from .handlers import Context
 
@@ -32,9 +33,6 @@ LATEST, EARLIEST = -1, -2
 
 #: Events read per partition and statement by a fetch (then cut to the partition's byte budget).
 FETCH_ROWS = 1000
-
-#: Seconds between two reads of a fetch that waits for ``min_bytes`` (up to its ``max_wait``).
-FETCH_RECHECK = 0.02
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -104,16 +102,34 @@ async def _offsets(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRec
 async def fetch(ctx: Context, req: Request) -> dict[str, Any]:
     """``Fetch``: per partition, the events from ``fetch_offset`` below the read fence, as one record batch
     (at least one event, however large, then up to the partition's byte budget and the request's); waits
-    up to ``max_wait`` for ``min_bytes``."""
+    up to ``max_wait`` for ``min_bytes``, woken by the publishers' notifications."""
     body = req.body
     deadline = time.monotonic() + _millis(body.max_wait) / 1000
+    listener = ctx.client.sync.session.listener
+    ids: list[int] = []
+    recheck = 0.0
     while True:
-        responses, size = await _fetch_once(ctx, body)
+        generations = listener.generations(ids)  # counted before the read: a later one ends the wait
+        responses, size, ids = await _fetch_once(ctx, body)
         left = deadline - time.monotonic()
-        if size >= max(1, int(body.min_bytes)) or left <= 0 or _has_error(responses):
+        if size >= max(1, int(body.min_bytes)) or left <= 0 or _has_error(responses) or not ids:
             return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                     "responses": responses}
-        await asyncio.sleep(min(left, FETCH_RECHECK))
+        if set(generations) != set(ids):
+            generations = listener.generations(ids)
+        recheck = await asyncio.to_thread(_wait_for_events, listener, generations, left, recheck)
+
+
+def _wait_for_events(listener: Listener, generations: dict[int, int], left: float, recheck: float) -> float:
+    """Wait (in a thread of its own) up to ``left`` s for a notification about a topic read; the next
+    wait's cap. After a notification whose events the read did not find (still behind the read fence),
+    read again after 2 ms, then 4 ms, ..."""
+    wait = min(left, recheck) if recheck else left
+    if any([listener.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
+        wait = min(wait, FAST_RECHECK)
+    if listener.wait_any(generations, wait):
+        return min(recheck * 2, 0.1) if recheck else 0.002
+    return min(recheck * 2, 0.1) if recheck else 0.0
 
 
 def _millis(value: Any) -> float:
@@ -124,10 +140,11 @@ def _has_error(responses: list[dict[str, Any]]) -> bool:
     return any(p["error_code"] != ErrorCode.none for t in responses for p in t["partitions"])
 
 
-async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], int]:
+async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], int, list[int]]:
     budget = int(body.max_bytes) if int(body.max_bytes) > 0 else 2**31 - 1
     total = 0
     responses = []
+    ids: list[int] = []
     for t in body.topics:
         record = await topic_record(ctx, t.topic)
         parts_out = []
@@ -136,6 +153,7 @@ async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], in
                 parts_out.append(_partition_error(p.partition, ErrorCode.unknown_topic_or_partition))
             responses.append({"topic": t.topic, "partitions": parts_out})
             continue
+        ids.append(record.id)
         valid = [p for p in t.partitions if 0 <= p.partition < record.partitions]
         got: dict[int, tuple[int, list[tuple[Any, ...]]]] = {}
         if valid:
@@ -153,7 +171,7 @@ async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], in
                               "aborted_transactions": [], "preferred_read_replica": -1,
                               "records": records})
         responses.append({"topic": t.topic, "partitions": parts_out})
-    return responses, total
+    return responses, total, ids
 
 
 def _partition_error(partition: int, error: ErrorCode) -> dict[str, Any]:

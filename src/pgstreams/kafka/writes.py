@@ -216,8 +216,10 @@ async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batche
                 continue
             at = -1
             for e in events:
+                # no notification inside the transaction (it would serialise every notifying commit):
+                # one after the commit, below
                 stored = await client.publish(topic, e["value"], key=e["key"], headers=e["headers"],
-                                              partition=partition, conn=conn)
+                                              partition=partition, conn=conn, notify=False)
                 at = stored.position if at < 0 else at
             first = at if first < 0 else first
             if known is not None:
@@ -227,6 +229,7 @@ async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batche
                     [*seqs, batch.base_sequence][-REMEMBERED_BATCHES:],
                     [*counts, len(batch.records)][-REMEMBERED_BATCHES:],
                     [*positions, at][-REMEMBERED_BATCHES:]), conn=conn)
+    client.sync.session.notifier.poke(topic_id)  # wake the topic's waiting consumers (coalesced)
     return first
 
 

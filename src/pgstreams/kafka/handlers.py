@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,13 +25,15 @@ TOPIC_ID_NAMESPACE = uuid.UUID("5d0b3c1e-7f53-4e0c-9a43-6f2c3c1b8a10")
 
 @dataclass(frozen=True)
 class Context:
-    """What the handlers of one gateway share: its client, its broker identity and the cluster id."""
+    """What the handlers of one gateway share: its client, its broker identity, the cluster id, and the
+    threads that wait for the publishers' notifications (the listener is a thread's)."""
 
     client: AsyncClient
     node_id: int
     host: str
     port: int
     cluster_id: str
+    waits: Executor
 
 
 Handler = Callable[[Context, Request], Awaitable[dict[str, Any]]]

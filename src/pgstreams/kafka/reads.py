@@ -31,6 +31,10 @@ from .handlers import Context
 #: ListOffsets' special timestamps.
 LATEST, EARLIEST = -1, -2
 
+#: The longest wait of a fetch's thread for a notification before the fetch reads again: a gateway that
+#: closes ends its waits this fast.
+WAIT_SLICE = 0.25
+
 #: Events read per partition and statement by a fetch (then cut to the partition's byte budget).
 FETCH_ROWS = 1000
 
@@ -117,7 +121,8 @@ async def fetch(ctx: Context, req: Request) -> dict[str, Any]:
                     "responses": responses}
         if set(generations) != set(ids):
             generations = listener.generations(ids)
-        recheck = await asyncio.to_thread(_wait_for_events, listener, generations, left, recheck)
+        recheck = await asyncio.get_running_loop().run_in_executor(
+            ctx.waits, _wait_for_events, listener, generations, min(left, WAIT_SLICE), recheck)
 
 
 def _wait_for_events(listener: Listener, generations: dict[int, int], left: float, recheck: float) -> float:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -77,6 +78,7 @@ class Gateway:
         self._server: asyncio.Server | None = None
         self._ctx: Context | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._waits: ThreadPoolExecutor | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -98,7 +100,8 @@ class Gateway:
         adv_host, adv_port = self.advertised
         # the cluster id: the same for every gateway of one database and schema
         cluster = hashlib.sha256(f"{self._client.server}/{self._client.schema}".encode()).hexdigest()[:22]
-        self._ctx = Context(self._client, self._node_id, adv_host, adv_port, cluster)
+        self._waits = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pgstreams-kafka-wait")
+        self._ctx = Context(self._client, self._node_id, adv_host, adv_port, cluster, self._waits)
         log.info("serving the Kafka protocol on %s:%d (advertised as %s:%d)", *self.address, adv_host,
                  adv_port)
 
@@ -113,6 +116,9 @@ class Gateway:
                 await task
         if self._server is not None:
             await self._server.wait_closed()
+        if self._waits is not None:
+            # its threads end by themselves: each wait lasts at most reads.WAIT_SLICE
+            self._waits.shutdown(wait=False, cancel_futures=True)
 
     async def __aenter__(self) -> Gateway:
         await self.start()

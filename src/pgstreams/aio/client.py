@@ -353,10 +353,20 @@ class AsyncClient:
         await self.store.ensure_room(state.segments, position, c)
         await self.store.check_stats(state.segments, position, c)
 
-    async def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]]) -> int:
+    async def publish_many(self, topic: str, events: Iterable[Message | Mapping[str, Any]], *,
+                           conn: psycopg.AsyncConnection | None = None) -> int:
         """Publish events in one transaction with COPY, all or none: :meth:`pgstreams.Client.publish_many`.
         Returns the number stored. The batch carries one producer tag: retried after its connection broke,
-        it is stored once (all or none)."""
+        it is stored once (all or none). With ``conn``, an async connection in an open transaction, the
+        events join that transaction instead (not retried, no producer tag, no wake-up notification: the
+        caller's transaction decides, and announces them after its commit if it wants consumers woken)."""
+        if conn is not None:
+            if not isinstance(conn, psycopg.AsyncConnection):
+                raise InvalidArgument(f"conn must be a psycopg AsyncConnection, not {type(conn).__name__}")
+            state = await self.topic_state(topic)
+            joined = Batch(state, events, None)
+            rows = list(joined)
+            return await self._copy(conn, state, rows, joined.has_ids) if rows else 0
         state = await self.topic_state(topic)
         tags = self._tags
         producer = None if tags is None else tags.next_tag() if tags.drawn else await self._first_tag()

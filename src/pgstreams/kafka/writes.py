@@ -214,13 +214,13 @@ async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batche
             if isinstance(known, int):  # stored before: answered with where it was stored
                 first = known if first < 0 else first
                 continue
-            at = -1
-            for e in events:
-                # no notification inside the transaction (it would serialise every notifying commit):
-                # one after the commit, below
-                stored = await client.publish(topic, e["value"], key=e["key"], headers=e["headers"],
-                                              partition=partition, conn=conn, notify=False)
-                at = stored.position if at < 0 else at
+            # one COPY in the transaction (no notification inside it: one after the commit, below); the
+            # batch's first position found with the read index, above the topic's last before the COPY
+            # (less one: a sequence not yet used reads as its first value, not as 0)
+            floor = await client.store.last_position(topic_id, conn) - 1
+            await client.publish_many(topic, [{**e, "partition": partition} for e in events], conn=conn)
+            at = await client.store.first_position_of_transaction(conn, topic_id, partition, floor)
+            at = -1 if at is None else at
             first = at if first < 0 else first
             if known is not None:
                 seqs, counts, positions = known

@@ -300,6 +300,14 @@ class AsyncStore:
             return cur.rowcount
 
     # -- retried publishes (as EventStore's) -------------------------------------------------------------
+    async def first_position_of_transaction(self, conn: psycopg.AsyncConnection, topic_id: int,
+                                            partition: int, floor: int) -> int | None:
+        """The first position ``conn``'s open transaction stored in ``partition`` above ``floor`` (the
+        topic's :meth:`last_position` read before the insert); ``None`` when it stored none there."""
+        row = await self.ex.one("first_position_of_transaction", {"partition": partition, "floor": floor},
+                                conn=conn, topic_id=topic_id)
+        return None if row is None or row[0] is None else int(row[0])
+
     async def session_busy(self, conn: psycopg.AsyncConnection, pid: int) -> bool:
         """Whether the role's session ``pid`` may still be running a statement or transaction."""
         return await self.ex.perform(session_busy_call(pid), conn)

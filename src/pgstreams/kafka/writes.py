@@ -206,6 +206,12 @@ async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batche
     stored before, when it is one an idempotent producer sent again)."""
     client = ctx.client
     ex = client.store.ex
+    if len(batches) == 1 and batches[0].producer_id < 0 and len(batches[0].records) == 1:
+        # one record of no idempotent producer: the client's own publish (one round trip, its position)
+        (e,) = _events_of(batches[0])
+        stored = await client.publish(topic, e["value"], key=e["key"], headers=e["headers"],
+                                      partition=partition)
+        return stored.position
     first = -1
     async with client.connection() as conn, conn.transaction():
         for batch in batches:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
@@ -40,8 +41,22 @@ def test_aiokafka_produces_and_consumes_in_a_group(client: pgstreams.Client, dsn
             await consumer.stop()
         return got
 
+    outcome: list[object] = []
+
+    def run(bootstrap: str) -> None:
+        # an event loop of its own, in a thread of its own (the test's thread may already run one)
+        try:
+            outcome.append(asyncio.run(scenario(bootstrap)))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+
     with running_gateway(dsn) as bootstrap:
-        got = asyncio.run(scenario(bootstrap))
+        thread = threading.Thread(target=run, args=(bootstrap,))
+        thread.start()
+        thread.join(180)
+    assert outcome and not isinstance(outcome[0], BaseException), outcome
+    got = outcome[0]
+    assert isinstance(got, list)
     assert sorted(got) == sorted((f"k{i}".encode(), f"v{i}".encode(), [("n", str(i).encode())])
                                  for i in range(20))
     events = client.consumer("t", "check").poll(max_events=100, timeout=5)

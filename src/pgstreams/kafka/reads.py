@@ -24,7 +24,6 @@ from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from ..errors import InvalidName, TopicNotFound
 from ..storage import TopicRecord
-from ..storage.notifications import FAST_RECHECK, Listener
 from .codec import Request
 from .handlers import Context
 
@@ -122,19 +121,7 @@ async def fetch(ctx: Context, req: Request) -> dict[str, Any]:
         if set(generations) != set(ids):
             generations = listener.generations(ids)
         recheck = await asyncio.get_running_loop().run_in_executor(
-            ctx.waits, _wait_for_events, listener, generations, min(left, WAIT_SLICE), recheck)
-
-
-def _wait_for_events(listener: Listener, generations: dict[int, int], left: float, recheck: float) -> float:
-    """Wait (in a thread of its own) up to ``left`` s for a notification about a topic read; the next
-    wait's cap. After a notification whose events the read did not find (still behind the read fence),
-    read again after 2 ms, then 4 ms, ..."""
-    wait = min(left, recheck) if recheck else left
-    if any([listener.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
-        wait = min(wait, FAST_RECHECK)
-    if listener.wait_any(generations, wait):
-        return min(recheck * 2, 0.1) if recheck else 0.002
-    return min(recheck * 2, 0.1) if recheck else 0.0
+            ctx.waits, listener.wait_for_events, generations, min(left, WAIT_SLICE), recheck)
 
 
 def _millis(value: Any) -> float:

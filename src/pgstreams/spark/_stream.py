@@ -38,7 +38,7 @@ from pyspark.sql.types import StructType
 from ..errors import InvalidArgument
 from ..producer.state import MARK_WINDOW
 from ..storage import TopicRecord
-from ..storage.notifications import FAST_RECHECK, Listener
+from ..storage.notifications import Listener
 from . import _db
 from ._batch import Split, check_loss, lift_origins, read_split, resolve_cursor, specs
 from ._options import ORIGIN, Cursor, ReadOptions, legacy_cursor
@@ -215,7 +215,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             left = deadline - time.monotonic()
             if moving or generations is None or left <= 0:
                 return to_json(ends)
-            recheck = self._wait_for_events(generations, left, recheck)
+            recheck = self._listener().wait_for_events(generations, left, recheck)
 
     def _topic_ids(self, conn: psycopg.Connection) -> list[int]:
         return [m.id for m in self._topics(conn)]
@@ -232,18 +232,6 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Mark ``topic_id`` as waited for, so that publishers notify (called by :meth:`Listener.waiting`
         in the thread of :meth:`latestOffset`, on the reader's connection)."""
         _db.store(self.opts.schema).executor.one("topic_waiting", (topic_id, ttl), conn=self._connection())
-
-    def _wait_for_events(self, generations: dict[int, int], left: float, recheck: float) -> float:
-        """Wait up to ``left`` s for a notification about a topic read; return the next wait's cap. After
-        a notification whose events the read did not find (still behind the read fence of an open
-        transaction, or announced a little before their commit) read again after 2 ms, then 4 ms, ..."""
-        listener = self._listener()
-        wait = min(left, recheck) if recheck else left
-        if any([listener.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
-            wait = min(wait, FAST_RECHECK)
-        if listener.wait_any(generations, wait):
-            return min(recheck * 2, 0.1) if recheck else 0.002
-        return min(recheck * 2, 0.1) if recheck else 0.0
 
     def _limit(self, conn: psycopg.Connection, metas: dict[str, TopicRecord], starts: Offsets,
                ends: Offsets, max_rows: int) -> Offsets:

@@ -257,6 +257,19 @@ class Listener(Service):
                 self._cond.wait(remaining)
             return True
 
+    def wait_for_events(self, generations: Mapping[int, int], left: float, recheck: float) -> float:
+        """A reader found no new event on the topics of ``generations`` (read with them): wait up to
+        ``left`` s for a notification about any of them, marking each as waited for; return the cap of the
+        next wait (``recheck``: this one's, 0 for none). After a notification whose events the read did
+        not find (still behind the read fence of an open transaction, or announced a little before their
+        commit) it reads again after 2 ms, then 4 ms, ... up to 0.1 s."""
+        wait = min(left, recheck) if recheck else left
+        if any([self.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
+            wait = min(wait, FAST_RECHECK)
+        if self.wait_any(generations, wait):
+            return min(recheck * 2, 0.1) if recheck else 0.002
+        return min(recheck * 2, 0.1) if recheck else 0.0
+
     def request_stop(self) -> None:
         super().request_stop()
         conn = self._conn

@@ -156,32 +156,29 @@ def group_option(options: Mapping[str, str]) -> str | None:
         raise InvalidName(f"option 'group': {exc}") from None
 
 
-def positive_int_option(options: Mapping[str, str], name: str) -> int | None:
-    """An optional option holding a positive integer."""
+def _int_option(options: Mapping[str, str], name: str, least: int, what: str) -> int | None:
+    """An optional option holding an integer >= ``least`` (``what`` names the rule in the error)."""
     value = _get(options, name)
     if value is None:
         return None
     try:
         number = int(value)
     except ValueError:
-        raise InvalidArgument(f"option '{name}' must be a positive integer, got {value!r}") from None
-    if number < 1:
-        raise InvalidArgument(f"option '{name}' must be a positive integer, got {value!r}")
+        number = least - 1
+    if number < least:
+        raise InvalidArgument(f"option '{name}' must be {what}, got {value!r}")
     return number
+
+
+def positive_int_option(options: Mapping[str, str], name: str) -> int | None:
+    """An optional option holding a positive integer."""
+    return _int_option(options, name, 1, "a positive integer")
 
 
 def non_negative_int_option(options: Mapping[str, str], name: str, default: int) -> int:
     """An option holding an integer >= 0; ``default`` when not set."""
-    value = _get(options, name)
-    if value is None:
-        return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidArgument(f"option '{name}' must be an integer >= 0, got {value!r}") from None
-    if number < 0:
-        raise InvalidArgument(f"option '{name}' must be an integer >= 0, got {value!r}")
-    return number
+    number = _int_option(options, name, 0, "an integer >= 0")
+    return default if number is None else number
 
 
 def bool_option(options: Mapping[str, str], name: str, default: bool) -> bool:

@@ -31,21 +31,20 @@ SET, DELETE = 0, 1
 TOPIC_CONFIG_SOURCE, DEFAULT_CONFIG_SOURCE = 1, 5
 
 
+#: The Kafka error code of each pgstreams error, the first whose class matches (subclasses first).
+_ERRORS: tuple[tuple[type[BaseException], ErrorCode], ...] = (
+    (TopicConflict, ErrorCode.topic_already_exists),
+    (TopicNotFound, ErrorCode.unknown_topic_or_partition),
+    (InvalidName, ErrorCode.invalid_topic_exception),
+    (InvalidConfig, ErrorCode.invalid_config),
+    (PermissionDenied, ErrorCode.topic_authorization_failed),
+    (InvalidArgument, ErrorCode.invalid_request),
+)
+
+
 def _error_of(exc: BaseException) -> ErrorCode:
     """The Kafka error code of a pgstreams error."""
-    if isinstance(exc, TopicConflict):
-        return ErrorCode.topic_already_exists
-    if isinstance(exc, TopicNotFound):
-        return ErrorCode.unknown_topic_or_partition
-    if isinstance(exc, InvalidName):
-        return ErrorCode.invalid_topic_exception
-    if isinstance(exc, InvalidConfig):
-        return ErrorCode.invalid_config
-    if isinstance(exc, PermissionDenied):
-        return ErrorCode.topic_authorization_failed
-    if isinstance(exc, InvalidArgument):
-        return ErrorCode.invalid_request
-    return ErrorCode.unknown_server_error
+    return next((code for kind, code in _ERRORS if isinstance(exc, kind)), ErrorCode.unknown_server_error)
 
 
 async def create_topics(ctx: Context, req: Request) -> dict[str, Any]:
@@ -195,20 +194,19 @@ async def describe_groups(ctx: Context, req: Request) -> dict[str, Any]:
     """``DescribeGroups``: each group's state, protocol and members (with their subscriptions and
     assignments)."""
     ex = ctx.client.store.ex
+    groups = {r[0]: r for r in await ex.all("kafka_groups_list", ())}
     out = []
     for gid in req.body.groups:
-        states = {r[0]: r for r in await ex.all("kafka_groups_list", ())}
         rows = await ex.all("kafka_members", (gid,))
-        group = states.get(gid)
+        group = groups.get(gid)
         state = _KAFKA_STATES[group[1]] if group is not None else "Dead"
-        protocol = await ex.one("kafka_group_protocol", (gid,))
+        protocol = group[3] if group is not None else None
         members = [{"member_id": r[0], "group_instance_id": None, "client_id": r[1], "client_host": r[2],
-                    "member_metadata": _metadata(r, protocol[0] if protocol else None),
+                    "member_metadata": _metadata(r, protocol),
                     "member_assignment": bytes(r[10]) if r[10] is not None else b""} for r in rows]
         out.append({"error_code": ErrorCode.none, "group_id": gid, "group_state": state,
-                    "protocol_type": (group[2] if group else None) or "",
-                    "protocol_data": (protocol[0] if protocol else None) or "", "members": members,
-                    "authorized_operations": -2147483648})
+                    "protocol_type": (group[2] if group else None) or "", "protocol_data": protocol or "",
+                    "members": members, "authorized_operations": -2147483648})
     return {"throttle_time": 0, "groups": out}
 
 

@@ -59,7 +59,7 @@ UPDATE {schema}.kafka_groups
  WHERE group_id = %s;
 
 -- name: kafka_groups_list
-SELECT group_id, state, protocol_type FROM {schema}.kafka_groups ORDER BY group_id;
+SELECT group_id, state, protocol_type, protocol FROM {schema}.kafka_groups ORDER BY group_id;
 
 -- name: kafka_producer_new
 INSERT INTO {schema}.kafka_producers DEFAULT VALUES RETURNING producer_id, epoch;
@@ -84,6 +84,3 @@ VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (producer_id, topic_id, partition) DO UPDATE
    SET epoch = excluded.epoch, sequences = excluded.sequences, counts = excluded.counts,
        positions = excluded.positions;
-
--- name: kafka_group_protocol
-SELECT protocol FROM {schema}.kafka_groups WHERE group_id = %s;

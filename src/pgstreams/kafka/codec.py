@@ -40,8 +40,7 @@ class FrameError(Exception):
 
 @dataclass(frozen=True)
 class Request:
-    """A decoded request: its header's fields and the body (``None`` when the API or version is not
-    served: the body is then left unread)."""
+    """A decoded request: its header's fields and the body."""
 
     api_key: int
     api_version: int
@@ -64,11 +63,9 @@ def peek(frame: bytes) -> tuple[int, int, int]:
     return int(key), int(version), int(correlation)
 
 
-def decode(frame: bytes, served: bool) -> Request:
-    """Decode a request frame; the body only when ``served`` (the API and version are served)."""
+def decode(frame: bytes) -> Request:
+    """Decode a request frame (of an API and version that are served)."""
     key, version, correlation = peek(frame)
-    if not served:
-        return Request(key, version, correlation, None, None)
     schema = load_request_schema(key, version)
     header_type = RequestHeaderV2 if schema.__flexible__ else RequestHeaderV1
     view = memoryview(frame)
@@ -96,15 +93,14 @@ def response_type(key: int, version: int) -> type[Entity]:
     return load_response_schema(key, version)
 
 
-def encode(correlation_id: int, response: Entity, *, header_version: int | None = None) -> bytes:
-    """A reply frame: size, response header (``header_version``, default that of the response's schema)
-    and ``response``."""
+def encode(correlation_id: int, response: Entity) -> bytes:
+    """A reply frame: size, the response header of the response's schema (version 0 for
+    ``ApiVersions``, as Kafka's schemas say) and ``response``."""
     buf = io.BytesIO()
     buf.write(b"\0\0\0\0")
     header_schema = type(response).__header_schema__  # type: ignore[attr-defined]
-    flexible_header = header_schema.__version__ >= 1 if header_version is None else header_version >= 1
     buf.write(_SIZE.pack(correlation_id))
-    if flexible_header:
+    if header_schema.__version__ >= 1:
         buf.write(b"\0")  # no tagged fields
     _writer(type(response))(buf, response)
     out = buf.getbuffer()

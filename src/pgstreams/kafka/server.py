@@ -167,14 +167,13 @@ class Gateway:
         if api is None:
             if key == API_VERSIONS_KEY:
                 refusal = api_versions_reply(ErrorCode.unsupported_version)
-                return codec.encode(correlation, codec.build(codec.response_type(key, 0), refusal),
-                                    header_version=0)
+                return codec.encode(correlation, codec.build(codec.response_type(key, 0), refusal))
             known = SERVED.get(key)
             log.warning("closing a connection that sent API key %d version %d: %s", key, version,
                         "not served" if known is None
                         else f"{known.name} is served in versions {known.min_version}-{known.max_version}")
             return None
-        request = codec.decode(frame, served=True)
+        request = codec.decode(frame)
         assert self._ctx is not None
         values = await HANDLERS[key](self._ctx, request)
         if values is writes.NO_REPLY:

@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 from kio.schema.errors import ErrorCode
 
-from ..errors import InvalidName, PgStreamsError
+from ..errors import GroupNotFound, InvalidName, PgStreamsError
 from ..names import check_group
 from ..storage import TopicRecord
 from .codec import Request
@@ -103,7 +103,10 @@ async def offset_fetch(ctx: Context, req: Request) -> dict[str, Any]:
         return {"throttle_time": 0, "topics": [], "error_code": bad}
     asked = body.topics
     if asked is None:
-        statuses = await ctx.client.describe_group(group) if await _has_group(ctx, group) else []
+        try:
+            statuses = await ctx.client.describe_group(group)
+        except GroupNotFound:
+            statuses = []
         by_topic: dict[str, dict[int, int]] = {}
         for s in statuses:
             if s.checkpoint is not None:
@@ -135,7 +138,3 @@ async def _load(ctx: Context, group: str, record: TopicRecord, partitions: list[
         return await ctx.client.store.load_checkpoints(conn, group, record.id, partitions)
 
     return await ctx.client.run(go)
-
-
-async def _has_group(ctx: Context, group: str) -> bool:
-    return any(g.group == group for g in await ctx.client.list_groups())

@@ -183,12 +183,11 @@ async def _read(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRecord
     offsets = {int(p.partition): max(0, int(p.fetch_offset)) for p in wanted}
     params = {"partitions": parts, "positions": [offsets[p] - 1 for p in parts], "limit": FETCH_ROWS,
               "total": FETCH_ROWS * len(parts)}
-    rows, _removed, _count = await store.poll_checked(conn, record.id, params)
-    fences = await store.fences(conn, record.id, parts)
+    rows, _removed, _count = await store.poll_checked(conn, record.id, params)  # below the read fences
+    fences = await store.fences(conn, record.id, parts)  # the high watermarks, at or above those
     by_part: dict[int, list[tuple[Any, ...]]] = {p: [] for p in parts}
     for row in rows:
-        if row[1] < fences[row[0]]:
-            by_part[row[0]].append(row)
+        by_part[row[0]].append(row)
     return {p: (fences[p], by_part[p]) for p in parts}
 
 

@@ -104,6 +104,14 @@ class _Tx:
         await self.ex.run("kafka_group_update", (g.generation, state, g.round, deadline_s, g.protocol_type,
                                                  g.protocol, g.leader, self.group_id), conn=self.conn)
 
+    async def join(self, m: Member) -> None:
+        """Store member ``m`` as joining the group's current round (added, or its subscription replaced)."""
+        m.join_round = self.group.round
+        await self.ex.run("kafka_member_upsert", (
+            self.group_id, m.member_id, m.client_id, m.client_host, m.session_timeout_ms,
+            m.rebalance_timeout_ms, m.protocol_type, m.protocol_names, m.protocol_metadata, m.join_round),
+            conn=self.conn)
+
     async def start_round(self) -> None:
         """A rebalance starts: every member must join it again."""
         self.group.round += 1
@@ -185,9 +193,8 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
             return ErrorCode.inconsistent_group_protocol
         if tx.group.state != JOINING:
             await tx.start_round()
-        await tx.ex.run("kafka_member_upsert", (gid, member_id, req.client_id or "", "", session_ms,
-                                                rebalance_ms, body.protocol_type, names, metadata,
-                                                tx.group.round), conn=tx.conn)
+        await tx.join(Member(member_id, req.client_id or "", "", session_ms, rebalance_ms, body.protocol_type,
+                             names, metadata, tx.group.round, None, None))
         await tx.read_members()
         await tx.try_complete()
         return ErrorCode.none
@@ -205,10 +212,7 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
             return {**fail, "error_code": ErrorCode.unknown_member_id, "member_id": member_id}
         if g.state == JOINING:
             if me.join_round < g.round:  # another round started while this member waited: it joins it
-                await tx.ex.run("kafka_member_upsert", (gid, member_id, me.client_id, me.client_host,
-                                                        me.session_timeout_ms, me.rebalance_timeout_ms,
-                                                        me.protocol_type, me.protocol_names,
-                                                        me.protocol_metadata, g.round), conn=tx.conn)
+                await tx.join(me)
             return None
         if me.generation != g.generation:
             return None

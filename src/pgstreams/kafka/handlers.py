@@ -15,6 +15,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
+from ..errors import InvalidName, TopicNotFound
+from ..storage import TopicRecord
 from .codec import Request
 from .versions import SERVED
 
@@ -42,6 +44,16 @@ Handler = Callable[[Context, Request], Awaitable[dict[str, Any]]]
 def topic_id(ctx: Context, name: str) -> uuid.UUID:
     """The Kafka topic id of topic ``name`` (stable across gateways and restarts)."""
     return uuid.uuid5(TOPIC_ID_NAMESPACE, f"{ctx.cluster_id}/{name}")
+
+
+async def topic_record(ctx: Context, name: str | None) -> TopicRecord | None:
+    """Topic ``name``'s row (``None`` for a name that is not a topic's)."""
+    if not name:
+        return None
+    try:
+        return (await ctx.client.topic_state(name)).record
+    except (TopicNotFound, InvalidName):
+        return None
 
 
 async def api_versions(ctx: Context, req: Request) -> dict[str, Any]:

@@ -18,9 +18,8 @@ from ..errors import GroupNotFound, InvalidName, PgStreamsError
 from ..names import check_group
 from ..storage import TopicRecord
 from .codec import Request
-from .handlers import Context
+from .handlers import Context, topic_record
 from .membership import check_member
-from .reads import topic_record
 
 #: FindCoordinator's key types.
 GROUP_KEY, TRANSACTION_KEY = 0, 1

@@ -22,10 +22,9 @@ from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
-from ..errors import InvalidName, TopicNotFound
 from ..storage import TopicRecord
 from .codec import Request
-from .handlers import Context
+from .handlers import Context, topic_record
 
 #: ListOffsets' special timestamps.
 LATEST, EARLIEST = -1, -2
@@ -38,16 +37,6 @@ WAIT_SLICE = 0.25
 FETCH_ROWS = 1000
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
-
-async def topic_record(ctx: Context, name: str | None) -> TopicRecord | None:
-    """Topic ``name``'s row (``None`` for a name that is not a topic's)."""
-    if not name:
-        return None
-    try:
-        return (await ctx.client.topic_state(name)).record
-    except (TopicNotFound, InvalidName):
-        return None
 
 
 async def list_offsets(ctx: Context, req: Request) -> dict[str, Any]:

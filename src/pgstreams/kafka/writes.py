@@ -27,8 +27,7 @@ from kio.schema.errors import ErrorCode
 
 from ..errors import PgStreamsError
 from .codec import Request
-from .handlers import Context
-from .reads import topic_record
+from .handlers import Context, topic_record
 
 #: The attribute bits of a record batch: its compression codec, and whether it is transactional or a
 #: control batch.

@@ -312,10 +312,11 @@ _ABSENT_STANDBY = "pgstreams_absent_standby"
 async def _sync_rep_waiters(admin: psycopg.AsyncConnection, dbname: str, publishes: bool = False
                             ) -> list[int]:
     """The sessions of database ``dbname`` whose commit waits for the standby (``publishes``: only those
-    whose last statement inserted or copied events, not a notifier's)."""
+    whose last statement inserted or copied events, not a notifier's, nor a probe of :func:`_hold_commits`
+    that was terminated but is still listed while it ends)."""
     cur = await admin.execute(
         "SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event = 'SyncRep'"
-        " AND (NOT %s OR query ~* '(insert|copy)')", (dbname, publishes))
+        " AND (NOT %s OR (query ~* '(insert|copy)' AND query !~ 'sync_rep_probe'))", (dbname, publishes))
     return [int(r[0]) for r in await cur.fetchall()]
 
 
@@ -339,7 +340,8 @@ async def _hold_commits(admin: psycopg.AsyncConnection, db: str) -> None:
             except AssertionError:
                 seen = False
             if seen is True:
-                await admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                # waits (up to 10 s) until the probe's backend has exited, so it is no longer listed
+                await admin.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
             await asyncio.wait([task], timeout=10)
             if not task.cancelled():
                 task.exception()  # the terminated probe's error, retrieved

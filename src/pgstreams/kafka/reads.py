@@ -10,21 +10,18 @@ Offsets inside a partition have gaps (positions are numbered per topic), as in a
 from __future__ import annotations
 
 import asyncio
-import io
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from kio.records.schema import NewRecordBatch, Record, RecordHeader
-from kio.records.writers import write_new_batch
 from kio.schema.errors import ErrorCode
-from kio.static.primitive import TZAwareMicros, i8, i16, i32, i64
 
 from ..storage import TopicRecord
 from .codec import Request
 from .handlers import Context, topic_record
+from .records import write_batch
 
 #: ListOffsets' special timestamps.
 LATEST, EARLIEST = -1, -2
@@ -145,8 +142,8 @@ async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], in
                 parts_out.append(_partition_error(part, ErrorCode.unknown_topic_or_partition))
                 continue
             fence, rows = got[part]
-            records, used = _batch(rows, min(int(p.partition_max_bytes), budget - total), first=total == 0)
-            total += used
+            records = write_batch(rows, min(int(p.partition_max_bytes), budget - total), first=total == 0)
+            total += len(records)
             parts_out.append({"partition_index": part, "error_code": ErrorCode.none, "high_watermark": fence,
                               "last_stable_offset": fence, "log_start_offset": -1,
                               "aborted_transactions": [], "preferred_read_replica": -1,
@@ -178,41 +175,3 @@ async def _read(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRecord
     for row in rows:
         by_part[row[0]].append(row)
     return {p: (fences[p], by_part[p]) for p in parts}
-
-
-def _batch(rows: list[tuple[Any, ...]], budget: int, first: bool) -> tuple[bytes | None, int]:
-    """One uncompressed record batch (v2) of ``rows``: the first row always when ``first``, then rows while
-    the batch stays within ``budget`` bytes."""
-    if not rows:
-        return b"", 0
-    records: list[Record] = []
-    size = 61  # the batch header
-    for row in rows:
-        rec = _record(row)
-        rec_size = 20 + len(rec.value or b"") + len(rec.key or b"") + sum(
-            len(h.key or b"") + len(h.value or b"") + 4 for h in rec.headers)
-        if records and size + rec_size > budget:
-            break
-        if not records and not first and size + rec_size > budget:
-            return b"", 0
-        records.append(rec)
-        size += rec_size
-    buf = io.BytesIO()
-    write_new_batch(buf, NewRecordBatch(producer_id=i64(-1), producer_epoch=i16(-1), base_sequence=i32(-1),
-                                        records=tuple(records), attributes=i16(0)))
-    out = buf.getvalue()
-    return out, len(out)
-
-
-def _record(row: tuple[Any, ...]) -> Record:
-    _part, position, _xid, since_epoch, _kind, key, payload, headers = row[:8]
-    created = TZAwareMicros.parse(_EPOCH + since_epoch)
-    return Record(
-        attributes=i8(0),
-        timestamp=created,
-        offset=i64(position),
-        key=None if key is None else key.encode("utf-8"),
-        value=bytes(payload),
-        headers=tuple(RecordHeader(key=k.encode("utf-8"), value=v.encode("utf-8"))
-                      for k, v in (headers or {}).items()),
-    )

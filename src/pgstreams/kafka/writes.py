@@ -19,19 +19,23 @@ from dataclasses import dataclass
 from typing import Any
 
 import cramjam
-import crc32c
 import psycopg
-from kio.records.readers import read_record
-from kio.records.schema import Record
 from kio.schema.errors import ErrorCode
 
 from ..errors import PgStreamsError
 from .codec import Request
 from .handlers import Context, topic_record
-
-#: The attribute bits of a record batch: its compression codec, and whether it is transactional or a
-#: control batch.
-COMPRESSION_MASK, TRANSACTIONAL_BIT, CONTROL_BIT = 0x07, 0x10, 0x20
+from .records import (
+    COMPRESSION_MASK,
+    CONTROL_BIT,
+    HEADER,
+    TRANSACTIONAL_BIT,
+    MalformedBatch,
+    RecordTuple,
+    crc_ok,
+    read_header,
+    read_records,
+)
 
 
 class RecordError(Exception):
@@ -91,7 +95,7 @@ def _batches(records: bytes) -> list[Batch]:
     view = memoryview(records)
     offset = 0
     while offset < len(view):
-        if len(view) - offset < _HEADER.size:
+        if len(view) - offset < HEADER.size:
             break  # a partial batch at the end (Kafka's clients may send one): ignored, as Kafka does
         batch, size = read_batch(view, offset)
         offset += size
@@ -100,9 +104,6 @@ def _batches(records: bytes) -> list[Batch]:
     return out
 
 
-#: A record batch's header (v2): base offset, length, leader epoch, magic, CRC-32C, attributes, last
-#: offset delta, base and max timestamps, producer id and epoch, base sequence, record count.
-_HEADER = struct.Struct(">qiibIhiqqqhii")
 _XERIAL = b"\x82SNAPPY\x00"
 
 
@@ -114,38 +115,33 @@ class Batch:
     producer_id: int
     producer_epoch: int
     base_sequence: int
-    records: tuple[Record, ...]
+    records: list[RecordTuple]
 
 
 def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
     """The record batch at ``offset`` and its size; its records decompressed (gzip, snappy, lz4, zstd)."""
     try:
-        (base_offset, length, _epoch, magic, crc, attributes, _last, base_ts, _max_ts, producer_id,
-         producer_epoch, base_sequence, count) = _HEADER.unpack_from(view, offset)
-    except struct.error as exc:
-        raise RecordError(ErrorCode.corrupt_message, f"a truncated record batch: {exc}") from None
-    end = offset + 12 + length
-    if magic != 2:
+        header = read_header(view, offset)
+    except MalformedBatch as exc:
+        raise RecordError(ErrorCode.corrupt_message, str(exc)) from None
+    end = offset + header.size
+    if header.magic != 2:
         raise RecordError(ErrorCode.unsupported_for_message_format,
-                          f"record batches of magic {magic} are not served (only v2)")
-    if end > len(view) or length < _HEADER.size - 12:
+                          f"record batches of magic {header.magic} are not served (only v2)")
+    if end > len(view) or header.length < HEADER.size - 12:
         raise RecordError(ErrorCode.corrupt_message, "a record batch longer than its request")
-    if crc32c.crc32c(view[offset + 21:end]) != crc:
+    if not crc_ok(view, offset, header):
         raise RecordError(ErrorCode.corrupt_message, "a record batch whose CRC does not match")
-    body: bytes | memoryview = view[offset + _HEADER.size:end]
-    codec = attributes & COMPRESSION_MASK
+    body: bytes | memoryview = view[offset + HEADER.size:end]
+    codec = header.attributes & COMPRESSION_MASK
     if codec:
         body = _decompress(codec, bytes(body))
-    records = []
-    at = 0
     try:
-        for _ in range(count):
-            record, used = read_record(body, base_ts, base_offset, at)
-            records.append(record)
-            at += used
-    except (ValueError, IndexError) as exc:
+        records = read_records(body, header.count)
+    except MalformedBatch as exc:
         raise RecordError(ErrorCode.corrupt_message, f"a malformed record: {exc}") from None
-    return Batch(attributes, producer_id, producer_epoch, base_sequence, tuple(records)), end - offset
+    return Batch(header.attributes, header.producer_id, header.producer_epoch, header.base_sequence,
+                 records), end - offset
 
 
 def _decompress(codec: int, data: bytes) -> bytes:
@@ -178,20 +174,19 @@ def _check(batch: Batch) -> None:
 
 def _events_of(batch: Batch) -> list[dict[str, Any]]:
     events = []
-    for rec in batch.records:
+    for key, value, pairs in batch.records:
         try:
-            key = None if rec.key is None else bytes(rec.key).decode("utf-8")
             headers: dict[str, str] = {}
-            for h in rec.headers:
-                name = bytes(h.key or b"").decode("utf-8")
+            for name_bytes, header_value in pairs:
+                name = name_bytes.decode("utf-8")
                 if name in headers:
                     raise RecordError(ErrorCode.invalid_record, f"header {name!r} appears twice in a record")
-                headers[name] = "" if h.value is None else bytes(h.value).decode("utf-8")
+                headers[name] = "" if header_value is None else header_value.decode("utf-8")
+            text = None if key is None else key.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RecordError(ErrorCode.invalid_record,
                               f"a record's key or header is not UTF-8 text: {exc}") from None
-        events.append({"key": key, "headers": headers or None,
-                       "value": None if rec.value is None else bytes(rec.value)})
+        events.append({"key": text, "headers": headers or None, "value": value})
     return events
 
 

@@ -132,20 +132,36 @@ class Gateway:
         assert task is not None
         self._connections.add(task)
         peer = writer.get_extra_info("peername")
+        frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
+        receiving = asyncio.get_running_loop().create_task(_receive(reader, frames))
         try:
+            held: bytes | BaseException | None = None
             while True:
-                try:
-                    prefix = await reader.readexactly(4)
-                except asyncio.IncompleteReadError:
+                frame = held if held is not None else await frames.get()
+                held = None
+                if isinstance(frame, BaseException):
+                    raise frame
+                if frame is None:
                     return  # the client closed the connection
-                size = codec.frame_size(prefix)
-                frame = await reader.readexactly(size)
-                reply = await self._answer(frame)
-                if reply is None:
-                    return
-                if reply:  # a produce with acks=0 gets no reply
-                    writer.write(reply)
-                    await writer.drain()
+                if codec.peek(frame)[0] == writes.PRODUCE_KEY:
+                    # the produce requests that arrived meanwhile are stored with it, in one transaction
+                    group = [frame]
+                    while len(group) < GROUP_LIMIT and not frames.empty():
+                        nxt = frames.get_nowait()
+                        if isinstance(nxt, bytes) and codec.peek(nxt)[0] == writes.PRODUCE_KEY:
+                            group.append(nxt)
+                        else:
+                            held = nxt
+                            break
+                    replies = await self._answer_produce(group)
+                else:
+                    replies = [await self._answer(frame)]
+                for reply in replies:
+                    if reply is None:
+                        return
+                    if reply:  # a produce with acks=0 gets no reply
+                        writer.write(reply)
+                await writer.drain()
         except codec.FrameError as exc:
             log.warning("closing the connection of %s: %s", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -155,10 +171,33 @@ class Gateway:
         except Exception:
             log.exception("closing the connection of %s after an unexpected error", peer)
         finally:
+            receiving.cancel()
+            with contextlib.suppress(BaseException):
+                await receiving
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _answer_produce(self, frames: list[bytes]) -> list[bytes | None]:
+        """The replies to consecutive ``Produce`` frames (see :func:`pgstreams.kafka.writes.produce_group`):
+        a frame of a version not served ends the group there, as :meth:`_answer` would."""
+        requests = []
+        for frame in frames:
+            key, version, _correlation = codec.peek(frame)
+            if served(key, version) is None:
+                break
+            requests.append(codec.decode(frame))
+        assert self._ctx is not None
+        replies: list[bytes | None] = []
+        if requests:
+            for req, values in zip(requests, await writes.produce_group(self._ctx, requests), strict=True):
+                kind = codec.response_type(req.api_key, req.api_version)
+                replies.append(b"" if values is writes.NO_REPLY
+                               else codec.encode(req.correlation_id, codec.build(kind, values)))
+        if len(requests) < len(frames):
+            replies.append(await self._answer(frames[len(requests)]))  # the refusal: the connection closes
+        return replies
 
     async def _answer(self, frame: bytes) -> bytes | None:
         """The reply frame to a request frame (``None``: close the connection; empty: no reply)."""
@@ -179,6 +218,31 @@ class Gateway:
         if values is writes.NO_REPLY:
             return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
+
+
+#: How many request frames of a connection are read ahead of the one being answered (Kafka's clients send
+#: several before the first reply: ``max.in.flight.requests.per.connection``).
+PIPELINE = 64
+#: The most produce requests of a connection stored together in one transaction.
+GROUP_LIMIT = 32
+
+
+async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | BaseException | None]) -> None:
+    """Read a connection's request frames into ``frames``, then ``None`` when the client closed it, or the
+    error that ended reading (a frame out of range, a broken connection)."""
+    try:
+        while True:
+            try:
+                prefix = await reader.readexactly(4)
+            except asyncio.IncompleteReadError:
+                await frames.put(None)
+                return
+            frame = await reader.readexactly(codec.frame_size(prefix))
+            await frames.put(frame)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which decides
+        await frames.put(exc)
 
 
 async def serve(client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,

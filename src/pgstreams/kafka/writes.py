@@ -15,7 +15,7 @@ are refused with an error that names the reason; see ``docs/kafka.md``).
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cramjam
@@ -46,42 +46,123 @@ class RecordError(Exception):
         self.code = code
 
 
+#: The API key of ``Produce``.
+PRODUCE_KEY = 0
+
 #: Marks a produce with ``acks=0``: Kafka sends no reply to it.
 NO_REPLY: dict[str, Any] = {}
 
 
 async def produce(ctx: Context, req: Request) -> dict[str, Any]:
-    """``Produce``: each partition's batches stored in one transaction; ``base_offset`` is the position of
-    the first event stored."""
-    body = req.body
-    responses = []
-    for t in body.topic_data:
-        record = await topic_record(ctx, t.name)
-        parts = []
-        for pd in t.partition_data:
-            index = int(pd.index)
-            if record is None or not 0 <= index < record.partitions:
-                parts.append(_error(index, ErrorCode.unknown_topic_or_partition, None))
-                continue
-            try:
-                if body.transactional_id is not None:
-                    raise RecordError(ErrorCode.invalid_request,
-                                      "transactional producers are not served yet")
-                batches = _batches(pd.records or b"")
-                base = await _store(ctx, t.name, record.id, index, batches) if batches else -1
-            except RecordError as exc:
-                parts.append(_error(index, exc.code, str(exc)))
-                continue
-            except PgStreamsError as exc:
-                parts.append(_error(index, ErrorCode.invalid_record, str(exc)))
-                continue
-            parts.append({"index": index, "error_code": ErrorCode.none, "base_offset": base,
-                          "log_append_time": None, "log_start_offset": -1, "record_errors": [],
-                          "error_message": None})
-        responses.append({"name": t.name, "partition_responses": parts})
-    if int(body.acks) == 0:
-        return NO_REPLY
-    return {"responses": responses, "throttle_time": 0}
+    """``Produce``: the request's batches stored in one transaction (see :func:`produce_group`)."""
+    (reply,) = await produce_group(ctx, [req])
+    return reply
+
+
+@dataclass
+class _Item:
+    """One partition of one produce request: its batches, their events (checked), and what became of
+    them: the position of each batch's first event, or the error of the whole item."""
+
+    topic: str
+    topic_id: int
+    partition: int
+    batches: list[Batch]
+    events: list[list[dict[str, Any]]]
+    positions: list[int] = field(default_factory=list)
+    error: RecordError | None = None
+    #: per batch: where it was stored before (an idempotent producer's batch sent again), else None
+    known: list[int | None] = field(default_factory=list)
+    #: per batch of an idempotent producer that is new: its remembered entry, whose position is filled in
+    #: once stored (else None)
+    pending: list[list[int] | None] = field(default_factory=list)
+
+    def response(self) -> dict[str, Any]:
+        if self.error is not None:
+            return _error(self.partition, self.error.code, str(self.error))
+        base = self.positions[0] if self.positions else -1
+        return {"index": self.partition, "error_code": ErrorCode.none, "base_offset": base,
+                "log_append_time": None, "log_start_offset": -1, "record_errors": [], "error_message": None}
+
+
+async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str, Any]]:
+    """The replies to consecutive ``Produce`` requests of one connection, all stored in one transaction
+    (one COPY per partition, one commit): a group commit of the requests a client has in flight. Each
+    partition of each request stays all or none on its own: one whose batches are refused (malformed, out
+    of sequence, of a fenced producer) is answered with its error and the others are stored; when storing
+    fails (a record the topic refuses), every partition is stored again on its own, so that only the
+    failing one gets the error. ``base_offset`` is the position of a partition's first event stored."""
+    plans: list[tuple[Request, list[tuple[str, list[dict[str, Any] | _Item]]]]] = []
+    items: list[_Item] = []
+    for req in requests:
+        body = req.body
+        topics: list[tuple[str, list[dict[str, Any] | _Item]]] = []
+        for t in body.topic_data:
+            record = await topic_record(ctx, t.name)
+            parts: list[dict[str, Any] | _Item] = []
+            for pd in t.partition_data:
+                index = int(pd.index)
+                if record is None or not 0 <= index < record.partitions:
+                    parts.append(_error(index, ErrorCode.unknown_topic_or_partition, None))
+                    continue
+                try:
+                    if body.transactional_id is not None:
+                        raise RecordError(ErrorCode.invalid_request,
+                                          "transactional producers are not served yet")
+                    batches = _batches(pd.records or b"")
+                    events = [_events_of(b, index) for b in batches]  # every record checked first
+                except RecordError as exc:
+                    parts.append(_error(index, exc.code, str(exc)))
+                    continue
+                item = _Item(t.name, record.id, index, batches, events)
+                items.append(item)
+                parts.append(item)
+            topics.append((t.name, parts))
+        plans.append((req, topics))
+    todo = [i for i in items if i.batches]
+    if len(todo) == 1:
+        await _store_alone(ctx, todo[0])
+    elif todo:
+        try:
+            await _store(ctx, todo)
+        except PgStreamsError:
+            for item in todo:  # one partition refused: each on its own, to answer only that one's error
+                _reset(item)
+                await _store_alone(ctx, item)
+    replies: list[dict[str, Any]] = []
+    for req, topics in plans:
+        if int(req.body.acks) == 0:
+            replies.append(NO_REPLY)
+            continue
+        replies.append({"responses": [
+            {"name": name, "partition_responses": [p if isinstance(p, dict) else p.response() for p in parts]}
+            for name, parts in topics], "throttle_time": 0})
+    return replies
+
+
+def _reset(item: _Item) -> None:
+    item.positions, item.error, item.known, item.pending = [], None, [], []
+
+
+async def _store_alone(ctx: Context, item: _Item) -> None:
+    """Store one item in a transaction of its own; a record the topic refuses is the item's error."""
+    batch = item.batches[0]
+    if len(item.batches) == 1 and batch.producer_id < 0 and len(batch.records) == 1:
+        # one record of no idempotent producer: the client's own publish (one round trip, its position)
+        (e,) = item.events[0]
+        try:
+            stored = await ctx.client.publish(item.topic, e["value"], key=e["key"], headers=e["headers"],
+                                              partition=item.partition)
+        except PgStreamsError as exc:
+            item.error = RecordError(ErrorCode.invalid_record, str(exc))
+            return
+        item.positions = [stored.position]
+        return
+    try:
+        await _store(ctx, [item])
+    except PgStreamsError as exc:
+        _reset(item)
+        item.error = RecordError(ErrorCode.invalid_record, str(exc))
 
 
 def _error(index: int, code: ErrorCode, message: str | None) -> dict[str, Any]:
@@ -172,7 +253,7 @@ def _check(batch: Batch) -> None:
         raise RecordError(ErrorCode.invalid_request, "transactional record batches are not served yet")
 
 
-def _events_of(batch: Batch) -> list[dict[str, Any]]:
+def _events_of(batch: Batch, partition: int) -> list[dict[str, Any]]:
     events = []
     for key, value, pairs in batch.records:
         try:
@@ -186,7 +267,7 @@ def _events_of(batch: Batch) -> list[dict[str, Any]]:
         except UnicodeDecodeError as exc:
             raise RecordError(ErrorCode.invalid_record,
                               f"a record's key or header is not UTF-8 text: {exc}") from None
-        events.append({"key": text, "headers": headers or None, "value": value})
+        events.append({"key": text, "headers": headers or None, "value": value, "partition": partition})
     return events
 
 
@@ -195,77 +276,125 @@ def _events_of(batch: Batch) -> list[dict[str, Any]]:
 REMEMBERED_BATCHES = 5
 
 
-async def _store(ctx: Context, topic: str, topic_id: int, partition: int, batches: list[Batch]) -> int:
-    """Store ``batches`` in ``partition`` in one transaction; the position of the first event (of a batch
-    stored before, when it is one an idempotent producer sent again)."""
+async def _store(ctx: Context, items: list[_Item]) -> None:
+    """Store the batches of ``items`` in one transaction: per topic, the topic's last position read once,
+    one COPY per partition, then the positions the transaction stored, handed out to the batches in order
+    (a sequence hands out increasing positions to the rows of a COPY). Items refused by their sequence
+    checks get their error and store nothing."""
     client = ctx.client
     ex = client.store.ex
-    if len(batches) == 1 and batches[0].producer_id < 0 and len(batches[0].records) == 1:
-        # one record of no idempotent producer: the client's own publish (one round trip, its position)
-        (e,) = _events_of(batches[0])
-        stored = await client.publish(topic, e["value"], key=e["key"], headers=e["headers"],
-                                      partition=partition)
-        return stored.position
-    first = -1
     async with client.connection() as conn, conn.transaction():
-        for batch in batches:
-            events = _events_of(batch)  # every record checked before anything is stored
-            known = await _sequence_state(ex, conn, batch, topic_id, partition)
-            if isinstance(known, int):  # stored before: answered with where it was stored
-                first = known if first < 0 else first
-                continue
-            # one COPY in the transaction (no notification inside it: one after the commit, below); the
-            # batch's first position found with the read index, above the topic's last before the COPY
-            # (less one: a sequence not yet used reads as its first value, not as 0)
+        dirty = await _check_sequences(ex, conn, items)
+        by_topic: dict[int, list[_Item]] = {}
+        for item in items:
+            if item.error is None:
+                by_topic.setdefault(item.topic_id, []).append(item)
+        for topic_id, its in by_topic.items():
+            # above the topic's last position before the COPYs (less one: a sequence not yet used reads as
+            # its first value, not as 0); no notification inside the transaction: one after the commit
             floor = await client.store.last_position(topic_id, conn) - 1
-            await client.publish_many(topic, [{**e, "partition": partition} for e in events], conn=conn)
-            at = await client.store.first_position_of_transaction(conn, topic_id, partition, floor)
-            at = -1 if at is None else at
-            first = at if first < 0 else first
-            if known is not None:
-                seqs, counts, positions = known
-                await ex.run("kafka_sequences_put", (
-                    batch.producer_id, topic_id, partition, batch.producer_epoch,
-                    [*seqs, batch.base_sequence][-REMEMBERED_BATCHES:],
-                    [*counts, len(batch.records)][-REMEMBERED_BATCHES:],
-                    [*positions, at][-REMEMBERED_BATCHES:]), conn=conn)
-    client.sync.session.notifier.poke(topic_id)  # wake the topic's waiting consumers (coalesced)
-    return first
+            by_part: dict[int, list[dict[str, Any]]] = {}
+            for item in its:
+                for events, known in zip(item.events, item.known, strict=True):
+                    if known is None:
+                        by_part.setdefault(item.partition, []).extend(events)
+            for events in by_part.values():
+                await client.publish_many(its[0].topic, events, conn=conn)
+            stored = await client.store.positions_of_transaction(conn, topic_id, list(by_part), floor)
+            used = dict.fromkeys(by_part, 0)
+            for item in its:
+                got = stored.get(item.partition, [])
+                for events, known in zip(item.events, item.known, strict=True):
+                    if known is not None:
+                        item.positions.append(known)
+                        continue
+                    at = used[item.partition]
+                    item.positions.append(got[at] if events and at < len(got) else -1)
+                    used[item.partition] = at + len(events)
+                for entry, position in zip(item.pending, item.positions, strict=True):
+                    if entry is not None:
+                        entry[2] = position
+        for (producer, topic_id, partition), (epoch, entries) in dirty.items():
+            await ex.run("kafka_sequences_put", (
+                producer, topic_id, partition, epoch, [e[0] for e in entries], [e[1] for e in entries],
+                [e[2] for e in entries]), conn=conn)
+    for topic_id in by_topic:
+        client.sync.session.notifier.poke(topic_id)  # wake the topic's waiting consumers (coalesced)
 
 
-Remembered = tuple[list[int], list[int], list[int]]
+#: An idempotent producer's remembered batches on a partition: its epoch, and per batch (oldest first) its
+#: base sequence, record count and the position of its first event.
+_Remembered = tuple[int, list[list[int]]]
 
 
-async def _sequence_state(ex: Any, conn: psycopg.AsyncConnection, batch: Batch, topic_id: int,
-                          partition: int) -> Remembered | int | None:
-    """For a batch of an idempotent producer: the producer's remembered batches on the partition (to be
-    stored with this one), or the position of this batch when it was stored before; ``RecordError`` for a
-    batch out of order or of an old epoch. ``None`` for a batch of no producer."""
-    if batch.producer_id < 0:
-        return None
-    row = await ex.one("kafka_producer_epoch", (batch.producer_id,), conn=conn)
-    if row is None:
+async def _check_sequences(ex: Any, conn: psycopg.AsyncConnection, items: list[_Item]
+                           ) -> dict[tuple[int, int, int], _Remembered]:
+    """Check the batches of idempotent producers in ``items`` against each producer's remembered batches
+    (locked for the transaction; producers in order of their ids): fill in each item's ``known`` (a batch
+    sent again: where it was stored) and ``pending`` (the entries of its new batches), or its ``error``
+    (then none of its batches counts). The remembered batches to store, per producer and partition."""
+    producers = sorted({b.producer_id for i in items for b in i.batches if b.producer_id >= 0})
+    epochs: dict[int, int | None] = {}
+    for producer in producers:
+        row = await ex.one("kafka_producer_epoch", (producer,), conn=conn)
+        epochs[producer] = None if row is None else int(row[0])
+    states: dict[tuple[int, int, int], _Remembered] = {}
+    for item in items:
+        trial: dict[tuple[int, int, int], _Remembered] = {}
+        try:
+            for batch in item.batches:
+                if batch.producer_id < 0:
+                    item.known.append(None)
+                    item.pending.append(None)
+                    continue
+                key = (batch.producer_id, item.topic_id, item.partition)
+                state = trial.get(key) or states.get(key)
+                if state is None:
+                    got = await ex.one("kafka_sequences_get", key, conn=conn)
+                    state = (-1, []) if got is None else (
+                        int(got[0]), [[int(s), int(c), int(p)] for s, c, p in zip(got[1], got[2], got[3],
+                                                                                   strict=True)])
+                known, state = _sequence(epochs[batch.producer_id], state, batch)
+                trial[key] = state
+                item.known.append(known)
+                item.pending.append(state[1][-1] if known is None else None)
+        except RecordError as exc:
+            item.error, item.known, item.pending = exc, [], []
+            continue
+        states.update(trial)
+    return states
+
+
+def _sequence(current: int | None, state: _Remembered, batch: Batch) -> tuple[int | None, _Remembered]:
+    """Check ``batch`` of an idempotent producer whose current epoch is ``current`` (None: unknown)
+    against its remembered batches ``state``: the position it was stored at before (sent again) or None
+    (new), and the remembered batches with it (a new list: ``state`` is unchanged); ``RecordError`` for a
+    batch out of order or of an old epoch."""
+    if current is None:
         raise RecordError(ErrorCode.unknown_producer_id, f"producer id {batch.producer_id} is unknown")
-    if batch.producer_epoch < row[0]:
+    if batch.producer_epoch < current:
         raise RecordError(ErrorCode.invalid_producer_epoch,
-                          f"producer epoch {batch.producer_epoch} is older than {row[0]}")
-    got = await ex.one("kafka_sequences_get", (batch.producer_id, topic_id, partition), conn=conn)
-    if got is None or batch.producer_epoch > got[0]:  # a new producer, or a new epoch: from sequence 0
+                          f"producer epoch {batch.producer_epoch} is older than {current}")
+    count = len(batch.records)
+    epoch, entries = state
+    if not entries or batch.producer_epoch > epoch:  # a new producer, or a new epoch: from sequence 0
         if batch.base_sequence != 0:
             raise RecordError(ErrorCode.out_of_order_sequence_number,
                               f"the first batch of a producer epoch starts at sequence "
                               f"{batch.base_sequence}, not 0")
-        return [], [], []
-    seqs, counts, positions = list(got[1]), list(got[2]), list(got[3])
-    for seq, count, position in zip(seqs, counts, positions, strict=True):
-        if seq == batch.base_sequence and count == len(batch.records):
-            return int(position)  # sent again: stored once
-    expected = (seqs[-1] + counts[-1]) % 2**31
+        return None, (batch.producer_epoch, [[0, count, -1]])
+    for seq, n, position in entries:
+        if seq == batch.base_sequence and n == count:
+            if position < 0:  # sent again within the same group, not stored yet: a duplicate
+                raise RecordError(ErrorCode.duplicate_sequence_number,
+                                  f"batch sequence {seq} was sent twice in a row")
+            return position, state  # sent again: stored once
+    expected = (entries[-1][0] + entries[-1][1]) % 2**31
     if batch.base_sequence != expected:
-        code = ErrorCode.duplicate_sequence_number if batch.base_sequence < seqs[0] \
+        code = ErrorCode.duplicate_sequence_number if batch.base_sequence < entries[0][0] \
             else ErrorCode.out_of_order_sequence_number
         raise RecordError(code, f"batch sequence {batch.base_sequence}, expected {expected}")
-    return seqs, counts, positions
+    return None, (epoch, [*entries, [batch.base_sequence, count, -1]][-REMEMBERED_BATCHES:])
 
 
 async def init_producer_id(ctx: Context, req: Request) -> dict[str, Any]:

@@ -300,13 +300,14 @@ class AsyncStore:
             return cur.rowcount
 
     # -- retried publishes (as EventStore's) -------------------------------------------------------------
-    async def first_position_of_transaction(self, conn: psycopg.AsyncConnection, topic_id: int,
-                                            partition: int, floor: int) -> int | None:
-        """The first position ``conn``'s open transaction stored in ``partition`` above ``floor`` (the
-        topic's :meth:`last_position` read before the insert); ``None`` when it stored none there."""
-        row = await self.ex.one("first_position_of_transaction", {"partition": partition, "floor": floor},
-                                conn=conn, topic_id=topic_id)
-        return None if row is None or row[0] is None else int(row[0])
+    async def positions_of_transaction(self, conn: psycopg.AsyncConnection, topic_id: int,
+                                       partitions: Sequence[int], floor: int) -> dict[int, list[int]]:
+        """The positions ``conn``'s open transaction stored in each of ``partitions`` above ``floor`` (the
+        topic's :meth:`last_position` read before its inserts, less one), in order; a partition where it
+        stored none is left out."""
+        rows = await self.ex.all("positions_of_transaction", {"partitions": list(partitions), "floor": floor},
+                                 conn=conn, topic_id=topic_id)
+        return {int(p): [int(x) for x in positions] for p, positions in rows}
 
     async def session_busy(self, conn: psycopg.AsyncConnection, pid: int) -> bool:
         """Whether the role's session ``pid`` may still be running a statement or transaction."""

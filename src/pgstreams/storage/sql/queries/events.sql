@@ -226,11 +226,15 @@ SELECT count(*)
                 AND (t.partition, t.position) <= (c.p, 9223372036854775807::bigint)
  WHERE t.producer = %(producer)s;
 
--- name: first_position_of_transaction
--- The first position the open transaction stored in a partition above a floor (the topic's last position
--- read before its insert): a range of the read index from the floor up, the transaction's own rows kept
--- by their xid (other transactions' rows in the range are skipped).
-SELECT min(t.position) FROM {table} t
- WHERE (t.partition, t.position) > (%(partition)s, %(floor)s::bigint)
-   AND (t.partition, t.position) <= (%(partition)s, 9223372036854775807::bigint)
-   AND t.xid = pg_current_xact_id();
+-- name: positions_of_transaction
+-- The positions the open transaction stored in some partitions above a floor (the topic's last position
+-- read before its inserts), in order per partition: a range of the read index per partition from the
+-- floor up, the transaction's own rows kept by their xid (other transactions' rows in the range are
+-- skipped).
+SELECT p.partition, array_agg(t.position ORDER BY t.position)
+  FROM unnest(%(partitions)s::int[]) AS p(partition)
+  JOIN {table} t
+    ON (t.partition, t.position) > (p.partition, %(floor)s::bigint)
+   AND (t.partition, t.position) <= (p.partition, 9223372036854775807::bigint)
+ WHERE t.xid = pg_current_xact_id()
+ GROUP BY p.partition;

@@ -388,6 +388,49 @@ class AsyncClient:
             self.sync.notifier.poke(state.id)
         return stored
 
+    async def publish_returning(self, conn: psycopg.AsyncConnection,
+                                batches: Sequence[tuple[str, Iterable[Message | Mapping[str, Any]]]],
+                                finish: Sequence[str] = ()) -> list[dict[int, list[int]]]:
+        """Publish the events of each ``(topic, events)`` of ``batches`` (events without ids) in a
+        transaction on ``conn``, then run the SQL statements of ``finish`` (for example ``COMMIT``), all in
+        one round trip; returns per batch the positions stored in each partition, in order. The
+        transaction is the caller's, or one opened now when ``conn`` is idle; without a ``COMMIT`` in
+        ``finish`` it stays open for the caller to add to and end. For callers that answer with positions
+        (the Kafka gateway's produce); not retried, no producer tag, no notification. ``conn``: an async
+        connection in autocommit mode that the caller holds alone. Raises
+        ``psycopg.errors.CheckViolation`` (the transaction failed) when other clients' events outran a
+        topic's segments: roll back, :meth:`make_room`, and publish again."""
+        plans = []
+        for topic, events in batches:
+            state = await self.topic_state(topic)
+            batch = Batch(state, events, None)
+            rows = list(batch)  # validated and size-checked
+            if batch.has_ids:
+                raise InvalidArgument("publish_returning stores events without ids")
+            last = -1
+            if rows and state.copy_reads_last(len(rows)):
+                last = await self.store.ensure_room_after(state.segments, len(rows), conn)
+            plans.append((state, rows, last))
+        stored = await self.store.insert_returning(conn, [(st.id, rows) for st, rows, _ in plans if rows],
+                                                   finish)
+        out: list[dict[int, list[int]]] = []
+        got = iter(stored)
+        for state, rows, last in plans:
+            out.append(next(got) if rows else {})
+            bound = state.copied(len(rows), last) if rows else -1
+            if rows and state.segments.stats_due(bound):
+                await self._check_stats(state, bound)
+        return out
+
+    async def _check_stats(self, state: TopicState, bound: int) -> None:
+        await self.retry.pooled(lambda c: self.store.check_stats(state.segments, bound, c))
+
+    async def make_room(self, topic: str, count: int) -> None:
+        """Make sure the segments of ``topic`` have room for ``count`` more events (after
+        :meth:`publish_returning` raised ``CheckViolation``)."""
+        state = await self.topic_state(topic)
+        await self.retry.pooled(lambda c: self.store.ensure_room_after(state.segments, count, c))
+
     async def _copy(self, c: psycopg.AsyncConnection, state: TopicState, rows: list[EventRow], has_ids: bool
                     ) -> int:
         """COPY ``rows`` on ``c``, keeping segments ahead as ``Producer._copy`` does (see

@@ -169,8 +169,7 @@ async def _read(ctx: Context, conn: psycopg.AsyncConnection, record: TopicRecord
     offsets = {int(p.partition): max(0, int(p.fetch_offset)) for p in wanted}
     params = {"partitions": parts, "positions": [offsets[p] - 1 for p in parts], "limit": FETCH_ROWS,
               "total": FETCH_ROWS * len(parts)}
-    rows, _removed, _count = await store.poll_checked(conn, record.id, params)  # below the read fences
-    fences = await store.fences(conn, record.id, parts)  # the high watermarks, at or above those
+    rows, fences = await store.poll_fenced(conn, record.id, params)  # below the fences: the high watermarks
     by_part: dict[int, list[tuple[Any, ...]]] = {p: [] for p in parts}
     for row in rows:
         by_part[row[0]].append(row)

@@ -112,25 +112,56 @@ def read_records(body: bytes | memoryview, count: int) -> list[RecordTuple]:
     if not isinstance(body, bytes):
         body = bytes(body)  # indexing bytes is faster than indexing a memoryview
     out: list[RecordTuple] = []
+    append = out.append
     at = 0
     try:
         for _ in range(count):
-            length, at = _varint(body, at)
+            # one-byte varints (most lengths and deltas) are read inline; longer ones by _varint
+            b = body[at]
+            if b < 0x80:
+                length, at = (b >> 1) ^ -(b & 1), at + 1
+            else:
+                length, at = _varint(body, at)
             end = at + length
             at += 1  # attributes (unused)
-            _ts, at = _varint(body, at)
-            _delta, at = _varint(body, at)
-            key, at = _bytes(body, at)
-            value, at = _bytes(body, at)
-            n, at = _varint(body, at)
+            at = at + 1 if body[at] < 0x80 else _varint(body, at)[1]  # timestamp delta (unused)
+            at = at + 1 if body[at] < 0x80 else _varint(body, at)[1]  # offset delta (unused)
+            b = body[at]
+            if b < 0x80:
+                n, at = (b >> 1) ^ -(b & 1), at + 1
+            else:
+                n, at = _varint(body, at)
+            if n >= 0:
+                key: bytes | None = body[at:at + n]
+                at += n
+            elif n == -1:
+                key = None
+            else:
+                raise MalformedBatch(f"a key of length {n}")
+            b = body[at]
+            if b < 0x80:
+                n, at = (b >> 1) ^ -(b & 1), at + 1
+            else:
+                n, at = _varint(body, at)
+            if n >= 0:
+                value: bytes | None = body[at:at + n]
+                at += n
+            elif n == -1:
+                value = None
+            else:
+                raise MalformedBatch(f"a value of length {n}")
             headers: list[tuple[bytes, bytes | None]] = []
-            for _h in range(n):
-                name, at = _bytes(body, at)
-                hvalue, at = _bytes(body, at)
-                headers.append((name or b"", hvalue))
+            if body[at] == 0:
+                at += 1
+            else:
+                n, at = _varint(body, at)
+                for _h in range(n):
+                    name, at = _bytes(body, at)
+                    hvalue, at = _bytes(body, at)
+                    headers.append((name or b"", hvalue))
             if at != end:
                 raise MalformedBatch("a record whose fields do not add up to its length")
-            out.append((key, value, headers))
+            append((key, value, headers))
     except IndexError:
         raise MalformedBatch("a record longer than its batch") from None
     return out

@@ -14,6 +14,7 @@ are refused with an error that names the reason; see ``docs/kafka.md``).
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,8 +22,11 @@ from typing import Any
 import cramjam
 import psycopg
 from kio.schema.errors import ErrorCode
+from psycopg import pq
 
 from ..errors import PgStreamsError
+from ..models import Message
+from ..storage.notifications import channel
 from .codec import Request
 from .handlers import Context, topic_record
 from .records import (
@@ -68,7 +72,7 @@ class _Item:
     topic_id: int
     partition: int
     batches: list[Batch]
-    events: list[list[dict[str, Any]]]
+    events: list[list[Message]]
     positions: list[int] = field(default_factory=list)
     error: RecordError | None = None
     #: per batch: where it was stored before (an idempotent producer's batch sent again), else None
@@ -151,7 +155,7 @@ async def _store_alone(ctx: Context, item: _Item) -> None:
         # one record of no idempotent producer: the client's own publish (one round trip, its position)
         (e,) = item.events[0]
         try:
-            stored = await ctx.client.publish(item.topic, e["value"], key=e["key"], headers=e["headers"],
+            stored = await ctx.client.publish(item.topic, e.value, key=e.key, headers=e.headers,
                                               partition=item.partition)
         except PgStreamsError as exc:
             item.error = RecordError(ErrorCode.invalid_record, str(exc))
@@ -253,7 +257,7 @@ def _check(batch: Batch) -> None:
         raise RecordError(ErrorCode.invalid_request, "transactional record batches are not served yet")
 
 
-def _events_of(batch: Batch, partition: int) -> list[dict[str, Any]]:
+def _events_of(batch: Batch, partition: int) -> list[Message]:
     events = []
     for key, value, pairs in batch.records:
         try:
@@ -267,7 +271,7 @@ def _events_of(batch: Batch, partition: int) -> list[dict[str, Any]]:
         except UnicodeDecodeError as exc:
             raise RecordError(ErrorCode.invalid_record,
                               f"a record's key or header is not UTF-8 text: {exc}") from None
-        events.append({"key": text, "headers": headers or None, "value": value, "partition": partition})
+        events.append(Message(value, key=text, headers=headers or None, partition=partition))
     return events
 
 
@@ -277,49 +281,77 @@ REMEMBERED_BATCHES = 5
 
 
 async def _store(ctx: Context, items: list[_Item]) -> None:
-    """Store the batches of ``items`` in one transaction: per topic, the topic's last position read once,
-    one COPY per partition, then the positions the transaction stored, handed out to the batches in order
-    (a sequence hands out increasing positions to the rows of a COPY). Items refused by their sequence
-    checks get their error and store nothing."""
+    """Store the batches of ``items`` in one transaction (see :func:`_store_once`); once more after the
+    topic's segments were grown when other clients' events outran them."""
+    try:
+        await _store_once(ctx, items)
+    except psycopg.errors.CheckViolation:
+        for item in items:
+            _reset(item)
+        for topic in {i.topic for i in items}:
+            await ctx.client.make_room(topic, sum(len(b.records) for i in items for b in i.batches))
+        await _store_once(ctx, items)
+
+
+async def _store_once(ctx: Context, items: list[_Item]) -> None:
+    """Store the batches of ``items`` in one transaction: per topic one multi-row insert of every
+    partition's events, whose positions (in order per partition) are handed out to the batches in order,
+    then the commit and the topics' consumers' wake-up. Without idempotent producers that is one round
+    trip (:meth:`pgstreams.aio.AsyncClient.publish_returning`); their batches add the check of their
+    sequences before and the producers' remembered batches after. Items refused by their sequence checks
+    get their error and store nothing."""
     client = ctx.client
     ex = client.store.ex
-    async with client.connection() as conn, conn.transaction():
-        dirty = await _check_sequences(ex, conn, items)
-        by_topic: dict[int, list[_Item]] = {}
-        for item in items:
-            if item.error is None:
-                by_topic.setdefault(item.topic_id, []).append(item)
-        for topic_id, its in by_topic.items():
-            # above the topic's last position before the COPYs (less one: a sequence not yet used reads as
-            # its first value, not as 0); no notification inside the transaction: one after the commit
-            floor = await client.store.last_position(topic_id, conn) - 1
-            by_part: dict[int, list[dict[str, Any]]] = {}
-            for item in its:
+    async with client.connection() as conn:
+        try:
+            if any(b.producer_id >= 0 for i in items for b in i.batches):
+                await conn.execute("BEGIN")  # the producers' batches are checked in the transaction
+            dirty = await _check_sequences(ex, conn, items)
+            by_topic: dict[int, tuple[str, list[_Item], list[Message]]] = {}
+            for item in items:
+                if item.error is not None:
+                    continue
+                _name, its, rows = by_topic.setdefault(item.topic_id, (item.topic, [], []))
+                its.append(item)
                 for events, known in zip(item.events, item.known, strict=True):
                     if known is None:
-                        by_part.setdefault(item.partition, []).extend(events)
-            for events in by_part.values():
-                await client.publish_many(its[0].topic, events, conn=conn)
-            stored = await client.store.positions_of_transaction(conn, topic_id, list(by_part), floor)
-            used = dict.fromkeys(by_part, 0)
-            for item in its:
-                got = stored.get(item.partition, [])
-                for events, known in zip(item.events, item.known, strict=True):
-                    if known is not None:
-                        item.positions.append(known)
-                        continue
-                    at = used[item.partition]
-                    item.positions.append(got[at] if events and at < len(got) else -1)
-                    used[item.partition] = at + len(events)
-                for entry, position in zip(item.pending, item.positions, strict=True):
-                    if entry is not None:
-                        entry[2] = position
-        for (producer, topic_id, partition), (epoch, entries) in dirty.items():
-            await ex.run("kafka_sequences_put", (
-                producer, topic_id, partition, epoch, [e[0] for e in entries], [e[1] for e in entries],
-                [e[2] for e in entries]), conn=conn)
-    for topic_id in by_topic:
-        client.sync.session.notifier.poke(topic_id)  # wake the topic's waiting consumers (coalesced)
+                        rows.extend(events)
+            written = [t for t, (_n, _i, rows) in by_topic.items() if rows]
+            cur = psycopg.AsyncClientCursor(conn)
+            # the wake-up of the topics' consumers, right after the commit (the requests in flight are
+            # stored together, so a busy producer's wake-ups are coalesced already)
+            ids = ",".join(map(str, written))
+            wake = [cur.mogrify("SELECT pg_notify(%s, %s)", (channel(client.schema), ids))] if written else []
+            batches = [(name, rows) for name, _its, rows in by_topic.values() if rows]
+            stored = await client.publish_returning(conn, batches, [] if dirty else ["COMMIT", *wake]) \
+                if batches else []
+            got = iter(stored)
+            for _name, its, rows in by_topic.values():
+                positions = next(got) if rows else {}
+                used: dict[int, int] = {}
+                for item in its:
+                    mine = positions.get(item.partition, [])
+                    for events, known in zip(item.events, item.known, strict=True):
+                        if known is not None:
+                            item.positions.append(known)
+                            continue
+                        at = used.get(item.partition, 0)
+                        item.positions.append(mine[at] if events and at < len(mine) else -1)
+                        used[item.partition] = at + len(events)
+                    for entry, position in zip(item.pending, item.positions, strict=True):
+                        if entry is not None:
+                            entry[2] = position
+            if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                # still open: the producers' remembered batches, the commit and the wake-up in one message
+                put = ex.query("kafka_sequences_put")
+                end = [cur.mogrify(put, (*key, epoch, *([e[n] for e in entries] for n in range(3))))
+                       for key, (epoch, entries) in dirty.items()]
+                await cur.execute("; ".join([*end, "COMMIT", *wake]))
+        except BaseException:
+            if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.execute("ROLLBACK")
+            raise
 
 
 #: An idempotent producer's remembered batches on a partition: its epoch, and per batch (oldest first) its

@@ -19,7 +19,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 from psycopg.rows import RowFactory, tuple_row
 from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
@@ -39,9 +39,11 @@ from .checkpoints import (
 from .events import (
     BINARY_QUERIES,
     COPY_TYPES,
+    EVENT_COLUMNS,
     EVENT_ID,
     PARTITION,
     POLL_CHECKED,
+    POLL_FENCED,
     Cursor,
     EventRow,
     StoredAt,
@@ -300,14 +302,36 @@ class AsyncStore:
             return cur.rowcount
 
     # -- retried publishes (as EventStore's) -------------------------------------------------------------
-    async def positions_of_transaction(self, conn: psycopg.AsyncConnection, topic_id: int,
-                                       partitions: Sequence[int], floor: int) -> dict[int, list[int]]:
-        """The positions ``conn``'s open transaction stored in each of ``partitions`` above ``floor`` (the
-        topic's :meth:`last_position` read before its inserts, less one), in order; a partition where it
-        stored none is left out."""
-        rows = await self.ex.all("positions_of_transaction", {"partitions": list(partitions), "floor": floor},
-                                 conn=conn, topic_id=topic_id)
-        return {int(p): [int(x) for x in positions] for p, positions in rows}
+    async def insert_returning(self, conn: psycopg.AsyncConnection,
+                               batches: Sequence[tuple[int, Sequence[EventRow]]], finish: Sequence[str] = ()
+                               ) -> list[dict[int, list[int]]]:
+        """Store the ``rows`` of each ``(topic id, rows)`` of ``batches`` (events without ids) in a
+        transaction on ``conn``: the caller's, or one opened now (``BEGIN``) when ``conn`` is idle; each
+        topic's registration as the publisher of its partitions and a multi-row insert, then the
+        statements of ``finish`` (complete SQL, e.g. ``COMMIT``), all in one pipeline: one round trip.
+        Returns per batch the positions stored in each partition, in order. ``conn``: autocommit, held
+        alone; after a failure its transaction is left failed, for the caller to roll back."""
+        cursors = []
+        async with conn.pipeline():
+            if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+                await conn.execute("BEGIN")
+            for topic_id, rows in batches:
+                partitions = sorted({r[PARTITION] for r in rows})
+                await conn.execute(self.ex.query("join_fence", topic_id), (partitions,), prepare=True)
+                columns = {name: [r[i] for r in rows] for i, name in enumerate(EVENT_COLUMNS)}
+                cursors.append(await conn.execute(self.ex.query("insert_many_returning", topic_id), columns,
+                                                   binary=True))
+            for statement_text in finish:
+                await conn.execute(statement_text.encode())
+        out: list[dict[int, list[int]]] = []
+        for cur in cursors:
+            stored: dict[int, list[int]] = {}
+            for partition, position in await cur.fetchall():
+                stored.setdefault(int(partition), []).append(int(position))
+            for positions in stored.values():
+                positions.sort()
+            out.append(stored)
+        return out
 
     async def session_busy(self, conn: psycopg.AsyncConnection, pid: int) -> bool:
         """Whether the role's session ``pid`` may still be running a statement or transaction."""
@@ -363,6 +387,28 @@ class AsyncStore:
             cur = await conn.execute(self.ex.query("removed_after_cursors", topic_id), params, prepare=True)
             removed = await cur.fetchall()
         return rows, removed, partitions
+
+    async def poll_fenced(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any]
+                          ) -> tuple[list[tuple[Any, ...]], dict[int, int]]:
+        """The rows of a poll below the partitions' read fences (as :meth:`poll_checked`, without the
+        removed segments) and those fences, per partition: one round trip."""
+        if _direct_ok(conn):
+            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, POLL_FENCED))
+            got = self._direct.rows(conn, results[2])
+            loaded = results[3].get_value(0, 0) or b"{}"
+            fences = [int(v) for v in loaded.decode().strip("{}").split(",") if v]
+        else:
+            curs = []
+            async with conn.pipeline():
+                for q in POLL_FENCED:
+                    cur = conn.cursor(binary=q in BINARY_QUERIES)
+                    await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    curs.append(cur)
+            got = await curs[1].fetchall()
+            row = await curs[2].fetchone()
+            fences = [int(v) for v in (row[0] if row else [])]
+        rows, _removed_after, _partitions = split_trailer(got)
+        return rows, dict(zip(params["partitions"], fences, strict=True))
 
     # -- checkpoints -------------------------------------------------------------------------------------
     async def load_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,

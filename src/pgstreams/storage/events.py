@@ -186,6 +186,8 @@ def insert_params(row: EventRow, encoding: str, ins: InsertStatement) -> list[by
 idle_autocommit = cast(Callable[[psycopg.Connection[Any] | psycopg.AsyncConnection[Any]], bool], usable)
 #: The statements of a checked poll (:meth:`EventStore.poll_checked`): the fences, then the read below them.
 POLL_CHECKED = ("load_fences", "poll_checked")
+#: :data:`POLL_CHECKED`, then the read fences it read below (one round trip).
+POLL_FENCED = (*POLL_CHECKED, "loaded_fences")
 #: The queries whose rows come in binary form (event rows).
 BINARY_QUERIES = frozenset({"poll", "poll_checked"})
 #: A poll's statements for libpq: the statement, its parameters in text form, the result format.

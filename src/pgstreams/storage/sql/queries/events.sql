@@ -106,6 +106,10 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- A poll's first statement: the fences of its partitions, kept in the session for the read that follows.
 SELECT {schema}.load_fences({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
 
+-- name: loaded_fences
+-- After a poll (sent with it): the read fences load_fences loaded for it, in the order of its partitions.
+SELECT {schema}.loaded_fences({topic_id});
+
 -- name: time_cursors
 -- Per partition, the first position below its fence holding an event created at or after a time.
 SELECT c.p, h.position
@@ -226,15 +230,14 @@ SELECT count(*)
                 AND (t.partition, t.position) <= (c.p, 9223372036854775807::bigint)
  WHERE t.producer = %(producer)s;
 
--- name: positions_of_transaction
--- The positions the open transaction stored in some partitions above a floor (the topic's last position
--- read before its inserts), in order per partition: a range of the read index per partition from the
--- floor up, the transaction's own rows kept by their xid (other transactions' rows in the range are
--- skipped).
-SELECT p.partition, array_agg(t.position ORDER BY t.position)
-  FROM unnest(%(partitions)s::int[]) AS p(partition)
-  JOIN {table} t
-    ON (t.partition, t.position) > (p.partition, %(floor)s::bigint)
-   AND (t.partition, t.position) <= (p.partition, 9223372036854775807::bigint)
- WHERE t.xid = pg_current_xact_id()
- GROUP BY p.partition;
+-- name: insert_many_returning
+-- Events without ids, one row per array element (the arrays zipped), in a transaction that registered as
+-- the publisher of their partitions (join_fence): a sequence hands out their positions in the order of
+-- the rows. Their partitions and positions. The arrays come in binary form (no text escaping per element).
+INSERT INTO {table} (partition, kind, key, value, headers, event_type, event_id, correlation_id,
+                     causation_id, producer)
+SELECT * FROM unnest(%(partition)b::int[], %(kind)b::"char"[], %(key)b::text[], %(value)b::bytea[],
+                     %(headers)b::jsonb[], %(event_type)b::text[], %(event_id)b::text[],
+                     %(correlation_id)b::text[], %(causation_id)b::text[], %(producer)b::bigint[])
+RETURNING partition, position;
+

@@ -55,7 +55,8 @@ def _produce(correlation: int, partitions: dict[int, bytes]) -> bytes:
     request = ProduceRequest(transactional_id=None, acks=i16(-1),
                              timeout=i32Timedelta.parse(timedelta(seconds=30)),
                              topic_data=(TopicProduceData(name="t", partition_data=tuple(
-                                 PartitionProduceData(index=i32(p), records=b) for p, b in partitions.items())),))
+                                 PartitionProduceData(index=i32(p), records=b)
+                                 for p, b in partitions.items())),))
     return _frame(0, 3, correlation, request)
 
 

@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
@@ -20,6 +20,9 @@ from ..storage import TopicRecord
 from .codec import Request
 from .versions import SERVED
 
+if TYPE_CHECKING:
+    from .transactions import Transactions
+
 #: The namespace of the topic ids the gateway hands out: a topic's id is derived from its server, schema
 #: and name, so that every gateway over the same database gives the same one.
 TOPIC_ID_NAMESPACE = uuid.UUID("5d0b3c1e-7f53-4e0c-9a43-6f2c3c1b8a10")
@@ -27,8 +30,9 @@ TOPIC_ID_NAMESPACE = uuid.UUID("5d0b3c1e-7f53-4e0c-9a43-6f2c3c1b8a10")
 
 @dataclass(frozen=True)
 class Context:
-    """What the handlers of one gateway share: its client, its broker identity, the cluster id, and the
-    threads that wait for the publishers' notifications (the listener is a thread's)."""
+    """What the handlers of one gateway share: its client, its broker identity, the cluster id, the
+    threads that wait for the publishers' notifications (the listener is a thread's) and its transactional
+    producers."""
 
     client: AsyncClient
     node_id: int
@@ -36,6 +40,7 @@ class Context:
     port: int
     cluster_id: str
     waits: Executor
+    transactions: Transactions
 
 
 Handler = Callable[[Context, Request], Awaitable[dict[str, Any]]]

@@ -26,13 +26,13 @@ GROUP_KEY, TRANSACTION_KEY = 0, 1
 
 
 async def find_coordinator(ctx: Context, req: Request) -> dict[str, Any]:
-    """``FindCoordinator``: this gateway for every group; transactions are not served yet."""
+    """``FindCoordinator``: this gateway, for every group and every transactional id."""
     body = req.body
     keys = list(getattr(body, "coordinator_keys", ()) or ()) or [getattr(body, "key", "")]
     key_type = int(getattr(body, "key_type", GROUP_KEY))
     error, message = ErrorCode.none, None
-    if key_type != GROUP_KEY:
-        error, message = ErrorCode.coordinator_not_available, "transactions are not served yet"
+    if key_type not in (GROUP_KEY, TRANSACTION_KEY):
+        error, message = ErrorCode.invalid_request, f"key type {key_type} is not a group's or a transaction's"
     node = ctx.node_id if error == ErrorCode.none else -1
     host, port = (ctx.host, ctx.port) if error == ErrorCode.none else ("", -1)
     return {

@@ -19,7 +19,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import admin, codec, membership, offsets, reads, writes
+from . import admin, codec, membership, offsets, reads, transactions, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -43,6 +43,10 @@ HANDLERS: dict[int, Handler] = {
     19: admin.create_topics,
     20: admin.delete_topics,
     22: writes.init_producer_id,
+    24: transactions.add_partitions_to_txn,
+    25: transactions.add_offsets_to_txn,
+    26: transactions.end_txn,
+    28: transactions.txn_offset_commit,
     32: admin.describe_configs,
     37: admin.create_partitions,
     44: admin.incremental_alter_configs,
@@ -101,7 +105,8 @@ class Gateway:
         # the cluster id: the same for every gateway of one database and schema
         cluster = hashlib.sha256(f"{self._client.server}/{self._client.schema}".encode()).hexdigest()[:22]
         self._waits = ThreadPoolExecutor(max_workers=64, thread_name_prefix="pgstreams-kafka-wait")
-        self._ctx = Context(self._client, self._node_id, adv_host, adv_port, cluster, self._waits)
+        self._ctx = Context(self._client, self._node_id, adv_host, adv_port, cluster, self._waits,
+                            transactions.Transactions())
         log.info("serving the Kafka protocol on %s:%d (advertised as %s:%d)", *self.address, adv_host,
                  adv_port)
 
@@ -116,6 +121,8 @@ class Gateway:
                 await task
         if self._server is not None:
             await self._server.wait_closed()
+        if self._ctx is not None:
+            await self._ctx.transactions.close()  # open transactions are rolled back
         if self._waits is not None:
             # its threads end by themselves: each wait lasts at most reads.WAIT_SLICE
             self._waits.shutdown(wait=False, cancel_futures=True)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import cramjam
@@ -40,6 +41,7 @@ from .records import (
     read_header,
     read_records,
 )
+from .transactions import TxnError
 
 
 class RecordError(Exception):
@@ -98,6 +100,7 @@ async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str,
     failing one gets the error. ``base_offset`` is the position of a partition's first event stored."""
     plans: list[tuple[Request, list[tuple[str, list[dict[str, Any] | _Item]]]]] = []
     items: list[_Item] = []
+    transactional: list[tuple[str, _Item]] = []
     for req in requests:
         body = req.body
         topics: list[tuple[str, list[dict[str, Any] | _Item]]] = []
@@ -110,19 +113,21 @@ async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str,
                     parts.append(_error(index, ErrorCode.unknown_topic_or_partition, None))
                     continue
                 try:
-                    if body.transactional_id is not None:
-                        raise RecordError(ErrorCode.invalid_request,
-                                          "transactional producers are not served yet")
-                    batches = _batches(pd.records or b"")
+                    batches = _batches(pd.records or b"", body.transactional_id is not None)
                     events = [_events_of(b, index) for b in batches]  # every record checked first
                 except RecordError as exc:
                     parts.append(_error(index, exc.code, str(exc)))
                     continue
                 item = _Item(t.name, record.id, index, batches, events)
-                items.append(item)
+                if body.transactional_id is None:
+                    items.append(item)
+                elif batches:
+                    transactional.append((body.transactional_id, item))
                 parts.append(item)
             topics.append((t.name, parts))
         plans.append((req, topics))
+    for transactional_id, item in transactional:  # into the producer's open transaction
+        await _store_in_transaction(ctx, transactional_id, item)
     todo = [i for i in items if i.batches]
     if len(todo) == 1:
         await _store_alone(ctx, todo[0])
@@ -174,8 +179,9 @@ def _error(index: int, code: ErrorCode, message: str | None) -> dict[str, Any]:
             "log_start_offset": -1, "record_errors": [], "error_message": message}
 
 
-def _batches(records: bytes) -> list[Batch]:
-    """The record batches in ``records`` (:class:`RecordError` for one that cannot be stored)."""
+def _batches(records: bytes, transactional: bool) -> list[Batch]:
+    """The record batches in ``records`` (:class:`RecordError` for one that cannot be stored): transactional
+    batches in a request of a transactional producer, the others elsewhere."""
     out: list[Batch] = []
     view = memoryview(records)
     offset = 0
@@ -184,7 +190,7 @@ def _batches(records: bytes) -> list[Batch]:
             break  # a partial batch at the end (Kafka's clients may send one): ignored, as Kafka does
         batch, size = read_batch(view, offset)
         offset += size
-        _check(batch)
+        _check(batch, transactional)
         out.append(batch)
     return out
 
@@ -252,9 +258,13 @@ def _decompress(codec: int, data: bytes) -> bytes:
     raise RecordError(ErrorCode.unsupported_compression_type, f"compression codec {codec} is not Kafka's")
 
 
-def _check(batch: Batch) -> None:
-    if batch.attributes & (TRANSACTIONAL_BIT | CONTROL_BIT):
-        raise RecordError(ErrorCode.invalid_request, "transactional record batches are not served yet")
+def _check(batch: Batch, transactional: bool) -> None:
+    if batch.attributes & CONTROL_BIT:
+        raise RecordError(ErrorCode.invalid_request, "control batches are the broker's, not a producer's")
+    if bool(batch.attributes & TRANSACTIONAL_BIT) != transactional:
+        raise RecordError(ErrorCode.invalid_request,
+                          "a batch that is not transactional in a transactional producer's request"
+                          if transactional else "a transactional batch in a request of no transactional id")
 
 
 def _events_of(batch: Batch, partition: int) -> list[Message]:
@@ -354,6 +364,65 @@ async def _store_once(ctx: Context, items: list[_Item]) -> None:
             raise
 
 
+async def _store_in_transaction(ctx: Context, transactional_id: str, item: _Item) -> None:
+    """Store ``item``'s batches in the open transaction of its transactional producer (see
+    :mod:`pgstreams.kafka.transactions`): checked against the producer's epoch, the transaction's
+    partitions and the producer's sequence numbers (kept in memory, with the transaction)."""
+    first = item.batches[0]
+    try:
+        txn = await ctx.transactions.get(ctx, transactional_id, first.producer_id, first.producer_epoch)
+    except TxnError as exc:
+        item.error = RecordError(exc.code, str(exc))
+        return
+    if (item.topic, item.partition) not in txn.partitions:
+        item.error = RecordError(ErrorCode.invalid_txn_state, f"partition {item.partition} of {item.topic!r} "
+                                                              "was not added to the transaction")
+        return
+    key = (item.topic_id, item.partition)
+    state: _Remembered = txn.sequences.get(key, (-1, []))
+    try:
+        for batch in item.batches:
+            known, state = _sequence(txn.epoch, state, batch)
+            item.known.append(known)
+            item.pending.append(state[1][-1] if known is None else None)
+    except RecordError as exc:
+        _reset(item)
+        item.error = exc
+        return
+    rows = [e for events, known in zip(item.events, item.known, strict=True) if known is None for e in events]
+    async with txn.lock:
+        if not txn.open:
+            _reset(item)
+            item.error = RecordError(ErrorCode.invalid_txn_state, "the transaction is not open (it ended or "
+                                                                  "timed out)")
+            return
+        assert txn.conn is not None
+        try:
+            stored = (await ctx.client.publish_returning(txn.conn, [(item.topic, rows)]))[0] if rows else {}
+        except PgStreamsError as exc:  # refused before anything was sent: the transaction goes on
+            _reset(item)
+            item.error = RecordError(ErrorCode.invalid_record, str(exc))
+            return
+        except psycopg.Error as exc:  # the transaction failed: it can only be aborted now
+            await ctx.transactions.fail(ctx, txn)
+            _reset(item)
+            item.error = RecordError(ErrorCode.unknown_server_error, f"the transaction failed: {exc}")
+            return
+    mine = stored.get(item.partition, [])
+    at = 0
+    for events, known in zip(item.events, item.known, strict=True):
+        if known is not None:
+            item.positions.append(known)
+            continue
+        item.positions.append(mine[at] if events and at < len(mine) else -1)
+        at += len(events)
+    for entry, position in zip(item.pending, item.positions, strict=True):
+        if entry is not None:
+            entry[2] = position
+    txn.sequences[key] = state
+    txn.topics.add(item.topic_id)
+
+
 #: An idempotent producer's remembered batches on a partition: its epoch, and per batch (oldest first) its
 #: base sequence, record count and the position of its first event.
 _Remembered = tuple[int, list[list[int]]]
@@ -431,11 +500,19 @@ def _sequence(current: int | None, state: _Remembered, batch: Batch) -> tuple[in
 
 async def init_producer_id(ctx: Context, req: Request) -> dict[str, Any]:
     """``InitProducerId``: a new producer id (epoch 0), or, given a producer's id and current epoch, its
-    next epoch (earlier epochs are then fenced). Transactional ids are not served yet."""
+    next epoch (earlier epochs are then fenced); with a transactional id, that id's producer id and its
+    next epoch (see :mod:`pgstreams.kafka.transactions`)."""
     body = req.body
     fail = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
     if body.transactional_id is not None:
-        return {**fail, "error_code": ErrorCode.invalid_request}
+        timeout = body.transaction_timeout
+        ms = int(timeout.total_seconds() * 1000) if isinstance(timeout, timedelta) else int(timeout)
+        try:
+            producer, epoch = await ctx.transactions.init(ctx, body.transactional_id, ms)
+        except TxnError as exc:
+            return {**fail, "error_code": exc.code}
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "producer_id": producer,
+                "producer_epoch": epoch}
     ex = ctx.client.store.ex
     pid = int(getattr(body, "producer_id", -1))
     epoch = int(getattr(body, "producer_epoch", -1))

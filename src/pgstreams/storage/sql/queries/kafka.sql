@@ -84,3 +84,19 @@ VALUES (%s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (producer_id, topic_id, partition) DO UPDATE
    SET epoch = excluded.epoch, sequences = excluded.sequences, counts = excluded.counts,
        positions = excluded.positions;
+
+-- name: kafka_txn_producer
+-- A transactional producer initialises: the producer id of its transactional id (new, epoch 0), or the
+-- same id with the next epoch, which fences the producers of earlier epochs.
+INSERT INTO {schema}.kafka_producers AS p (transactional_id) VALUES (%s)
+ON CONFLICT (transactional_id) DO UPDATE SET epoch = mod(p.epoch + 1, 32767)
+RETURNING producer_id, epoch;
+
+-- name: kafka_txn_of
+-- The producer id and current epoch of a transactional id.
+SELECT producer_id, epoch FROM {schema}.kafka_producers WHERE transactional_id = %s;
+
+-- name: kafka_txn_hold
+-- A transaction of a producer begins: its current epoch, its row held (shared) until the transaction
+-- ends, so that a producer initialising with the same transactional id elsewhere waits for it.
+SELECT epoch FROM {schema}.kafka_producers WHERE producer_id = %s FOR SHARE;

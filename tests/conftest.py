@@ -2,8 +2,9 @@
 
 Tests are grouped by tier: ``unit`` (no database), ``integration`` (a real PostgreSQL), ``faults``
 (processes and threads that race, SIGKILL, concurrent producers), ``cli`` (the command line as real
-subprocesses), ``spark`` (a local SparkSession), ``ml`` (the reference application's pipelines) and
-``bench`` (benchmarks in their tiny mode, as real subprocesses).
+subprocesses), ``spark`` (a local SparkSession), ``ml`` (the reference application's pipelines),
+``gateway`` and ``conformance`` (the Kafka gateway with real Kafka clients, and against a reference broker)
+and ``bench`` (benchmarks in their tiny mode, as real subprocesses).
 
 The server is ``$PGSTREAMS_TEST_DSN`` when set, otherwise an embedded PostgreSQL (pgserver) that the
 session starts itself. A template database is migrated once per server and migration set; every test

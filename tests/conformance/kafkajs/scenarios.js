@@ -1,0 +1,65 @@
+// The Kafka client scenarios of pgstreams' conformance tests with KafkaJS: one line per scenario, the same
+// as tests/conformance/scenarios.py prints for the other clients.
+//   node scenarios.js BOOTSTRAP PREFIX
+"use strict";
+const { Kafka, logLevel } = require("kafkajs");
+
+const [bootstrap, prefix] = process.argv.slice(2);
+const kafka = new Kafka({ clientId: "conformance", brokers: [bootstrap], logLevel: logLevel.NOTHING,
+                          retry: { retries: 2 } });
+const KEYED = Array.from({ length: 12 }, (_, i) => [`k${i % 6}`, `v${i}`]);
+
+async function read(topic, count) {
+  const consumer = kafka.consumer({ groupId: `${prefix}kafkajs-${topic}`, maxWaitTimeInMs: 100,
+                                    rebalanceTimeout: 2000, sessionTimeout: 6000, heartbeatInterval: 500 });
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: true });
+  const got = [];
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, 30000);
+    consumer.run({
+      eachMessage: async ({ partition, message }) => {
+        got.push([partition, message.value.toString()]);
+        if (got.length >= count) { clearTimeout(timer); resolve(); }
+      },
+    }).catch(reject);
+  });
+  await consumer.disconnect();
+  return got;
+}
+
+function keyedLine(got) {
+  const parts = new Map();
+  for (const [p, v] of got) { if (!parts.has(p)) parts.set(p, []); parts.get(p).push(v); }
+  return "keyed: " + [...parts.keys()].sort((a, b) => a - b).map((p) => `p${p}=${parts.get(p).join(",")}`).join(" ");
+}
+
+async function main() {
+  const admin = kafka.admin();
+  await admin.connect();
+  const md = await admin.fetchTopicMetadata({ topics: [`${prefix}meta`] });
+  console.log(`metadata: ${prefix}meta partitions=${md.topics[0].partitions.length}`);
+  await admin.disconnect();
+  const producer = kafka.producer({ allowAutoTopicCreation: false });
+  await producer.connect();
+  for (const [name, acks] of [["0", 0], ["1", 1], ["all", -1]]) {
+    await producer.send({ topic: `${prefix}acks${name}`, acks,
+                          messages: [0, 1, 2].map((i) => ({ key: `k${i}`, value: `v${i}` })) });
+    const got = await read(`${prefix}acks${name}`, 3);
+    console.log(`acks=${name}: ` + got.map(([, v]) => v).join(" "));
+  }
+  for (const [key, value] of KEYED) {  // one at a time: the order within each partition is the order sent
+    await producer.send({ topic: `${prefix}keyed`, messages: [{ key, value }] });
+  }
+  console.log(keyedLine(await read(`${prefix}keyed`, KEYED.length)));
+  let unknown = "stored";
+  try {
+    await producer.send({ topic: `${prefix}missing`, messages: [{ value: "x" }], timeout: 5000 });
+  } catch (e) {
+    unknown = "error";
+  }
+  console.log(`unknown topic: ${unknown}`);
+  await producer.disconnect();
+}
+
+main().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });

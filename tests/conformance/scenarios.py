@@ -1,0 +1,161 @@
+"""The Kafka client scenarios of the conformance tests, for one client against one broker: one line per
+scenario on standard output, the same for every client and every broker that behaves as Kafka does.
+
+    python scenarios.py CLIENT BOOTSTRAP PREFIX
+
+``CLIENT``: ``confluent`` (librdkafka), ``kafka-python`` or ``kcat`` (Debian's, driven as a subprocess);
+KafkaJS has its own runner (``kafkajs/scenarios.js``). The topics (created beforehand by the test, with
+``PREFIX``): ``meta`` (3 partitions), ``acks0``, ``acks1``, ``acksall`` (1 partition each), ``keyed`` (3
+partitions). Scenarios: the metadata of a topic; three records produced with each ``acks`` and read
+back from the earliest offset; twelve keyed records (Kafka's murmur2 partitioner) read back per
+partition; a record produced to a topic that does not exist.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+ACKS = (("0", 0), ("1", 1), ("all", -1))
+KEYED = [(f"k{i % 6}", f"v{i}") for i in range(12)]
+TIMEOUT = 30.0
+
+
+def _keyed_line(got: list[tuple[int, str]]) -> str:
+    parts: dict[int, list[str]] = {}
+    for p, v in got:
+        parts.setdefault(p, []).append(v)
+    return "keyed: " + " ".join(f"p{p}=" + ",".join(parts[p]) for p in sorted(parts))
+
+
+def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(f"{prefix}meta", timeout=TIMEOUT)
+    out(f"metadata: {prefix}meta partitions={len(md.topics[f'{prefix}meta'].partitions)}")
+
+    def read(topic: str, partitions: int, count: int) -> list[tuple[int, str]]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}reader",
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        got: list[tuple[int, str]] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append((m.partition(), m.value().decode()))
+        c.close()
+        return got
+
+    for name, acks in ACKS:
+        p = Producer({"bootstrap.servers": bootstrap, "acks": acks, "linger.ms": 0})
+        for i in range(3):
+            p.produce(f"{prefix}acks{name}", value=f"v{i}".encode(), key=f"k{i}".encode())
+        p.flush(TIMEOUT)
+        out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random"})
+    for k, v in KEYED:
+        p.produce(f"{prefix}keyed", value=v.encode(), key=k.encode())
+    p.flush(TIMEOUT)
+    out(_keyed_line(read(f"{prefix}keyed", 3, len(KEYED))))
+    errors: list[object] = []
+    p = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 5000,
+                  "allow.auto.create.topics": False})
+    p.produce(f"{prefix}missing", value=b"x", on_delivery=lambda err, m: errors.append(err))
+    p.flush(TIMEOUT)
+    failed = bool(errors) and errors[0] is not None
+    out("unknown topic: " + ("error" if failed else "stored"))
+    del KafkaError
+
+
+def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.errors import KafkaError
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap)
+    out(f"metadata: {prefix}meta partitions={len(c.partitions_for_topic(f'{prefix}meta') or ())}")
+    c.close()
+
+    def read(topic: str, partitions: int, count: int) -> list[tuple[int, str]]:
+        c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        got: list[tuple[int, str]] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count and time.monotonic() < deadline:
+            for tp, records in c.poll(200).items():
+                got.extend((tp.partition, r.value.decode()) for r in records)
+        c.close()
+        return got
+
+    for name, acks in ACKS:
+        p = KafkaProducer(bootstrap_servers=bootstrap, acks=acks if name != "all" else "all")
+        for i in range(3):
+            p.send(f"{prefix}acks{name}", value=f"v{i}".encode(), key=f"k{i}".encode())
+        p.flush(TIMEOUT)
+        p.close()
+        out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    p = KafkaProducer(bootstrap_servers=bootstrap)
+    for k, v in KEYED:
+        p.send(f"{prefix}keyed", value=v.encode(), key=k.encode())
+    p.flush(TIMEOUT)
+    p.close()
+    out(_keyed_line(read(f"{prefix}keyed", 3, len(KEYED))))
+    p = KafkaProducer(bootstrap_servers=bootstrap, max_block_ms=5000)
+    try:
+        p.send(f"{prefix}missing", value=b"x").get(timeout=TIMEOUT)
+        out("unknown topic: stored")
+    except KafkaError:
+        out("unknown topic: error")
+    finally:
+        p.close(timeout=5)
+
+
+def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
+    def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["kcat", "-b", bootstrap, "-q", "-m", "10", *args], input=stdin,
+                              capture_output=True, text=True, timeout=60)
+
+    listed = run("-L", "-J", "-t", f"{prefix}meta")
+    if listed.returncode != 0:
+        out("metadata: error")
+    else:
+        md = json.loads(listed.stdout)
+        (topic,) = [t for t in md["topics"] if t["topic"] == f"{prefix}meta"]
+        out(f"metadata: {prefix}meta partitions={len(topic['partitions'])}")
+
+    def read(topic: str, count: int) -> list[tuple[int, str]]:
+        done = run("-C", "-t", topic, "-o", "beginning", "-c", str(count), "-f", "%p %s\\n",
+                   "-X", "fetch.wait.max.ms=100")
+        return [(int(p), v) for p, v in (line.split(" ", 1) for line in done.stdout.splitlines() if line)]
+
+    for name, acks in ACKS:
+        run("-P", "-t", f"{prefix}acks{name}", "-K", ":", "-X", f"acks={acks}",
+            stdin="".join(f"k{i}:v{i}\n" for i in range(3)))
+        out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 3)))
+    run("-P", "-t", f"{prefix}keyed", "-K", ":", "-X", "partitioner=murmur2_random",
+        stdin="".join(f"{k}:{v}\n" for k, v in KEYED))
+    got = read(f"{prefix}keyed", len(KEYED))
+    out(_keyed_line(sorted(got, key=lambda pv: (pv[0], int(pv[1][1:])))))
+    done = run("-P", "-t", f"{prefix}missing", "-X", "message.timeout.ms=5000", "-X",
+               "allow.auto.create.topics=false", stdin="x\n")
+    out("unknown topic: " + ("error" if done.returncode != 0 else "stored"))
+
+
+CLIENTS: dict[str, Callable[[str, str, Callable[[str], None]], None]] = {
+    "confluent": confluent, "kafka-python": kafka_python, "kcat": kcat}
+
+
+def main(argv: list[str]) -> int:
+    client, bootstrap, prefix = argv
+    CLIENTS[client](bootstrap, prefix, lambda line: print(line, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -118,7 +118,7 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
 
 def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["kcat", "-b", bootstrap, "-q", "-m", "10", *args], input=stdin,
+        return subprocess.run(["kcat", "-b", bootstrap, "-q", "-m", "3", *args], input=stdin,
                               capture_output=True, text=True, timeout=60)
 
     listed = run("-L", "-J", "-t", f"{prefix}meta")

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from .errors import ConfigurationError
 
@@ -119,9 +120,12 @@ class TemporaryServer:
 
 
 @contextmanager
-def restartable_server(settings: Mapping[str, str] | None = None) -> Iterator[TemporaryServer]:
+def restartable_server(settings: Mapping[str, str] | None = None, *, password: str | None = None
+                       ) -> Iterator[TemporaryServer]:
     """As :func:`temporary_server`, but yields the :class:`TemporaryServer`, which can be stopped and
-    restarted (for fault tests and benchmarks)."""
+    restarted (for fault tests and benchmarks). With ``password``, connections over TCP authenticate
+    with SCRAM-SHA-256 (the superuser ``postgres`` with that password, in :attr:`TemporaryServer.dsn`)
+    instead of being trusted."""
     embedded_dsn()  # first-time set-up of the binaries (and, as root, of the system user that runs them)
 
     # pgserver is imported when first needed, as in embedded_dsn
@@ -137,10 +141,18 @@ def restartable_server(settings: Mapping[str, str] | None = None) -> Iterator[Te
         if user is not None:
             entry = pwd.getpwnam(user)
             os.chown(root, entry.pw_uid, entry.pw_gid)
-        commands.initdb(["--auth=trust", "--encoding=utf8", "-U", "postgres"], pgdata=data, user=user)
+        auth = ["--auth=trust"]
+        if password is not None:
+            secret = root / "pwfile"
+            secret.write_text(password + "\n")
+            if user is not None:
+                os.chown(secret, entry.pw_uid, entry.pw_gid)
+            auth = ["--auth-local=trust", "--auth-host=scram-sha-256", f"--pwfile={secret}"]
+        commands.initdb([*auth, "--encoding=utf8", "-U", "postgres"], pgdata=data, user=user)
         port = find_suitable_port("127.0.0.1")
+        login = "postgres" if password is None else f"postgres:{quote(password, safe='')}"
         server = TemporaryServer(commands, data, log, f"-h 127.0.0.1 -p {port} -k {root} {options}", user,
-                                 f"postgresql://postgres@127.0.0.1:{port}/postgres")
+                                 f"postgresql://{login}@127.0.0.1:{port}/postgres")
         server.start()
         try:
             yield server

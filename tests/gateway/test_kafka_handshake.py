@@ -122,7 +122,9 @@ def test_a_bad_request_closes_its_own_connection_only(gateway: str, frame: bytes
 def test_kafka_serve_command_serves_until_sigterm_and_refuses_bad_options(dsn: str) -> None:
     cmd = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--dsn", dsn]
     for args, word in ((["--listen", "nowhere"], "--listen"), (["--listen", "127.0.0.1:99999"], "--listen"),
-                       (["--advertise", "host"], "--advertise"), (["--node-id", "-1"], "--node-id")):
+                       (["--advertise", "host"], "--advertise"), (["--node-id", "-1"], "--node-id"),
+                       (["--sasl", "GSSAPI"], "--sasl"),
+                       (["--listen", "0.0.0.0:0"], "without authentication")):
         bad = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
     proc = subprocess.Popen([*cmd, "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True,

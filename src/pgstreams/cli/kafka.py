@@ -23,12 +23,19 @@ def kafka_serve(
         "--advertise", help="HOST:PORT that clients are told to connect to (default: the listening "
         "address).")] = None,
     node_id: Annotated[int, typer.Option("--node-id", help="This gateway's broker id.")] = 0,
+    sasl: Annotated[list[str] | None, typer.Option(
+        "--sasl", help="A SASL mechanism clients must authenticate with (PLAIN: a PostgreSQL role's name and "
+        "password; the client then acts as that role). Repeatable.")] = None,
+    allow_unauthenticated: Annotated[bool, typer.Option(
+        "--allow-unauthenticated", help="Serve an address other than a loopback one without SASL "
+        "(refused otherwise).")] = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Serve the Kafka protocol over the topics of one database until SIGINT/SIGTERM."""
     load_extra("pgstreams.kafka", "kafka")
-    from pgstreams.kafka.server import parse_address
+    from pgstreams.kafka.auth import MECHANISMS
+    from pgstreams.kafka.server import loopback, parse_address
 
     try:
         host, port = parse_address(listen, "--listen")
@@ -38,12 +45,20 @@ def kafka_serve(
         raise usage_error(str(exc)) from None
     if not 0 <= node_id <= 2**31 - 1:
         raise usage_error(f"--node-id must be from 0 to {2**31 - 1}, not {node_id}")
+    mechanisms = [m.upper() for m in sasl or ()]
+    for m in mechanisms:
+        if m not in MECHANISMS:
+            raise usage_error(f"--sasl {m} is not served (served: {', '.join(MECHANISMS)})")
+    if not mechanisms and not allow_unauthenticated and not loopback(host):
+        raise usage_error(f"refusing to serve {host} without authentication: give --sasl PLAIN, or "
+                          "--allow-unauthenticated")
     server_dsn = resolve(dsn)
     with listening(host, port):
-        asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id))
+        asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id, mechanisms, allow_unauthenticated))
 
 
-async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int) -> None:
+async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int,
+                 sasl: list[str], allow_unauthenticated: bool) -> None:
     import pgstreams.aio
     from pgstreams.kafka import Gateway
 
@@ -52,7 +67,8 @@ async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, stop.set)
     async with await pgstreams.aio.connect(dsn, schema=schema) as client:
-        async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id) as gateway:
+        async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,
+                           allow_unauthenticated=allow_unauthenticated) as gateway:
             host, port = gateway.address
             shown = f"[{host}]" if ":" in host else host
             # one line on stderr that scripts (and tests) can read the bound address from

@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 from kio.schema.errors import ErrorCode
 
+from ..errors import PermissionDenied
 from ..storage import TopicRecord
 from .codec import Request
 from .handlers import Context, topic_record
@@ -135,7 +136,13 @@ async def _fetch_once(ctx: Context, body: Any) -> tuple[list[dict[str, Any]], in
         valid = [p for p in t.partitions if 0 <= p.partition < record.partitions]
         got: dict[int, tuple[int, list[tuple[Any, ...]]]] = {}
         if valid:
-            got = await _read_of(ctx, record, valid)
+            try:
+                got = await _read_of(ctx, record, valid)
+            except PermissionDenied:  # the role may not read the topic
+                denied = [_partition_error(p.partition, ErrorCode.topic_authorization_failed)
+                          for p in t.partitions]
+                responses.append({"topic": t.topic, "partitions": denied})
+                continue
         for p in t.partitions:
             part = int(p.partition)
             if part not in got:

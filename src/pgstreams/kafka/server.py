@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
+import ipaddress
 import logging
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
-from . import admin, codec, membership, offsets, reads, transactions, writes
+from . import admin, auth, codec, membership, offsets, reads, transactions, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -70,15 +73,27 @@ class Gateway:
 
     ``client``: the :class:`pgstreams.aio.AsyncClient` it serves from (not closed by the gateway);
     ``listen``: ``HOST:PORT`` to listen on (port 0: any free one); ``advertise``: ``HOST:PORT`` that
-    clients are told to connect to (default: the listening address); ``node_id``: its broker id.
+    clients are told to connect to (default: the listening address); ``node_id``: its broker id;
+    ``sasl``: the SASL mechanisms clients must authenticate with (``"PLAIN"``: a PostgreSQL role's name and
+    password, see :mod:`pgstreams.kafka.auth`; default none); ``allow_unauthenticated``: serve an address
+    other than a loopback one without SASL (refused otherwise: :class:`ValueError`).
     """
 
     def __init__(self, client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
-                 node_id: int = 0) -> None:
+                 node_id: int = 0, sasl: Sequence[str] = (), allow_unauthenticated: bool = False) -> None:
         self._client = client
         self._listen = parse_address(listen, "listen")
         self._advertise = parse_address(advertise, "advertise") if advertise else None
         self._node_id = node_id
+        self._sasl = tuple(m.upper() for m in sasl)
+        unknown = [m for m in self._sasl if m not in auth.MECHANISMS]
+        if unknown:
+            raise ValueError(f"SASL mechanism {unknown[0]!r} is not served (served: "
+                             f"{', '.join(auth.MECHANISMS)})")
+        if not self._sasl and not allow_unauthenticated and not loopback(self._listen[0]):
+            raise ValueError(f"refusing to serve {self._listen[0]} without authentication: enable SASL, or "
+                             "allow unauthenticated clients explicitly")
+        self._principals = auth.Principals(client) if self._sasl else None
         self._server: asyncio.Server | None = None
         self._ctx: Context | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -123,6 +138,8 @@ class Gateway:
             await self._server.wait_closed()
         if self._ctx is not None:
             await self._ctx.transactions.close()  # open transactions are rolled back
+        if self._principals is not None:
+            await self._principals.close()
         if self._waits is not None:
             # its threads end by themselves: each wait lasts at most reads.WAIT_SLICE
             self._waits.shutdown(wait=False, cancel_futures=True)
@@ -141,6 +158,10 @@ class Gateway:
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
         receiving = asyncio.get_running_loop().create_task(_receive(reader, frames))
+        assert self._ctx is not None
+        # the connection's context: the gateway's own, or (with SASL) the role's once it authenticated
+        ctx: Context | None = None if self._sasl else self._ctx
+        mechanism: str | None = None
         try:
             held: bytes | BaseException | None = None
             while True:
@@ -150,7 +171,35 @@ class Gateway:
                     raise frame
                 if frame is None:
                     return  # the client closed the connection
-                if codec.peek(frame)[0] == writes.PRODUCE_KEY:
+                key = codec.peek(frame)[0]
+                if key in (auth.SASL_HANDSHAKE_KEY, auth.SASL_AUTHENTICATE_KEY) or ctx is None:
+                    if key not in auth.BEFORE_AUTHENTICATION:
+                        log.warning("closing the connection of %s: API key %d before authentication", peer,
+                                    key)
+                        return
+                    reply: bytes | None
+                    if served(*codec.peek(frame)[:2]) is None:
+                        reply = await self._answer(frame, self._ctx)  # not served: refused, or closed
+                    elif key == auth.SASL_HANDSHAKE_KEY:
+                        request = codec.decode(frame)
+                        mechanism = str(request.body.mechanism).upper()
+                        reply = self._reply(request, auth.handshake_reply(self._sasl, mechanism))
+                    elif key == auth.SASL_AUTHENTICATE_KEY:
+                        request = codec.decode(frame)
+                        ctx, error = await self._authenticate(mechanism, bytes(request.body.auth_bytes))
+                        reply = self._reply(request, auth.authenticate_reply(error))
+                        if error is not None:
+                            writer.write(reply)
+                            await writer.drain()
+                            return  # Kafka closes the connection after a failed authentication
+                    else:
+                        reply = await self._answer(frame, self._ctx)  # ApiVersions
+                    if reply is None:
+                        return
+                    writer.write(reply)
+                    await writer.drain()
+                    continue
+                if key == writes.PRODUCE_KEY:
                     # the produce requests that arrived meanwhile are stored with it, in one transaction
                     group = [frame]
                     while len(group) < GROUP_LIMIT and not frames.empty():
@@ -160,9 +209,9 @@ class Gateway:
                         else:
                             held = nxt
                             break
-                    replies = await self._answer_produce(group)
+                    replies = await self._answer_produce(group, ctx)
                 else:
-                    replies = [await self._answer(frame)]
+                    replies = [await self._answer(frame, ctx)]
                 for reply in replies:
                     if reply is None:
                         return
@@ -186,7 +235,28 @@ class Gateway:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer_produce(self, frames: list[bytes]) -> list[bytes | None]:
+    async def _authenticate(self, mechanism: str | None, auth_bytes: bytes
+                            ) -> tuple[Context | None, str | None]:
+        """The context of the role that ``auth_bytes`` authenticate with ``mechanism`` (the one of the
+        connection's handshake), or None and the reason."""
+        assert self._ctx is not None
+        if self._principals is None:
+            return None, "SASL is not enabled on this gateway"
+        if mechanism not in self._sasl:
+            return None, "authenticate after a SaslHandshake with an enabled mechanism"
+        try:
+            user, password = auth.parse_plain(auth_bytes)
+            client = await self._principals.client_of(user, password)
+        except auth.AuthenticationFailed as exc:
+            return None, str(exc)
+        return dataclasses.replace(self._ctx, client=client), None
+
+    @staticmethod
+    def _reply(request: codec.Request, values: dict[str, Any]) -> bytes:
+        kind = codec.response_type(request.api_key, request.api_version)
+        return codec.encode(request.correlation_id, codec.build(kind, values))
+
+    async def _answer_produce(self, frames: list[bytes], ctx: Context) -> list[bytes | None]:
         """The replies to consecutive ``Produce`` frames (see :func:`pgstreams.kafka.writes.produce_group`):
         a frame of a version not served ends the group there, as :meth:`_answer` would."""
         requests = []
@@ -195,18 +265,17 @@ class Gateway:
             if served(key, version) is None:
                 break
             requests.append(codec.decode(frame))
-        assert self._ctx is not None
         replies: list[bytes | None] = []
         if requests:
-            for req, values in zip(requests, await writes.produce_group(self._ctx, requests), strict=True):
+            for req, values in zip(requests, await writes.produce_group(ctx, requests), strict=True):
                 kind = codec.response_type(req.api_key, req.api_version)
                 replies.append(b"" if values is writes.NO_REPLY
                                else codec.encode(req.correlation_id, codec.build(kind, values)))
         if len(requests) < len(frames):
-            replies.append(await self._answer(frames[len(requests)]))  # the refusal: the connection closes
+            replies.append(await self._answer(frames[len(requests)], ctx))  # the refusal: it closes
         return replies
 
-    async def _answer(self, frame: bytes) -> bytes | None:
+    async def _answer(self, frame: bytes, ctx: Context) -> bytes | None:
         """The reply frame to a request frame (``None``: close the connection; empty: no reply)."""
         key, version, correlation = codec.peek(frame)
         api = served(key, version)
@@ -220,11 +289,20 @@ class Gateway:
                         else f"{known.name} is served in versions {known.min_version}-{known.max_version}")
             return None
         request = codec.decode(frame)
-        assert self._ctx is not None
-        values = await HANDLERS[key](self._ctx, request)
+        values = await HANDLERS[key](ctx, request)
         if values is writes.NO_REPLY:
             return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
+
+
+def loopback(host: str) -> bool:
+    """Whether ``host`` (a listening address) is a loopback one."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 #: How many request frames of a connection are read ahead of the one being answered (Kafka's clients send
@@ -253,9 +331,12 @@ async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | B
 
 
 async def serve(client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
-                node_id: int = 0, ready: asyncio.Event | None = None) -> None:
-    """Serve the Kafka protocol until cancelled (``ready`` is set once listening)."""
-    async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id):
+                node_id: int = 0, sasl: Sequence[str] = (), allow_unauthenticated: bool = False,
+                ready: asyncio.Event | None = None) -> None:
+    """Serve the Kafka protocol until cancelled (``ready`` is set once listening); the arguments are
+    :class:`Gateway`'s."""
+    async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,
+                       allow_unauthenticated=allow_unauthenticated):
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()

@@ -41,6 +41,7 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(14, "sync_group", 0, 5),
         ApiRange(15, "describe_groups", 0, 5),
         ApiRange(16, "list_groups", 0, 4),
+        ApiRange(17, "sasl_handshake", 1, 1),
         ApiRange(18, "api_versions", 0, 3),
         ApiRange(19, "create_topics", 2, 7),
         ApiRange(20, "delete_topics", 1, 5),
@@ -50,6 +51,7 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(26, "end_txn", 0, 3),
         ApiRange(28, "txn_offset_commit", 0, 3),
         ApiRange(32, "describe_configs", 1, 4),
+        ApiRange(36, "sasl_authenticate", 0, 2),
         ApiRange(37, "create_partitions", 0, 3),
         ApiRange(44, "incremental_alter_configs", 0, 1),
     )

@@ -25,7 +25,7 @@ import psycopg
 from kio.schema.errors import ErrorCode
 from psycopg import pq
 
-from ..errors import PgStreamsError
+from ..errors import PermissionDenied, PgStreamsError
 from ..models import Message
 from ..storage.notifications import channel
 from .codec import Request
@@ -134,7 +134,7 @@ async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str,
     elif todo:
         try:
             await _store(ctx, todo)
-        except PgStreamsError:
+        except (PgStreamsError, psycopg.errors.InsufficientPrivilege):
             for item in todo:  # one partition refused: each on its own, to answer only that one's error
                 _reset(item)
                 await _store_alone(ctx, item)
@@ -162,6 +162,9 @@ async def _store_alone(ctx: Context, item: _Item) -> None:
         try:
             stored = await ctx.client.publish(item.topic, e.value, key=e.key, headers=e.headers,
                                               partition=item.partition)
+        except (PermissionDenied, psycopg.errors.InsufficientPrivilege) as exc:
+            item.error = RecordError(ErrorCode.topic_authorization_failed, _denied(exc))
+            return
         except PgStreamsError as exc:
             item.error = RecordError(ErrorCode.invalid_record, str(exc))
             return
@@ -169,9 +172,19 @@ async def _store_alone(ctx: Context, item: _Item) -> None:
         return
     try:
         await _store(ctx, [item])
+    except (PermissionDenied, psycopg.errors.InsufficientPrivilege) as exc:
+        _reset(item)
+        item.error = RecordError(ErrorCode.topic_authorization_failed, _denied(exc))
     except PgStreamsError as exc:
         _reset(item)
         item.error = RecordError(ErrorCode.invalid_record, str(exc))
+
+
+def _denied(exc: BaseException) -> str:
+    """The message of PostgreSQL's refusal (the role may not write the topic)."""
+    if isinstance(exc, psycopg.Error):
+        return f"permission denied: {(exc.diag.message_primary or str(exc)).strip()}"
+    return str(exc)
 
 
 def _error(index: int, code: ErrorCode, message: str | None) -> dict[str, Any]:
@@ -406,7 +419,9 @@ async def _store_in_transaction(ctx: Context, transactional_id: str, item: _Item
         except psycopg.Error as exc:  # the transaction failed: it can only be aborted now
             await ctx.transactions.fail(ctx, txn)
             _reset(item)
-            item.error = RecordError(ErrorCode.unknown_server_error, f"the transaction failed: {exc}")
+            item.error = RecordError(ErrorCode.topic_authorization_failed, _denied(exc)) \
+                if isinstance(exc, psycopg.errors.InsufficientPrivilege) \
+                else RecordError(ErrorCode.unknown_server_error, f"the transaction failed: {exc}")
             return
     mine = stored.get(item.partition, [])
     at = 0

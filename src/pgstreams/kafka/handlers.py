@@ -6,10 +6,11 @@ values for :func:`pgstreams.kafka.codec.build` (the same for every version of it
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
@@ -41,6 +42,8 @@ class Context:
     cluster_id: str
     waits: Executor
     transactions: Transactions
+    #: set when the gateway closes: waiting requests answer with what they have
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 Handler = Callable[[Context, Request], Awaitable[dict[str, Any]]]

@@ -102,7 +102,8 @@ async def fetch(ctx: Context, req: Request) -> dict[str, Any]:
         generations = listener.generations(ids)  # counted before the read: a later one ends the wait
         responses, size, ids = await _fetch_once(ctx, body)
         left = deadline - time.monotonic()
-        if size >= max(1, int(body.min_bytes)) or left <= 0 or _has_error(responses) or not ids:
+        if size >= max(1, int(body.min_bytes)) or left <= 0 or _has_error(responses) or not ids \
+                or ctx.stopping.is_set():
             return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0,
                     "responses": responses}
         if set(generations) != set(ids):

@@ -97,6 +97,7 @@ class Gateway:
         self._server: asyncio.Server | None = None
         self._ctx: Context | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._receivers: set[asyncio.Task[Any]] = set()
         self._waits: ThreadPoolExecutor | None = None
 
     @property
@@ -126,14 +127,22 @@ class Gateway:
                  adv_port)
 
     async def close(self) -> None:
-        """Stop listening and end every connection."""
+        """Stop listening, stop reading requests, answer those already read (a waiting ``Fetch`` with what
+        it has; up to :data:`DRAIN_TIMEOUT`), then end every connection."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        for task in list(self._connections):
-            with contextlib.suppress(BaseException):
-                await task
+        if self._ctx is not None:
+            self._ctx.stopping.set()
+        for receiver in list(self._receivers):
+            receiver.cancel()
+        if self._connections:
+            _done, pending = await asyncio.wait(list(self._connections), timeout=DRAIN_TIMEOUT)
+            for task in pending:
+                log.warning("ending a connection whose requests were not answered within %g s", DRAIN_TIMEOUT)
+                task.cancel()
+            for task in pending:
+                with contextlib.suppress(BaseException):
+                    await task
         if self._server is not None:
             await self._server.wait_closed()
         if self._ctx is not None:
@@ -158,6 +167,7 @@ class Gateway:
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
         receiving = asyncio.get_running_loop().create_task(_receive(reader, frames))
+        self._receivers.add(receiving)
         assert self._ctx is not None
         # the connection's context: the gateway's own, or (with SASL) the role's once it authenticated
         ctx: Context | None = None if self._sasl else self._ctx
@@ -165,7 +175,7 @@ class Gateway:
         try:
             held: bytes | BaseException | None = None
             while True:
-                frame = held if held is not None else await frames.get()
+                frame = held if held is not None else await self._next(frames)
                 held = None
                 if isinstance(frame, BaseException):
                     raise frame
@@ -230,10 +240,25 @@ class Gateway:
             receiving.cancel()
             with contextlib.suppress(BaseException):
                 await receiving
+            self._receivers.discard(receiving)
             self._connections.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _next(self, frames: asyncio.Queue[bytes | BaseException | None]
+                    ) -> bytes | BaseException | None:
+        """The connection's next request frame; ``None`` once the client closed it, or once the gateway is
+        closing and every frame read was answered."""
+        assert self._ctx is not None
+        stopping = self._ctx.stopping
+        while True:
+            if stopping.is_set() and frames.empty():
+                return None
+            try:
+                return await asyncio.wait_for(frames.get(), DRAIN_CHECK if stopping.is_set() else None)
+            except TimeoutError:
+                continue
 
     async def _authenticate(self, mechanism: str | None, auth_bytes: bytes
                             ) -> tuple[Context | None, str | None]:
@@ -305,6 +330,11 @@ def loopback(host: str) -> bool:
         return False
 
 
+#: Seconds a closing gateway waits for the requests already read to be answered.
+DRAIN_TIMEOUT = 30.0
+#: Seconds between checks whether a closing connection has answered everything it read.
+DRAIN_CHECK = 0.05
+
 #: How many request frames of a connection are read ahead of the one being answered (Kafka's clients send
 #: several before the first reply: ``max.in.flight.requests.per.connection``).
 PIPELINE = 64
@@ -324,7 +354,9 @@ async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | B
                 return
             frame = await reader.readexactly(codec.frame_size(prefix))
             await frames.put(frame)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # the gateway closes: no more requests are read
+        with contextlib.suppress(asyncio.QueueFull):
+            frames.put_nowait(None)
         raise
     except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which decides
         await frames.put(exc)

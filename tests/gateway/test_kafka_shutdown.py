@@ -1,0 +1,99 @@
+"""``pgstreams kafka serve`` stopped with SIGTERM while requests are in flight: it stops listening, answers
+the requests it had read (a produce that waits on a lock is completed and stored once, a metadata request
+read behind it is answered), then closes the connection and exits 0."""
+
+from __future__ import annotations
+
+import io
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+from datetime import timedelta
+
+import psycopg
+from kio.schema.metadata.v1.request import MetadataRequest
+from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
+from kio.schema.produce.v3.response import ProduceResponse
+from kio.schema.request_header.v1.header import RequestHeader
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32, i32Timedelta
+from test_kafka_pipelining import _batch
+
+import pgstreams
+from _core_helpers import wait_until
+
+
+def _frame(key: int, version: int, correlation: int, request: object) -> bytes:
+    buf = io.BytesIO()
+    header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
+                           correlation_id=i32(correlation), client_id="shutdown")
+    entity_writer(type(header))(buf, header)
+    entity_writer(type(request))(buf, request)  # type: ignore[arg-type]
+    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+def _read(sock: socket.socket) -> bytes:
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if len(head) < 4:
+        return b""
+    return sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+
+
+def _refused(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return True
+    return False
+
+
+def test_sigterm_answers_the_requests_in_flight_and_exits_0(client: pgstreams.Client, dsn: str) -> None:
+    client.create_topic("t", partitions=1)
+    tid = client.topic_record("t").id
+    dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
+    command = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--listen", "127.0.0.1:0",
+               "--dsn", dsn]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
+        found = re.search(r"serving the Kafka protocol at (\S+):(\d+)", line)
+        assert found, line
+        host, port = found.group(1), int(found.group(2))
+        with psycopg.connect(dsn) as locker, socket.create_connection((host, port), timeout=60) as sock:
+            # the topic's table locked: the produce waits in the database
+            locker.execute(f"LOCK TABLE pgstreams.topic_{tid} IN ACCESS EXCLUSIVE MODE")
+            produce = ProduceRequest(transactional_id=None, acks=i16(-1),
+                                     timeout=i32Timedelta.parse(timedelta(seconds=30)),
+                                     topic_data=(TopicProduceData(name="t", partition_data=(
+                                         PartitionProduceData(index=i32(0), records=_batch([b"late"])),)),))
+            metadata = MetadataRequest(topics=None)
+            sock.sendall(_frame(0, 3, 1, produce) + _frame(3, 1, 2, metadata))
+            with psycopg.connect(dsn, autocommit=True) as watch:
+                def produce_waits() -> bool:
+                    return bool(watch.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
+                        " AND wait_event_type = 'Lock'", (dbname,)).fetchone()[0])  # type: ignore[index]
+
+                wait_until(produce_waits, 60, "the produce to wait for the lock")
+                proc.send_signal(signal.SIGTERM)
+                wait_until(lambda: _refused(host, port), 60, "the gateway to stop listening")
+                assert proc.poll() is None  # still answering what it read
+            locker.rollback()  # the lock goes: the produce completes
+            first = _read(sock)
+            assert struct.unpack_from(">i", first)[0] == 1
+            reply = entity_reader(ProduceResponse)(memoryview(first), 4)[0]
+            part = reply.responses[0].partition_responses[0]
+            assert part.error_code == 0 and part.base_offset >= 0
+            second = _read(sock)
+            assert struct.unpack_from(">i", second)[0] == 2  # the metadata request read behind it
+            assert _read(sock) == b""  # then the connection is closed
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+    assert [e.value for e in client.consumer("t", "check").poll(timeout=5)] == [b"late"]

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -136,6 +137,45 @@ def test_kafka_serve_command_serves_until_sigterm_and_refuses_bad_options(dsn: s
         assert found, line
         md = AdminClient({"bootstrap.servers": found.group(1)}).list_topics(timeout=30)
         assert md.brokers
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+def test_kafka_serve_exports_its_metrics(client: pgstreams.Client, dsn: str) -> None:
+    """``--metrics-port``: connections, requests and errors per API, and request durations."""
+    client.create_topic("t", partitions=1)
+    cmd = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--dsn", dsn, "--listen", "127.0.0.1:0",
+           "--metrics-port", "0"]
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, COLUMNS="200"))
+    try:
+        assert proc.stderr is not None
+        kafka_line = wait_until(proc.stderr.readline, 120, "the gateway's address")
+        metrics_line = wait_until(proc.stderr.readline, 60, "the metrics address")
+        bootstrap = re.search(r"serving the Kafka protocol at (\S+)", kafka_line)
+        url = re.search(r"serving metrics at (\S+)", metrics_line)
+        assert bootstrap and url, (kafka_line, metrics_line)
+        admin = AdminClient({"bootstrap.servers": bootstrap.group(1)})
+        admin.list_topics(timeout=30)
+        missing = admin.list_topics("nope", timeout=30).topics["nope"]
+        assert missing.error is not None  # answered with UNKNOWN_TOPIC_OR_PARTITION: an error counted
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap.group(1))
+        assert consumer.partitions_for_topic("t") == {0}
+        consumer.close()
+        with urllib.request.urlopen(url.group(1), timeout=30) as page:
+            text = page.read().decode()
+        label = f'gateway="{bootstrap.group(1)}"'
+        for api in ("metadata", "api_versions"):
+            assert re.search(rf'pgstreams_kafka_requests_total\{{api="{api}",{label}\}} [1-9]', text), text
+        assert re.search(rf'pgstreams_kafka_request_errors_total\{{api="metadata",{label}\}} [1-9]', text)
+        assert not re.search(r'pgstreams_kafka_request_errors_total\{api="api_versions"', text)
+        assert re.search(rf'pgstreams_kafka_connections_total\{{{label}\}} [1-9]', text)
+        assert f"pgstreams_kafka_connections_open{{{label}}}" in text
+        assert re.search(rf'pgstreams_kafka_request_duration_seconds_count\{{api="metadata",{label}\}} [1-9]',
+                         text)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
     finally:

@@ -8,9 +8,11 @@ from typing import Annotated
 
 import typer
 
+from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
+
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve, usage_error
 from .output import err_console
-from .serving import listening, load_extra
+from .serving import check_port, listening, load_extra
 
 kafka_app = typer.Typer(help="The Kafka protocol gateway.", no_args_is_help=True)
 
@@ -29,6 +31,11 @@ def kafka_serve(
     allow_unauthenticated: Annotated[bool, typer.Option(
         "--allow-unauthenticated", help="Serve an address other than a loopback one without SASL "
         "(refused otherwise).")] = False,
+    metrics_port: Annotated[int | None, typer.Option(
+        "--metrics-port", help="Export the gateway's Prometheus metrics at http://HOST:PORT/metrics (0: any "
+        "free port; needs the 'metrics' extra).", show_default=False)] = None,
+    metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address of the metrics endpoint.")
+                            ] = DEFAULT_METRICS_HOST,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
@@ -52,13 +59,17 @@ def kafka_serve(
     if not mechanisms and not allow_unauthenticated and not loopback(host):
         raise usage_error(f"refusing to serve {host} without authentication: give --sasl PLAIN, or "
                           "--allow-unauthenticated")
+    if metrics_port is not None:
+        check_port("--metrics-port", metrics_port)
+        load_extra("pgstreams.metrics", "metrics")
     server_dsn = resolve(dsn)
     with listening(host, port):
-        asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id, mechanisms, allow_unauthenticated))
+        asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id, mechanisms, allow_unauthenticated,
+                           (metrics_host, metrics_port) if metrics_port is not None else None))
 
 
 async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int,
-                 sasl: list[str], allow_unauthenticated: bool) -> None:
+                 sasl: list[str], allow_unauthenticated: bool, metrics_at: tuple[str, int] | None) -> None:
     import pgstreams.aio
     from pgstreams.kafka import Gateway
 
@@ -73,7 +84,21 @@ async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node
             shown = f"[{host}]" if ":" in host else host
             # one line on stderr that scripts (and tests) can read the bound address from
             err_console().print(f"serving the Kafka protocol at {shown}:{port}", soft_wrap=True)
-            await stop.wait()
+            server = None
+            if metrics_at is not None:
+                from prometheus_client import CollectorRegistry
+
+                import pgstreams.metrics as metrics
+
+                registry = CollectorRegistry()
+                registry.register(metrics.GatewayCollector(gateway))
+                server = metrics.serve(registry, host=metrics_at[0], port=metrics_at[1])
+                err_console().print(f"serving metrics at {server.url}", soft_wrap=True)
+            try:
+                await stop.wait()
+            finally:
+                if server is not None:
+                    server.close()
 
 
 def register(app: typer.Typer) -> None:

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -24,6 +25,7 @@ from kio.schema.errors import ErrorCode
 from ..aio import AsyncClient
 from . import admin, auth, codec, membership, offsets, reads, transactions, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
+from .stats import GatewayStats, has_error
 from .versions import API_VERSIONS_KEY, SERVED, served
 
 log = logging.getLogger("pgstreams.kafka")
@@ -98,6 +100,8 @@ class Gateway:
         self._ctx: Context | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._receivers: set[asyncio.Task[Any]] = set()
+        #: the gateway's counters and request durations (its Prometheus metrics)
+        self.stats = GatewayStats()
         self._waits: ThreadPoolExecutor | None = None
 
     @property
@@ -164,6 +168,7 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.stats.connected()
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
         receiving = asyncio.get_running_loop().create_task(_receive(reader, frames))
@@ -242,6 +247,7 @@ class Gateway:
                 await receiving
             self._receivers.discard(receiving)
             self._connections.discard(task)
+            self.stats.disconnected()
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -292,7 +298,12 @@ class Gateway:
             requests.append(codec.decode(frame))
         replies: list[bytes | None] = []
         if requests:
-            for req, values in zip(requests, await writes.produce_group(ctx, requests), strict=True):
+            started = time.perf_counter()
+            answers = await writes.produce_group(ctx, requests)
+            took = time.perf_counter() - started
+            for values in answers:
+                self.stats.answered(SERVED[writes.PRODUCE_KEY].name, took, has_error(values))
+            for req, values in zip(requests, answers, strict=True):
                 kind = codec.response_type(req.api_key, req.api_version)
                 replies.append(b"" if values is writes.NO_REPLY
                                else codec.encode(req.correlation_id, codec.build(kind, values)))
@@ -309,12 +320,15 @@ class Gateway:
                 refusal = api_versions_reply(ErrorCode.unsupported_version)
                 return codec.encode(correlation, codec.build(codec.response_type(key, 0), refusal))
             known = SERVED.get(key)
+            self.stats.answered(known.name if known else f"key_{key}", 0.0, True)
             log.warning("closing a connection that sent API key %d version %d: %s", key, version,
                         "not served" if known is None
                         else f"{known.name} is served in versions {known.min_version}-{known.max_version}")
             return None
         request = codec.decode(frame)
+        started = time.perf_counter()
         values = await HANDLERS[key](ctx, request)
+        self.stats.answered(api.name, time.perf_counter() - started, has_error(values))
         if values is writes.NO_REPLY:
             return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))

@@ -5,6 +5,7 @@
   ``min_interval`` however many scrapers ask; register it in an application's own registry
   (``registry.register(StatusCollector(client))``);
 - :class:`WorkerCollector`: a :class:`pgstreams.Worker`'s own counters and duration histograms;
+- :class:`GatewayCollector`: a Kafka gateway's connections, requests, errors and request durations;
 - :func:`serve`: an HTTP endpoint (``/metrics``) for a registry, as ``pgstreams metrics serve`` and
   ``pgstreams worker --metrics-port N`` run it;
 - :func:`render`: a registry in Prometheus' text format, the same bytes as
@@ -26,14 +27,15 @@ from .defaults import (
 )
 
 if TYPE_CHECKING:
-    from .collectors import StatusCollector, WorkerCollector
+    from .collectors import GatewayCollector, StatusCollector, WorkerCollector
     from .exposition import render
     from .server import MetricsServer, serve
 
 # The collectors need prometheus_client: imported on first use, so that the defaults are importable
 # without it (the command line's help texts).
-_LAZY = {"StatusCollector": ".collectors", "WorkerCollector": ".collectors", "MetricsServer": ".server",
-         "serve": ".server", "render": ".exposition"}
+_LAZY = {"StatusCollector": ".collectors", "WorkerCollector": ".collectors",
+         "GatewayCollector": ".collectors", "MetricsServer": ".server", "serve": ".server",
+         "render": ".exposition"}
 
 if not TYPE_CHECKING:
 
@@ -49,6 +51,7 @@ __all__ = [
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_PORT",
     "DEFAULT_MIN_INTERVAL",
+    "GatewayCollector",
     "MetricsServer",
     "StatusCollector",
     "WorkerCollector",

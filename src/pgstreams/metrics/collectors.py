@@ -1,5 +1,5 @@
-"""The collectors: database-wide status metrics and a worker's own metrics (Prometheus naming: the
-``pgstreams_`` prefix, base units, ``_total`` for counters)."""
+"""The collectors: database-wide status metrics, a worker's own metrics and a Kafka gateway's (Prometheus
+naming: the ``pgstreams_`` prefix, base units, ``_total`` for counters)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 try:
     from prometheus_client import Histogram
@@ -25,6 +25,17 @@ if TYPE_CHECKING:
     from ..worker import Worker
 
 log = logging.getLogger("pgstreams.metrics")
+
+
+class GatewayLike(Protocol):
+    """What :class:`GatewayCollector` reads of a :class:`pgstreams.kafka.Gateway` (the ``kafka`` extra is
+    not imported here): its counters and its advertised address."""
+
+    @property
+    def stats(self) -> Any: ...
+
+    @property
+    def advertised(self) -> tuple[str, int]: ...
 
 _TOPIC = ("topic",)
 _PARTITION = ("topic", "partition")
@@ -317,3 +328,49 @@ class WorkerCollector(Collector):
             yield fam
         yield from self._handler.collect()
         yield from self._batch.collect()
+
+
+class GatewayCollector(Collector):
+    """A Kafka gateway's own metrics (label ``gateway``: its advertised address): open connections, the
+    connections accepted, requests and requests answered with an error per API (``api``: the name in
+    Kafka's schemas, e.g. ``produce``), and a histogram of request durations per API (``buckets``:
+    default :data:`DEFAULT_DURATION_BUCKETS`). Create it before clients connect: durations are recorded
+    from then on."""
+
+    def __init__(self, gateway: GatewayLike, *, buckets: tuple[float, ...] = DEFAULT_DURATION_BUCKETS
+                 ) -> None:
+        self.gateway = gateway
+        self._durations = Histogram("pgstreams_kafka_request_duration_seconds",
+                                    "Duration of Kafka requests, from read to answer", ("gateway", "api"),
+                                    registry=None, buckets=buckets)
+        gateway.stats.watch(self._observe)
+
+    def _label(self) -> str:
+        host, port = self.gateway.advertised
+        return f"{host}:{port}"
+
+    def _observe(self, api: str, seconds: float) -> None:
+        self._durations.labels(self._label(), api).observe(max(0.0, seconds))
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.gateway.stats.snapshot()
+        label = self._label()
+        fam = GaugeMetricFamily("pgstreams_kafka_connections_open", "Open client connections",
+                                labels=["gateway"])
+        fam.add_metric([label], float(snap["open_connections"]))
+        yield fam
+        total = CounterMetricFamily("pgstreams_kafka_connections", "Client connections accepted",
+                                    labels=["gateway"])
+        total.add_metric([label], float(snap["connections"]))
+        yield total
+        for key, name, doc in (("requests", "pgstreams_kafka_requests", "Kafka requests answered"),
+                               ("errors", "pgstreams_kafka_request_errors",
+                                "Kafka requests answered with an error code, or refused")):
+            fam_api = CounterMetricFamily(name, doc, labels=["gateway", "api"])
+            for api, n in sorted(snap[key].items()):
+                fam_api.add_metric([label, api], float(n))
+            yield fam_api
+        yield from self._durations.collect()

@@ -7,7 +7,11 @@ loopback without authentication unless told to."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import io
+import os
 import socket
 import struct
 import threading
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kafka.errors import TopicAuthorizationFailedError
 from kio.schema.metadata.v12.request import MetadataRequest
@@ -81,20 +85,20 @@ def _gateway_thread(dsn: str, **options: object
 
 @pytest.fixture(scope="module")
 def gateway(checked: str) -> Iterator[str]:
-    address, loop, stop, thread = _gateway_thread(checked, sasl=["PLAIN"])
+    address, loop, stop, thread = _gateway_thread(checked, sasl=["PLAIN", "SCRAM-SHA-256"])
     yield address
     loop.call_soon_threadsafe(stop.set)
     thread.join(30)
 
 
-def _config(gateway: str, user: str, password: str) -> dict[str, object]:
-    return {"bootstrap.servers": gateway, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+def _config(gateway: str, user: str, password: str, mechanism: str = "PLAIN") -> dict[str, object]:
+    return {"bootstrap.servers": gateway, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
             "sasl.username": user, "sasl.password": password}
 
 
-def _produce(gateway: str, user: str, password: str, topic: str) -> object:
+def _produce(gateway: str, user: str, password: str, topic: str, mechanism: str = "PLAIN") -> object:
     errors: list[object] = []
-    p = Producer({**_config(gateway, user, password), "message.timeout.ms": 10000, "retries": 0})
+    p = Producer({**_config(gateway, user, password, mechanism), "message.timeout.ms": 10000, "retries": 0})
     p.produce(topic, value=b"hello", on_delivery=lambda err, m: errors.append(err))
     p.flush(30)
     assert len(errors) == 1
@@ -156,7 +160,7 @@ def test_a_wrong_password_or_no_authentication_gets_nothing(gateway: str) -> Non
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(_frame(17, 1, SaslHandshakeRequest(mechanism="PLAIN")))
         shake = entity_reader(SaslHandshakeResponse)(memoryview(_reply(sock)), 4)[0]
-        assert shake.error_code == 0 and shake.mechanisms == ("PLAIN",)
+        assert shake.error_code == 0 and shake.mechanisms == ("PLAIN", "SCRAM-SHA-256")
         sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong")))
         answer = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
         assert answer.error_code == 58  # SASL_AUTHENTICATION_FAILED
@@ -188,3 +192,51 @@ def test_a_gateway_beyond_loopback_needs_authentication_or_an_explicit_choice(ch
 
     asyncio.run(main())
     assert make_conninfo(checked)  # the DSN stays usable
+
+
+def test_scram_is_checked_by_postgresql_and_the_client_acts_as_the_role(checked: str, gateway: str) -> None:
+    """SCRAM-SHA-256: the exchange is relayed to PostgreSQL (the gateway never sees the password); the
+    authenticated client then has the role's rights, no more."""
+    assert _produce(gateway, "alice", "alice-pw", "t", "SCRAM-SHA-256") is None
+    err = _produce(gateway, "bob", "bob-pw", "t", "SCRAM-SHA-256")
+    assert err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED  # type: ignore[attr-defined]
+    assert _scram(gateway, "alice", "alice-pw") == (0, True)  # the server's signature checks out
+    code, _ = _scram(gateway, "alice", "wrong")
+    assert code == 58  # SASL_AUTHENTICATION_FAILED
+    ok = KafkaProducer(bootstrap_servers=gateway, security_protocol="SASL_PLAINTEXT",
+                       sasl_mechanism="SCRAM-SHA-256", sasl_plain_username="alice",
+                       sasl_plain_password="alice-pw")
+    ok.send("t", b"kafka-python").get(timeout=30)
+    ok.close()
+    with pgstreams.connect(checked) as client:
+        values = [e.value for e in client.consumer("t", "scram-check").poll(max_events=100, timeout=5)]
+    assert values.count(b"hello") >= 1 and b"kafka-python" in values
+
+
+def _scram(gateway: str, user: str, password: str) -> tuple[int, bool]:
+    """A SCRAM-SHA-256 exchange (RFC 5802) over a raw connection: the final reply's error code, and whether
+    the server's signature in it proves the server knew the role's verifier."""
+    host, port = gateway.rsplit(":", 1)
+    nonce = base64.b64encode(os.urandom(18)).decode()
+    bare = f"n={user},r={nonce}"
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(_frame(17, 1, SaslHandshakeRequest(mechanism="SCRAM-SHA-256")))
+        _reply(sock)
+        sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=f"n,,{bare}".encode())))
+        first = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+        assert first.error_code == 0, first
+        server_first = first.auth_bytes.decode()
+        fields = dict(p.split("=", 1) for p in server_first.split(","))
+        assert fields["r"].startswith(nonce)
+        salt, rounds = base64.b64decode(fields["s"]), int(fields["i"])
+        salted = hashlib.pbkdf2_hmac("sha256", password.encode(), salt, rounds)
+        client_key = hmac.digest(salted, b"Client Key", "sha256")
+        without_proof = f"c=biws,r={fields['r']}"
+        message = f"{bare},{server_first},{without_proof}".encode()
+        signature = hmac.digest(hashlib.sha256(client_key).digest(), message, "sha256")
+        proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True))).decode()
+        sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=f"{without_proof},p={proof}".encode())))
+        final = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+    server_key = hmac.digest(salted, b"Server Key", "sha256")
+    expected = "v=" + base64.b64encode(hmac.digest(server_key, message, "sha256")).decode()
+    return int(final.error_code), final.auth_bytes.decode() == expected

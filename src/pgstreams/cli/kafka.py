@@ -26,8 +26,8 @@ def kafka_serve(
         "address).")] = None,
     node_id: Annotated[int, typer.Option("--node-id", help="This gateway's broker id.")] = 0,
     sasl: Annotated[list[str] | None, typer.Option(
-        "--sasl", help="A SASL mechanism clients must authenticate with (PLAIN: a PostgreSQL role's name and "
-        "password; the client then acts as that role). Repeatable.")] = None,
+        "--sasl", help="A SASL mechanism clients must authenticate with: PLAIN or SCRAM-SHA-256, a "
+        "PostgreSQL role's name and password (the client then acts as that role). Repeatable.")] = None,
     allow_unauthenticated: Annotated[bool, typer.Option(
         "--allow-unauthenticated", help="Serve an address other than a loopback one without SASL "
         "(refused otherwise).")] = False,

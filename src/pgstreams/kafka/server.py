@@ -176,7 +176,7 @@ class Gateway:
         assert self._ctx is not None
         # the connection's context: the gateway's own, or (with SASL) the role's once it authenticated
         ctx: Context | None = None if self._sasl else self._ctx
-        mechanism: str | None = None
+        sasl = _Sasl()
         try:
             held: bytes | BaseException | None = None
             while True:
@@ -197,12 +197,13 @@ class Gateway:
                         reply = await self._answer(frame, self._ctx)  # not served: refused, or closed
                     elif key == auth.SASL_HANDSHAKE_KEY:
                         request = codec.decode(frame)
-                        mechanism = str(request.body.mechanism).upper()
-                        reply = self._reply(request, auth.handshake_reply(self._sasl, mechanism))
+                        await sasl.reset(str(request.body.mechanism).upper())
+                        reply = self._reply(request, auth.handshake_reply(self._sasl, sasl.mechanism or ""))
                     elif key == auth.SASL_AUTHENTICATE_KEY:
                         request = codec.decode(frame)
-                        ctx, error = await self._authenticate(mechanism, bytes(request.body.auth_bytes))
-                        reply = self._reply(request, auth.authenticate_reply(error))
+                        done, error, data = await self._authenticate(sasl, bytes(request.body.auth_bytes))
+                        ctx = done or ctx
+                        reply = self._reply(request, auth.authenticate_reply(error, data))
                         if error is not None:
                             writer.write(reply)
                             await writer.drain()
@@ -242,6 +243,7 @@ class Gateway:
         except Exception:
             log.exception("closing the connection of %s after an unexpected error", peer)
         finally:
+            await sasl.reset(None)
             receiving.cancel()
             with contextlib.suppress(BaseException):
                 await receiving
@@ -266,21 +268,30 @@ class Gateway:
             except TimeoutError:
                 continue
 
-    async def _authenticate(self, mechanism: str | None, auth_bytes: bytes
-                            ) -> tuple[Context | None, str | None]:
-        """The context of the role that ``auth_bytes`` authenticate with ``mechanism`` (the one of the
-        connection's handshake), or None and the reason."""
+    async def _authenticate(self, sasl: _Sasl, auth_bytes: bytes
+                            ) -> tuple[Context | None, str | None, bytes]:
+        """A step of the connection's SASL exchange: the role's context once it authenticated (else
+        None), the reason it failed (else None), and the bytes to send the client."""
         assert self._ctx is not None
         if self._principals is None:
-            return None, "SASL is not enabled on this gateway"
-        if mechanism not in self._sasl:
-            return None, "authenticate after a SaslHandshake with an enabled mechanism"
+            return None, "SASL is not enabled on this gateway", b""
+        if sasl.mechanism not in self._sasl:
+            return None, "authenticate after a SaslHandshake with an enabled mechanism", b""
         try:
+            if sasl.mechanism == auth.SCRAM:
+                if sasl.relay is None:  # the client's first message
+                    sasl.relay = auth.ScramRelay(self._client.sync.conninfo)
+                    return None, None, await sasl.relay.first(auth_bytes)
+                relay, sasl.relay = sasl.relay, None
+                final = await relay.final(auth_bytes)
+                client = await self._principals.client_as(relay.user)
+                return dataclasses.replace(self._ctx, client=client), None, final
             user, password = auth.parse_plain(auth_bytes)
             client = await self._principals.client_of(user, password)
         except auth.AuthenticationFailed as exc:
-            return None, str(exc)
-        return dataclasses.replace(self._ctx, client=client), None
+            await sasl.reset(sasl.mechanism)
+            return None, str(exc), b""
+        return dataclasses.replace(self._ctx, client=client), None, b""
 
     @staticmethod
     def _reply(request: codec.Request, values: dict[str, Any]) -> bytes:
@@ -332,6 +343,20 @@ class Gateway:
         if values is writes.NO_REPLY:
             return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
+
+
+class _Sasl:
+    """A connection's SASL exchange: the mechanism of its handshake, and a SCRAM exchange under way."""
+
+    def __init__(self) -> None:
+        self.mechanism: str | None = None
+        self.relay: auth.ScramRelay | None = None
+
+    async def reset(self, mechanism: str | None) -> None:
+        self.mechanism = mechanism
+        if self.relay is not None:
+            await self.relay.close()
+            self.relay = None
 
 
 def loopback(host: str) -> bool:

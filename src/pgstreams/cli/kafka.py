@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,6 +31,15 @@ def kafka_serve(
     allow_unauthenticated: Annotated[bool, typer.Option(
         "--allow-unauthenticated", help="Serve an address other than a loopback one without SASL "
         "(refused otherwise).")] = False,
+    tls_cert: Annotated[str | None, typer.Option(
+        "--tls-cert", help="A PEM certificate (chain): clients connect with TLS (SSL or SASL_SSL).",
+        show_default=False)] = None,
+    tls_key: Annotated[str | None, typer.Option(
+        "--tls-key", help="The certificate's PEM private key (default: in the --tls-cert file).",
+        show_default=False)] = None,
+    tls_client_ca: Annotated[str | None, typer.Option(
+        "--tls-client-ca", help="Require client certificates signed by this PEM CA (mutual TLS).",
+        show_default=False)] = None,
     metrics_port: Annotated[int | None, typer.Option(
         "--metrics-port", help="Export the gateway's Prometheus metrics at http://HOST:PORT/metrics (0: any "
         "free port; needs the 'metrics' extra).", show_default=False)] = None,
@@ -59,17 +68,30 @@ def kafka_serve(
     if not mechanisms and not allow_unauthenticated and not loopback(host):
         raise usage_error(f"refusing to serve {host} without authentication: give --sasl PLAIN, or "
                           "--allow-unauthenticated")
+    tls = None
+    if tls_cert is not None:
+        import ssl
+
+        from pgstreams.kafka.server import tls_context
+
+        try:
+            tls = tls_context(tls_cert, tls_key, tls_client_ca)
+        except (OSError, ssl.SSLError) as exc:
+            raise usage_error(f"--tls-cert/--tls-key/--tls-client-ca: {exc}") from None
+    elif tls_key is not None or tls_client_ca is not None:
+        raise usage_error("--tls-key and --tls-client-ca need --tls-cert")
     if metrics_port is not None:
         check_port("--metrics-port", metrics_port)
         load_extra("pgstreams.metrics", "metrics")
     server_dsn = resolve(dsn)
     with listening(host, port):
         asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id, mechanisms, allow_unauthenticated,
-                           (metrics_host, metrics_port) if metrics_port is not None else None))
+                           (metrics_host, metrics_port) if metrics_port is not None else None, tls))
 
 
 async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int,
-                 sasl: list[str], allow_unauthenticated: bool, metrics_at: tuple[str, int] | None) -> None:
+                 sasl: list[str], allow_unauthenticated: bool, metrics_at: tuple[str, int] | None,
+                 tls: Any) -> None:
     import pgstreams.aio
     from pgstreams.kafka import Gateway
 
@@ -79,7 +101,7 @@ async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node
         loop.add_signal_handler(s, stop.set)
     async with await pgstreams.aio.connect(dsn, schema=schema) as client:
         async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,
-                           allow_unauthenticated=allow_unauthenticated) as gateway:
+                           allow_unauthenticated=allow_unauthenticated, tls=tls) as gateway:
             host, port = gateway.address
             shown = f"[{host}]" if ":" in host else host
             # one line on stderr that scripts (and tests) can read the bound address from

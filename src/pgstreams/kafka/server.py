@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import ipaddress
 import logging
+import ssl
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -78,12 +79,16 @@ class Gateway:
     clients are told to connect to (default: the listening address); ``node_id``: its broker id;
     ``sasl``: the SASL mechanisms clients must authenticate with (``"PLAIN"``: a PostgreSQL role's name and
     password, see :mod:`pgstreams.kafka.auth`; default none); ``allow_unauthenticated``: serve an address
-    other than a loopback one without SASL (refused otherwise: :class:`ValueError`).
+    other than a loopback one without SASL (refused otherwise: :class:`ValueError`); ``tls``: a server
+    :class:`ssl.SSLContext` (see :func:`tls_context`): clients connect with TLS (``security.protocol``
+    ``SSL`` or ``SASL_SSL``).
     """
 
     def __init__(self, client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
-                 node_id: int = 0, sasl: Sequence[str] = (), allow_unauthenticated: bool = False) -> None:
+                 node_id: int = 0, sasl: Sequence[str] = (), allow_unauthenticated: bool = False,
+                 tls: ssl.SSLContext | None = None) -> None:
         self._client = client
+        self._tls = tls
         self._listen = parse_address(listen, "listen")
         self._advertise = parse_address(advertise, "advertise") if advertise else None
         self._node_id = node_id
@@ -120,7 +125,7 @@ class Gateway:
     async def start(self) -> None:
         """Listen (returns once bound)."""
         host, port = self._listen
-        self._server = await asyncio.start_server(self._serve, host, port)
+        self._server = await asyncio.start_server(self._serve, host, port, ssl=self._tls)
         adv_host, adv_port = self.advertised
         # the cluster id: the same for every gateway of one database and schema
         cluster = hashlib.sha256(f"{self._client.server}/{self._client.schema}".encode()).hexdigest()[:22]
@@ -345,6 +350,18 @@ class Gateway:
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
 
 
+def tls_context(certificate: str, key: str | None = None, client_ca: str | None = None) -> ssl.SSLContext:
+    """A server TLS context from a PEM ``certificate`` (chain) and its ``key`` (default: in the same
+    file); with ``client_ca``, clients must present a certificate signed by it (mutual TLS)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certificate, key)
+    if client_ca is not None:
+        context.load_verify_locations(client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
 class _Sasl:
     """A connection's SASL exchange: the mechanism of its handshake, and a SCRAM exchange under way."""
 
@@ -403,11 +420,11 @@ async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | B
 
 async def serve(client: AsyncClient, *, listen: str = DEFAULT_LISTEN, advertise: str | None = None,
                 node_id: int = 0, sasl: Sequence[str] = (), allow_unauthenticated: bool = False,
-                ready: asyncio.Event | None = None) -> None:
+                tls: ssl.SSLContext | None = None, ready: asyncio.Event | None = None) -> None:
     """Serve the Kafka protocol until cancelled (``ready`` is set once listening); the arguments are
     :class:`Gateway`'s."""
     async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,
-                       allow_unauthenticated=allow_unauthenticated):
+                       allow_unauthenticated=allow_unauthenticated, tls=tls):
         if ready is not None:
             ready.set()
         await asyncio.Event().wait()

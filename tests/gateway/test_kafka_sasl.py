@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
-from kafka.errors import TopicAuthorizationFailedError
+from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
@@ -240,3 +240,19 @@ def _scram(gateway: str, user: str, password: str) -> tuple[int, bool]:
     server_key = hmac.digest(salted, b"Server Key", "sha256")
     expected = "v=" + base64.b64encode(hmac.digest(server_key, message, "sha256")).decode()
     return int(final.error_code), final.auth_bytes.decode() == expected
+
+
+def test_a_role_without_a_consume_grant_cannot_join_a_group(gateway: str) -> None:
+    """bob may produce to ``other`` but consume nothing: his JoinGroup is refused as a whole with
+    GROUP_AUTHORIZATION_FAILED (not a closed connection)."""
+    c = KafkaConsumer(bootstrap_servers=gateway, security_protocol="SASL_PLAINTEXT", sasl_mechanism="PLAIN",
+                      sasl_plain_username="bob", sasl_plain_password="bob-pw", group_id="g",
+                      enable_auto_commit=False)
+    c.subscribe(["t"])
+    try:
+        with pytest.raises(GroupAuthorizationFailedError):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                assert not c.poll(500), "a record for a role that may not consume"
+    finally:
+        c.close()

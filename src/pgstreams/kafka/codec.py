@@ -148,3 +148,38 @@ def _convert(hint: Any, value: Any) -> Any:
         if issubclass(hint, datetime.timedelta) and isinstance(value, (int, float)):
             return hint.parse(datetime.timedelta(milliseconds=value))  # type: ignore[attr-defined]
     return value
+
+
+def refusal(entity: type[Entity], code: int) -> Any:
+    """A response of ``entity`` (a kio class of one API version) that only says ``code``: its top-level
+    ``error_code`` set, every other field without a default empty (0, "", nothing), as Kafka answers a
+    request it refuses as a whole; ``None`` when the response has no top-level error code."""
+    hints = _hints(entity)
+    names = {f.name for f in dataclasses.fields(entity)}  # type: ignore[arg-type,unused-ignore]
+    if "error_code" not in names:
+        return None
+    values: dict[str, Any] = {"error_code": code}
+    for f in dataclasses.fields(entity):  # type: ignore[arg-type,unused-ignore]
+        if f.name in values or f.default is not dataclasses.MISSING or \
+                f.default_factory is not dataclasses.MISSING:
+            continue
+        values[f.name] = _empty(hints[f.name])
+    return build(entity, values)
+
+
+def _empty(hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return ()
+    if origin in (typing.Union, types.UnionType):
+        return None
+    if isinstance(hint, type):
+        if issubclass(hint, str):
+            return ""
+        if issubclass(hint, bytes):
+            return b""
+        if issubclass(hint, datetime.timedelta):
+            return 0
+        if issubclass(hint, int):
+            return 0
+    return None

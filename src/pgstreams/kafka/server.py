@@ -21,9 +21,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import psycopg
 from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
+from ..errors import PermissionDenied
 from . import admin, auth, codec, membership, offsets, reads, transactions, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .stats import GatewayStats, has_error
@@ -343,7 +345,16 @@ class Gateway:
             return None
         request = codec.decode(frame)
         started = time.perf_counter()
-        values = await HANDLERS[key](ctx, request)
+        try:
+            values = await HANDLERS[key](ctx, request)
+        except (PermissionDenied, psycopg.errors.InsufficientPrivilege) as exc:  # the role may not (auth.py)
+            self.stats.answered(api.name, time.perf_counter() - started, True)
+            code = _GROUP_APIS.get(key, ErrorCode.topic_authorization_failed)
+            refused = codec.refusal(codec.response_type(key, version), code)
+            if refused is None:
+                log.warning("closing a connection whose %s was refused: %s", api.name, exc)
+                return None
+            return codec.encode(correlation, refused)
         self.stats.answered(api.name, time.perf_counter() - started, has_error(values))
         if values is writes.NO_REPLY:
             return b""
@@ -360,6 +371,12 @@ def tls_context(certificate: str, key: str | None = None, client_ca: str | None 
         context.load_verify_locations(client_ca)
         context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+#: The APIs about a group: a request of one that PostgreSQL refuses is answered with
+#: ``GROUP_AUTHORIZATION_FAILED`` (others with ``TOPIC_AUTHORIZATION_FAILED``).
+_GROUP_APIS: dict[int, ErrorCode] = {k: ErrorCode.group_authorization_failed
+                                     for k in (8, 9, 10, 11, 12, 13, 14, 15, 16, 25, 28)}
 
 
 class _Sasl:

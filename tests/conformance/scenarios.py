@@ -8,7 +8,8 @@ KafkaJS has its own runner (``kafkajs/scenarios.js``). The topics (created befor
 ``PREFIX``): ``meta`` (3 partitions), ``acks0``, ``acks1``, ``acksall`` (1 partition each), ``keyed`` (3
 partitions). Scenarios: the metadata of a topic; three records produced with each ``acks`` and read
 back from the earliest offset; twelve keyed records (Kafka's murmur2 partitioner) read back per
-partition; a record produced to a topic that does not exist.
+partition; three records compressed with each of Kafka's codecs (topics ``gzip``, ``snappy``, ``lz4``,
+``zstd``) read back; a record produced to a topic that does not exist.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 
 ACKS = (("0", 0), ("1", 1), ("all", -1))
+CODECS = ("gzip", "snappy", "lz4", "zstd")
 KEYED = [(f"k{i % 6}", f"v{i}") for i in range(12)]
 TIMEOUT = 30.0
 
@@ -57,6 +59,12 @@ def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
             p.produce(f"{prefix}acks{name}", value=f"v{i}".encode(), key=f"k{i}".encode())
         p.flush(TIMEOUT)
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    for codec in CODECS:
+        p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
+        for i in range(3):
+            p.produce(f"{prefix}{codec}", value=f"v{i}".encode() * 50, key=f"k{i}".encode())
+        p.flush(TIMEOUT)
+        out(f"compression={codec}: " + " ".join(v[:2] for _, v in read(f"{prefix}{codec}", 1, 3)))
     p = Producer({"bootstrap.servers": bootstrap, "partitioner": "murmur2_random"})
     for k, v in KEYED:
         p.produce(f"{prefix}keyed", value=v.encode(), key=k.encode())
@@ -100,6 +108,13 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
         p.flush(TIMEOUT)
         p.close()
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    for codec in CODECS:
+        p = KafkaProducer(bootstrap_servers=bootstrap, compression_type=codec, linger_ms=5)
+        for i in range(3):
+            p.send(f"{prefix}{codec}", value=f"v{i}".encode() * 50, key=f"k{i}".encode())
+        p.flush(TIMEOUT)
+        p.close()
+        out(f"compression={codec}: " + " ".join(v[:2] for _, v in read(f"{prefix}{codec}", 1, 3)))
     p = KafkaProducer(bootstrap_servers=bootstrap)
     for k, v in KEYED:
         p.send(f"{prefix}keyed", value=v.encode(), key=k.encode())
@@ -138,6 +153,10 @@ def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         run("-P", "-t", f"{prefix}acks{name}", "-K", ":", "-X", f"acks={acks}",
             stdin="".join(f"k{i}:v{i}\n" for i in range(3)))
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 3)))
+    for codec in CODECS:
+        run("-P", "-t", f"{prefix}{codec}", "-K", ":", "-z", codec,
+            stdin="".join(f"k{i}:{f'v{i}' * 50}\n" for i in range(3)))
+        out(f"compression={codec}: " + " ".join(v[:2] for _, v in read(f"{prefix}{codec}", 3)))
     run("-P", "-t", f"{prefix}keyed", "-K", ":", "-X", "partitioner=murmur2_random",
         stdin="".join(f"{k}:{v}\n" for k, v in KEYED))
     got = read(f"{prefix}keyed", len(KEYED))

@@ -5,11 +5,12 @@ scenario on standard output, the same for every client and every broker that beh
 
 ``CLIENT``: ``confluent`` (librdkafka), ``kafka-python`` or ``kcat`` (Debian's, driven as a subprocess);
 KafkaJS has its own runner (``kafkajs/scenarios.js``). The topics (created beforehand by the test, with
-``PREFIX``): ``meta`` (3 partitions), ``acks0``, ``acks1``, ``acksall`` (1 partition each), ``keyed`` (3
-partitions). Scenarios: the metadata of a topic; three records produced with each ``acks`` and read
-back from the earliest offset; twelve keyed records (Kafka's murmur2 partitioner) read back per
-partition; three records compressed with each of Kafka's codecs (topics ``gzip``, ``snappy``, ``lz4``,
-``zstd``) read back; a record produced to a topic that does not exist.
+``PREFIX``): ``meta`` and ``keyed`` (3 partitions), ``acks0``, ``acks1``, ``acksall``, ``latest``,
+``bytime``, ``gzip``, ``snappy``, ``lz4`` and ``zstd`` (1 partition each). Scenarios: the metadata of a
+topic; three records produced with each ``acks`` and read back from the earliest offset; a read from the
+latest offset (the high watermark) and one from a time (``ListOffsets`` by timestamp); three records
+compressed with each of Kafka's codecs read back; twelve keyed records (Kafka's murmur2 partitioner) read
+back per partition; a record produced to a topic that does not exist.
 """
 
 from __future__ import annotations
@@ -59,6 +60,39 @@ def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
             p.produce(f"{prefix}acks{name}", value=f"v{i}".encode(), key=f"k{i}".encode())
         p.flush(TIMEOUT)
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    def produce(topic: str, values: list[str]) -> None:
+        p = Producer({"bootstrap.servers": bootstrap})
+        for v in values:
+            p.produce(topic, value=v.encode())
+        p.flush(TIMEOUT)
+
+    def read_from(topic: str, offset: int, count: int) -> list[str]:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}from",
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, offset)])
+        got: list[str] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value().decode())
+        c.close()
+        return got
+
+    produce(f"{prefix}latest", ["old0", "old1"])
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}latest", "enable.auto.commit": False})
+    end = c.get_watermark_offsets(TopicPartition(f"{prefix}latest", 0), timeout=TIMEOUT)[1]
+    c.close()
+    produce(f"{prefix}latest", ["new0"])
+    out("from latest: " + " ".join(read_from(f"{prefix}latest", end, 1)))
+    produce(f"{prefix}bytime", ["before0", "before1"])
+    at = int(time.time() * 1000) + 1
+    time.sleep(0.01)  # the records after it are stamped later: the next milliseconds
+    produce(f"{prefix}bytime", ["after0", "after1"])
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}bytime", "enable.auto.commit": False})
+    (found,) = c.offsets_for_times([TopicPartition(f"{prefix}bytime", 0, at)], timeout=TIMEOUT)
+    c.close()
+    out("from a time: " + " ".join(read_from(f"{prefix}bytime", found.offset, 2)))
     for codec in CODECS:
         p = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
         for i in range(3):
@@ -108,6 +142,41 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
         p.flush(TIMEOUT)
         p.close()
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 1, 3)))
+    def produce(topic: str, values: list[str]) -> None:
+        p = KafkaProducer(bootstrap_servers=bootstrap)
+        for v in values:
+            p.send(topic, value=v.encode())
+        p.flush(TIMEOUT)
+        p.close()
+
+    def read_from(tp: TopicPartition, offset: int, count: int) -> list[str]:
+        c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        c.assign([tp])
+        c.seek(tp, offset)
+        got: list[str] = []
+        deadline = time.monotonic() + TIMEOUT
+        while len(got) < count and time.monotonic() < deadline:
+            for records in c.poll(200).values():
+                got.extend(r.value.decode() for r in records)
+        c.close()
+        return got
+
+    latest = TopicPartition(f"{prefix}latest", 0)
+    produce(latest.topic, ["old0", "old1"])
+    c = KafkaConsumer(bootstrap_servers=bootstrap)
+    end = c.end_offsets([latest])[latest]
+    c.close()
+    produce(latest.topic, ["new0"])
+    out("from latest: " + " ".join(read_from(latest, end, 1)))
+    bytime = TopicPartition(f"{prefix}bytime", 0)
+    produce(bytime.topic, ["before0", "before1"])
+    at = int(time.time() * 1000) + 1
+    time.sleep(0.01)  # the records after it are stamped later: the next milliseconds
+    produce(bytime.topic, ["after0", "after1"])
+    c = KafkaConsumer(bootstrap_servers=bootstrap)
+    found = c.offsets_for_times({bytime: at})[bytime]
+    c.close()
+    out("from a time: " + " ".join(read_from(bytime, found.offset if found else -1, 2)))
     for codec in CODECS:
         p = KafkaProducer(bootstrap_servers=bootstrap, compression_type=codec, linger_ms=5)
         for i in range(3):
@@ -153,6 +222,19 @@ def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         run("-P", "-t", f"{prefix}acks{name}", "-K", ":", "-X", f"acks={acks}",
             stdin="".join(f"k{i}:v{i}\n" for i in range(3)))
         out(f"acks={name}: " + " ".join(v for _, v in read(f"{prefix}acks{name}", 3)))
+    run("-P", "-t", f"{prefix}latest", stdin="old0\nold1\n")
+    # offsets from the end (-o -1 would be the last record; a query of the end offset itself is -Q-free here)
+    listed = run("-C", "-t", f"{prefix}latest", "-o", "-1", "-c", "1", "-f", "%o\\n")
+    end = int(listed.stdout.split()[0]) + 1 if listed.stdout.split() else 0
+    run("-P", "-t", f"{prefix}latest", stdin="new0\n")
+    got = run("-C", "-t", f"{prefix}latest", "-o", str(end), "-c", "1", "-f", "%s\\n")
+    out("from latest: " + " ".join(got.stdout.split()))
+    run("-P", "-t", f"{prefix}bytime", stdin="before0\nbefore1\n")
+    at = int(time.time() * 1000) + 1
+    time.sleep(0.01)  # the records after it are stamped later: the next milliseconds
+    run("-P", "-t", f"{prefix}bytime", stdin="after0\nafter1\n")
+    got = run("-C", "-t", f"{prefix}bytime", "-o", f"s@{at}", "-c", "2", "-f", "%s\\n")
+    out("from a time: " + " ".join(got.stdout.split()))
     for codec in CODECS:
         run("-P", "-t", f"{prefix}{codec}", "-K", ":", "-z", codec,
             stdin="".join(f"k{i}:{f'v{i}' * 50}\n" for i in range(3)))

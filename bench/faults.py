@@ -201,7 +201,7 @@ class Workload:
         for c in self.clients:
             c.close()
         for w in self.workers:
-            w.client.close()
+            w.client.close()  # type: ignore[attr-defined]  # a Client (the worker's port types it narrower)
         return counts
 
 

@@ -155,7 +155,9 @@ def try_real_time(db: str) -> str:
         spark = spark_session()
         raw = read_stream(spark, db, topo.raw_topic).load()
         query = (parse_raw(raw).writeStream.format("noop").outputMode("update")
-                 .option("checkpointLocation", str(tmp / "ck")).trigger(realTime="5 seconds").start())
+                 .option("checkpointLocation", str(tmp / "ck"))
+                 .trigger(realTime="5 seconds")  # type: ignore[call-overload]  # PySpark 4.1's; stubs lag
+                 .start())
         try:
             query.awaitTermination(60)
             exc = query.exception()

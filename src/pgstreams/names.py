@@ -1,7 +1,9 @@
-"""Validation of user-supplied names (topics, groups, schemas)."""
+"""Validation of user-supplied names (topics, groups, schemas), and whether a listening address is a
+loopback one (the console and the Kafka gateway refuse others without authentication)."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 
 from .errors import InvalidArgument, InvalidName
@@ -54,3 +56,13 @@ def check_partitions(count: object) -> int:
     if not 1 <= count <= MAX_PARTITIONS:
         raise InvalidArgument(f"partitions must be between 1 and {MAX_PARTITIONS}, got {count}")
     return count
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

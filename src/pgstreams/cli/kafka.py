@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
+from pgstreams.names import is_loopback
 
 from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve, usage_error
 from .output import err_console
@@ -51,7 +52,7 @@ def kafka_serve(
     """Serve the Kafka protocol over the topics of one database until SIGINT/SIGTERM."""
     load_extra("pgstreams.kafka", "kafka")
     from pgstreams.kafka.auth import MECHANISMS
-    from pgstreams.kafka.server import loopback, parse_address
+    from pgstreams.kafka.server import parse_address
 
     try:
         host, port = parse_address(listen, "--listen")
@@ -65,7 +66,7 @@ def kafka_serve(
     for m in mechanisms:
         if m not in MECHANISMS:
             raise usage_error(f"--sasl {m} is not served (served: {', '.join(MECHANISMS)})")
-    if not mechanisms and not allow_unauthenticated and not loopback(host):
+    if not mechanisms and not allow_unauthenticated and not is_loopback(host):
         raise usage_error(f"refusing to serve {host} without authentication: give --sasl PLAIN, or "
                           "--allow-unauthenticated")
     tls = None

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import base64
 import hmac
-import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
+from ..names import is_loopback
 from .defaults import PASSWORD_ENV, TOKEN_ENV, USER_ENV
 
 #: The cookie a token given once as ``?token=`` is kept in.
@@ -69,16 +69,6 @@ def _bearer(authorization: str | None) -> str | None:
         return None
     scheme, _, value = authorization.partition(" ")
     return value.strip() if scheme.lower() == "bearer" else None
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (``127.0.0.0/8``, ``::1``) or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_binding(host: str, credentials: Credentials) -> None:

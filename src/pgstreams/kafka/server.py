@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
-import ipaddress
 import logging
 import ssl
 import time
@@ -26,6 +25,7 @@ from kio.schema.errors import ErrorCode
 
 from ..aio import AsyncClient
 from ..errors import PermissionDenied
+from ..names import is_loopback
 from . import admin, auth, codec, membership, offsets, reads, transactions, writes
 from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
 from .stats import GatewayStats, has_error
@@ -99,7 +99,7 @@ class Gateway:
         if unknown:
             raise ValueError(f"SASL mechanism {unknown[0]!r} is not served (served: "
                              f"{', '.join(auth.MECHANISMS)})")
-        if not self._sasl and not allow_unauthenticated and not loopback(self._listen[0]):
+        if not self._sasl and not allow_unauthenticated and not is_loopback(self._listen[0]):
             raise ValueError(f"refusing to serve {self._listen[0]} without authentication: enable SASL, or "
                              "allow unauthenticated clients explicitly")
         self._principals = auth.Principals(client) if self._sasl else None
@@ -391,16 +391,6 @@ class _Sasl:
         if self.relay is not None:
             await self.relay.close()
             self.relay = None
-
-
-def loopback(host: str) -> bool:
-    """Whether ``host`` (a listening address) is a loopback one."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 #: Seconds a closing gateway waits for the requests already read to be answered.

@@ -83,6 +83,21 @@ class _Item:
     #: once stored (else None)
     pending: list[list[int] | None] = field(default_factory=list)
 
+    def take_positions(self, stored: list[int], at: int) -> int:
+        """Hand out the positions stored in the item's partition (in order) from index ``at`` to its new
+        batches, each its first event's (batches sent again keep where they were stored), and fill them
+        into the remembered entries; the index after the item's."""
+        for events, known in zip(self.events, self.known, strict=True):
+            if known is not None:
+                self.positions.append(known)
+                continue
+            self.positions.append(stored[at] if events and at < len(stored) else -1)
+            at += len(events)
+        for entry, position in zip(self.pending, self.positions, strict=True):
+            if entry is not None:
+                entry[2] = position
+        return at
+
     def response(self) -> dict[str, Any]:
         if self.error is not None:
             return _error(self.partition, self.error.code, str(self.error))
@@ -353,17 +368,8 @@ async def _store_once(ctx: Context, items: list[_Item]) -> None:
                 positions = next(got) if rows else {}
                 used: dict[int, int] = {}
                 for item in its:
-                    mine = positions.get(item.partition, [])
-                    for events, known in zip(item.events, item.known, strict=True):
-                        if known is not None:
-                            item.positions.append(known)
-                            continue
-                        at = used.get(item.partition, 0)
-                        item.positions.append(mine[at] if events and at < len(mine) else -1)
-                        used[item.partition] = at + len(events)
-                    for entry, position in zip(item.pending, item.positions, strict=True):
-                        if entry is not None:
-                            entry[2] = position
+                    used[item.partition] = item.take_positions(positions.get(item.partition, []),
+                                                               used.get(item.partition, 0))
             if conn.info.transaction_status != pq.TransactionStatus.IDLE:
                 # still open: the producers' remembered batches, the commit and the wake-up in one message
                 put = ex.query("kafka_sequences_put")
@@ -423,17 +429,7 @@ async def _store_in_transaction(ctx: Context, transactional_id: str, item: _Item
                 if isinstance(exc, psycopg.errors.InsufficientPrivilege) \
                 else RecordError(ErrorCode.unknown_server_error, f"the transaction failed: {exc}")
             return
-    mine = stored.get(item.partition, [])
-    at = 0
-    for events, known in zip(item.events, item.known, strict=True):
-        if known is not None:
-            item.positions.append(known)
-            continue
-        item.positions.append(mine[at] if events and at < len(mine) else -1)
-        at += len(events)
-    for entry, position in zip(item.pending, item.positions, strict=True):
-        if entry is not None:
-            entry[2] = position
+    item.take_positions(stored.get(item.partition, []), 0)
     txn.sequences[key] = state
     txn.topics.add(item.topic_id)
 

@@ -369,18 +369,7 @@ class AsyncStore:
         the topic's partition count, as ``EventStore.poll_checked``: the fences and the read (with its
         trailer row) are sent together (one round trip; the read's snapshot is newer than the fences);
         the removed segments are read only when the trailer says there are some."""
-        if _direct_ok(conn):
-            # straight through libpq: the generic-plan setting, the fences and the read in one round trip
-            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, POLL_CHECKED))
-            got = self._direct.rows(conn, results[2])
-        else:
-            curs = []
-            async with conn.pipeline():
-                for q in POLL_CHECKED:
-                    cur = conn.cursor(binary=q in BINARY_QUERIES)
-                    await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
-                    curs.append(cur)
-            got = await curs[1].fetchall()
+        got, _ = await self._poll(conn, topic_id, params, POLL_CHECKED)
         rows, removed_after, partitions = split_trailer(got)
         removed: list[tuple[int, ...]] = []
         if removed_after:
@@ -392,23 +381,34 @@ class AsyncStore:
                           ) -> tuple[list[tuple[Any, ...]], dict[int, int]]:
         """The rows of a poll below the partitions' read fences (as :meth:`poll_checked`, without the
         removed segments) and those fences, per partition: one round trip."""
-        if _direct_ok(conn):
-            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, POLL_FENCED))
-            got = self._direct.rows(conn, results[2])
-            loaded = results[3].get_value(0, 0) or b"{}"
-            fences = [int(v) for v in loaded.decode().strip("{}").split(",") if v]
-        else:
-            curs = []
-            async with conn.pipeline():
-                for q in POLL_FENCED:
-                    cur = conn.cursor(binary=q in BINARY_QUERIES)
-                    await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
-                    curs.append(cur)
-            got = await curs[1].fetchall()
-            row = await curs[2].fetchone()
-            fences = [int(v) for v in (row[0] if row else [])]
+        got, fences = await self._poll(conn, topic_id, params, POLL_FENCED)
         rows, _removed_after, _partitions = split_trailer(got)
         return rows, dict(zip(params["partitions"], fences, strict=True))
+
+    async def _poll(self, conn: psycopg.AsyncConnection, topic_id: int, params: dict[str, Any],
+                    queries: Sequence[str]) -> tuple[list[tuple[Any, ...]], list[int]]:
+        """Run a poll's ``queries`` (:data:`POLL_CHECKED` or :data:`POLL_FENCED`) in one round trip: the
+        rows of the read (with its trailer row), and the fences ``loaded_fences`` returned when it is one."""
+        fences: list[int] = []
+        if _direct_ok(conn):
+            # straight through libpq: the generic-plan setting, the fences and the read in one round trip
+            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, queries))
+            got = self._direct.rows(conn, results[2])
+            if len(queries) > 2:
+                loaded = results[3].get_value(0, 0) or b"{}"
+                fences = [int(v) for v in loaded.decode().strip("{}").split(",") if v]
+            return got, fences
+        curs = []
+        async with conn.pipeline():
+            for q in queries:
+                cur = conn.cursor(binary=q in BINARY_QUERIES)
+                await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                curs.append(cur)
+        got = await curs[1].fetchall()
+        if len(queries) > 2:
+            row = await curs[2].fetchone()
+            fences = [int(v) for v in (row[0] if row else [])]
+        return got, fences
 
     # -- checkpoints -------------------------------------------------------------------------------------
     async def load_checkpoints(self, conn: psycopg.AsyncConnection, group: str, topic_id: int,

@@ -1,13 +1,19 @@
-"""The Kafka gateway for tests: one over a test's database, in a thread of its own."""
+"""The Kafka gateway for tests: one over a test's database, in a thread of its own, or ``pgstreams kafka
+serve`` as a process."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pgstreams.aio
+from _core_helpers import wait_until
 from pgstreams.kafka import Gateway
 
 
@@ -46,3 +52,23 @@ def running_gateway(dsn: str) -> Iterator[str]:
         loop.call_soon_threadsafe(state["stop"].set)  # type: ignore[attr-defined]
         thread.join(30)
     assert not failure, failure
+
+
+@contextmanager
+def serve_process(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``pgstreams kafka serve --dsn DSN --listen 127.0.0.1:0 ARGS`` as a real process: yields it (its
+    standard error still readable) and its bootstrap address, read from its first line; killed afterwards
+    when the test did not stop it."""
+    command = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--dsn", dsn,
+               "--listen", "127.0.0.1:0", *args]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=dict(os.environ, COLUMNS="200"))
+    try:
+        assert proc.stderr is not None
+        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
+        found = re.search(r"serving the Kafka protocol at (\S+)", line)
+        assert found, line
+        yield proc, found.group(1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)

@@ -5,7 +5,6 @@ refuses bad options as a command should."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import socket
@@ -21,7 +20,7 @@ from kafka import KafkaConsumer
 
 import pgstreams
 from _core_helpers import wait_until
-from _gateway_helpers import running_gateway
+from _gateway_helpers import running_gateway, serve_process
 from pgstreams.kafka import SERVED
 
 
@@ -128,46 +127,31 @@ def test_kafka_serve_command_serves_until_sigterm_and_refuses_bad_options(dsn: s
                        (["--listen", "0.0.0.0:0"], "without authentication")):
         bad = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-    proc = subprocess.Popen([*cmd, "--listen", "127.0.0.1:0"], stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, COLUMNS="200"))
-    try:
-        assert proc.stderr is not None
-        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
-        found = re.search(r"serving the Kafka protocol at (\S+)", line)
-        assert found, line
-        md = AdminClient({"bootstrap.servers": found.group(1)}).list_topics(timeout=30)
+    with serve_process(dsn) as (proc, bootstrap):
+        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30)
         assert md.brokers
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
 
 
 def test_kafka_serve_exports_its_metrics(client: pgstreams.Client, dsn: str) -> None:
     """``--metrics-port``: connections, requests and errors per API, and request durations."""
     client.create_topic("t", partitions=1)
-    cmd = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--dsn", dsn, "--listen", "127.0.0.1:0",
-           "--metrics-port", "0"]
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ, COLUMNS="200"))
-    try:
+    with serve_process(dsn, "--metrics-port", "0") as (proc, bootstrap):
         assert proc.stderr is not None
-        kafka_line = wait_until(proc.stderr.readline, 120, "the gateway's address")
         metrics_line = wait_until(proc.stderr.readline, 60, "the metrics address")
-        bootstrap = re.search(r"serving the Kafka protocol at (\S+)", kafka_line)
         url = re.search(r"serving metrics at (\S+)", metrics_line)
-        assert bootstrap and url, (kafka_line, metrics_line)
-        admin = AdminClient({"bootstrap.servers": bootstrap.group(1)})
+        assert url, metrics_line
+        admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.list_topics(timeout=30)
         missing = admin.list_topics("nope", timeout=30).topics["nope"]
         assert missing.error is not None  # answered with UNKNOWN_TOPIC_OR_PARTITION: an error counted
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap.group(1))
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap)
         assert consumer.partitions_for_topic("t") == {0}
         consumer.close()
         with urllib.request.urlopen(url.group(1), timeout=30) as page:
             text = page.read().decode()
-        label = f'gateway="{bootstrap.group(1)}"'
+        label = f'gateway="{bootstrap}"'
         for api in ("metadata", "api_versions"):
             assert re.search(rf'pgstreams_kafka_requests_total\{{api="{api}",{label}\}} [1-9]', text), text
         assert re.search(rf'pgstreams_kafka_request_errors_total\{{api="metadata",{label}\}} [1-9]', text)
@@ -178,7 +162,3 @@ def test_kafka_serve_exports_its_metrics(client: pgstreams.Client, dsn: str) -> 
                          text)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)

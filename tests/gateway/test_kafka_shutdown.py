@@ -5,12 +5,9 @@ read behind it is answered), then closes the connection and exits 0."""
 from __future__ import annotations
 
 import io
-import re
 import signal
 import socket
 import struct
-import subprocess
-import sys
 from datetime import timedelta
 
 import psycopg
@@ -24,6 +21,7 @@ from test_kafka_pipelining import _batch
 
 import pgstreams
 from _core_helpers import wait_until
+from _gateway_helpers import serve_process
 
 
 def _frame(key: int, version: int, correlation: int, request: object) -> bytes:
@@ -54,15 +52,8 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(client: pgstreams.Cl
     client.create_topic("t", partitions=1)
     tid = client.topic_record("t").id
     dbname = psycopg.conninfo.conninfo_to_dict(dsn)["dbname"]
-    command = [sys.executable, "-m", "pgstreams.cli", "kafka", "serve", "--listen", "127.0.0.1:0",
-               "--dsn", dsn]
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr is not None
-        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
-        found = re.search(r"serving the Kafka protocol at (\S+):(\d+)", line)
-        assert found, line
-        host, port = found.group(1), int(found.group(2))
+    with serve_process(dsn) as (proc, bootstrap):
+        host, port = bootstrap.rsplit(":", 1)[0], int(bootstrap.rsplit(":", 1)[1])
         with psycopg.connect(dsn) as locker, socket.create_connection((host, port), timeout=60) as sock:
             # the topic's table locked: the produce waits in the database
             locker.execute(f"LOCK TABLE pgstreams.topic_{tid} IN ACCESS EXCLUSIVE MODE")
@@ -92,8 +83,4 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(client: pgstreams.Cl
             assert struct.unpack_from(">i", second)[0] == 2  # the metadata request read behind it
             assert _read(sock) == b""  # then the connection is closed
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     assert [e.value for e in client.consumer("t", "check").poll(timeout=5)] == [b"late"]

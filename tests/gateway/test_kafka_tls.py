@@ -4,8 +4,6 @@ gets no Kafka reply; bad TLS options are usage errors."""
 
 from __future__ import annotations
 
-import os
-import re
 import signal
 import socket
 import subprocess
@@ -16,7 +14,7 @@ import pytest
 from confluent_kafka import Producer
 
 import pgstreams
-from _core_helpers import wait_until
+from _gateway_helpers import serve_process
 
 
 @pytest.fixture
@@ -38,14 +36,8 @@ def test_clients_connect_with_tls_and_plaintext_gets_nothing(client: pgstreams.C
                        (["--tls-cert", str(cert.with_name("missing.pem"))], "--tls-cert")):
         bad = subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and word in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
-    proc = subprocess.Popen([*cmd, "--tls-cert", str(cert), "--tls-key", str(key)], stderr=subprocess.PIPE,
-                            text=True, env=dict(os.environ, COLUMNS="200"))
-    try:
-        assert proc.stderr is not None
-        line = wait_until(proc.stderr.readline, 120, "the gateway's address")
-        found = re.search(r"serving the Kafka protocol at (\S+):(\d+)", line)
-        assert found, line
-        bootstrap = f"{found.group(1)}:{found.group(2)}"
+    with serve_process(dsn, "--tls-cert", str(cert), "--tls-key", str(key)) as (proc, bootstrap):
+        host, port = bootstrap.rsplit(":", 1)[0], int(bootstrap.rsplit(":", 1)[1])
         errors: list[object] = []
         producer = Producer({"bootstrap.servers": bootstrap, "security.protocol": "SSL",
                              "ssl.ca.location": str(cert), "message.timeout.ms": 30000})
@@ -53,7 +45,7 @@ def test_clients_connect_with_tls_and_plaintext_gets_nothing(client: pgstreams.C
         producer.flush(60)
         assert errors == [None]
         # an ApiVersions request in plaintext: the TLS handshake fails, no Kafka reply comes back
-        with socket.create_connection((found.group(1), int(found.group(2))), timeout=30) as sock:
+        with socket.create_connection((host, port), timeout=30) as sock:
             sock.sendall(bytes.fromhex("0000000a00120000000000010000"))
             reply = b""
             try:
@@ -64,8 +56,4 @@ def test_clients_connect_with_tls_and_plaintext_gets_nothing(client: pgstreams.C
             assert not reply.startswith(b"\x00\x00")  # nothing framed as a Kafka reply
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(30)
     assert [e.value for e in client.consumer("t", "check").poll(timeout=5)] == [b"over tls"]

@@ -9,11 +9,16 @@ const kafka = new Kafka({ clientId: "conformance", brokers: [bootstrap], logLeve
                           retry: { retries: 2 } });
 const KEYED = Array.from({ length: 12 }, (_, i) => [`k${i % 6}`, `v${i}`]);
 
-async function read(topic, count) {
+// [partition, value] of the first `count` records of `topic` a new group reads (from `offset` of partition 0
+// when given, else from the beginning), or of those that came within 30 s.
+async function read(topic, count, offset) {
   const consumer = kafka.consumer({ groupId: `${prefix}kafkajs-${topic}`, maxWaitTimeInMs: 100,
                                     rebalanceTimeout: 2000, sessionTimeout: 6000, heartbeatInterval: 500 });
   await consumer.connect();
   await consumer.subscribe({ topic, fromBeginning: true });
+  if (offset !== undefined) {
+    consumer.on(consumer.events.GROUP_JOIN, () => consumer.seek({ topic, partition: 0, offset: String(offset) }));
+  }
   const got = [];
   await new Promise((resolve, reject) => {
     const timer = setTimeout(resolve, 30000);
@@ -48,37 +53,18 @@ async function main() {
     const got = await read(`${prefix}acks${name}`, 3);
     console.log(`acks=${name}: ` + got.map(([, v]) => v).join(" "));
   }
-  const readFrom = async (topic, offset, count) => {
-    const consumer = kafka.consumer({ groupId: `${prefix}kafkajs-from-${topic}`, maxWaitTimeInMs: 100,
-                                      rebalanceTimeout: 2000, sessionTimeout: 6000, heartbeatInterval: 500 });
-    await consumer.connect();
-    await consumer.subscribe({ topic, fromBeginning: true });
-    const got = [];
-    await new Promise((resolve, reject) => {
-      const timer = setTimeout(resolve, 30000);
-      consumer.on(consumer.events.GROUP_JOIN, () => consumer.seek({ topic, partition: 0, offset: String(offset) }));
-      consumer.run({
-        eachMessage: async ({ message }) => {
-          got.push(message.value.toString());
-          if (got.length >= count) { clearTimeout(timer); resolve(); }
-        },
-      }).catch(reject);
-    });
-    await consumer.disconnect();
-    return got;
-  };
   const admin2 = kafka.admin();
   await admin2.connect();
   await producer.send({ topic: `${prefix}latest`, messages: [{ value: "old0" }, { value: "old1" }] });
   const end = (await admin2.fetchTopicOffsets(`${prefix}latest`))[0].high;
   await producer.send({ topic: `${prefix}latest`, messages: [{ value: "new0" }] });
-  console.log("from latest: " + (await readFrom(`${prefix}latest`, end, 1)).join(" "));
+  console.log("from latest: " + (await read(`${prefix}latest`, 1, end)).map(([, v]) => v).join(" "));
   await producer.send({ topic: `${prefix}bytime`, messages: [{ value: "before0" }, { value: "before1" }] });
   const at = Date.now() + 1;
   await new Promise((r) => setTimeout(r, 10));  // the records after it are stamped later
   await producer.send({ topic: `${prefix}bytime`, messages: [{ value: "after0" }, { value: "after1" }] });
   const found = (await admin2.fetchTopicOffsetsByTimestamp(`${prefix}bytime`, at))[0].offset;
-  console.log("from a time: " + (await readFrom(`${prefix}bytime`, found, 2)).join(" "));
+  console.log("from a time: " + (await read(`${prefix}bytime`, 2, found)).map(([, v]) => v).join(" "));
   await admin2.disconnect();
   for (const codec of ["gzip", "snappy", "lz4", "zstd"]) {
     // KafkaJS itself compresses with gzip only: the other codecs need packages of their own

@@ -130,13 +130,25 @@ def _dropper(server_dsn: str) -> Iterator[_Dropper]:
     d.close()
 
 
+@pytest.fixture(scope="session")
+def copy_strategy(server_dsn: str) -> psycopg.sql.Composable:
+    """How ``CREATE DATABASE ... TEMPLATE`` copies the template on the test server: ``FILE_COPY`` (a third of
+    the time of the default ``WAL_LOG``, which writes every page of the copy to the WAL) when the server
+    runs with ``fsync = off`` (the embedded test server: the checkpoint ``FILE_COPY`` takes then costs no
+    flush), else the server's default."""
+    with psycopg.connect(server_dsn, autocommit=True) as conn:
+        off = conn.execute("SHOW fsync").fetchone() == ("off",)
+    return psycopg.sql.SQL(" STRATEGY FILE_COPY" if off else "")
+
+
 @pytest.fixture
-def dsn(server_dsn: str, template_db: str, _dropper: _Dropper) -> Iterator[str]:
+def dsn(server_dsn: str, template_db: str, copy_strategy: psycopg.sql.Composable,
+        _dropper: _Dropper) -> Iterator[str]:
     """DSN of a fresh database (migrated, schema ``pgstreams``) for this test only."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(server_dsn, autocommit=True) as conn:
-        conn.execute(psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
-            psycopg.sql.Identifier(name), psycopg.sql.Identifier(template_db)))
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE {}{}").format(
+            psycopg.sql.Identifier(name), psycopg.sql.Identifier(template_db), copy_strategy))
     yield make_conninfo(server_dsn, dbname=name)
     _dropper.drop(name)
 
@@ -201,9 +213,10 @@ def cluster_dsns(shard_dsns: list[str]) -> list[str]:
 #: own, one at a time, first thing (worker ``gw<i>`` for the lane at index ``i``, modulo the number of
 #: workers); every other test module goes to whichever worker is free, the longest first.
 #:
-#: - ``spark``: the tests that start a SparkSession in the test process (spark, ml). Each SparkSession is
-#:   a JVM; two at once in one process would share it, and several at once on a small machine starve each
-#:   other.
+#: - ``spark`` and ``ml``: the tests that start a SparkSession in the test process (tests/spark, and the
+#:   ML pipelines and serving process). Each SparkSession is a JVM; two at once in one process would share
+#:   it; two lanes, so that the longest chain of tests that must run one after the other is half as long.
+#:   The other ML modules (simulator, services, latency) start no Spark and run on any worker.
 #: - ``demo``: ``pgstreams demo`` on ``local[2]``, a subprocess of a few minutes, beside the spark lane.
 #: - ``cluster``: the demo on a Spark standalone cluster, the read-fence benchmark (its Spark reader) and
 #:   the cluster tests (tests/cluster).
@@ -211,7 +224,8 @@ def cluster_dsns(shard_dsns: list[str]) -> list[str]:
 #: The tests that use :func:`shard_servers` (tests/cluster in the cluster lane, Spark over a cluster in the
 #: spark lane) stop and start those servers: each lane's worker process has three of its own.
 _LANES: dict[str, tuple[str, ...]] = {
-    "spark": ("tests/spark/", "tests/ml/"),
+    "spark": ("tests/spark/",),
+    "ml": ("tests/ml/test_ml_pipelines.py", "tests/ml/test_ml_serving.py"),
     "demo": ("tests/ml/test_ml_demo.py",),
     "cluster": ("tests/ml/test_ml_cluster.py", "tests/cluster/", "tests/bench/test_bench_fence.py"),
 }

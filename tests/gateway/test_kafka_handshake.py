@@ -13,6 +13,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
@@ -102,6 +103,13 @@ def test_api_versions_lists_exactly_the_table_and_refuses_an_unknown_version_in_
         # the connection stays usable
         sock.sendall(_request(18, 0, 43))
         assert _api_versions_v0(_read_frame(sock))[:2] == (43, 0)
+
+
+def test_the_docs_list_exactly_the_apis_and_versions_served() -> None:
+    page = (Path(__file__).resolve().parents[2] / "docs" / "kafka.md").read_text()
+    listed = {int(k): (int(lo), int(hi))
+              for k, lo, hi in re.findall(r"^\| (\d+) \| \w+ \| (\d+) to (\d+) \|$", page, re.M)}
+    assert listed == {a.key: (a.min_version, a.max_version) for a in SERVED.values()}
 
 
 @pytest.mark.parametrize("frame", [

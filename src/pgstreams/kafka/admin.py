@@ -1,5 +1,5 @@
 """Kafka's administration APIs over pgstreams topics and groups: ``CreateTopics``, ``DeleteTopics``,
-``CreatePartitions``, ``DescribeConfigs``, ``IncrementalAlterConfigs``, ``ListGroups`` and
+``CreatePartitions``, ``DescribeConfigs``, ``IncrementalAlterConfigs``, ``AlterConfigs``, ``ListGroups`` and
 ``DescribeGroups``. Topic configuration keys are pgstreams' own, which use Kafka's names
 (:mod:`pgstreams.topicconfig`); a key pgstreams does not have is refused with ``INVALID_CONFIG``."""
 
@@ -18,6 +18,7 @@ from ..errors import (
     TopicConflict,
     TopicNotFound,
 )
+from ..topicconfig import CREATE_ONLY, check_config
 from .codec import Request
 from .handlers import Context, topic_id
 
@@ -165,6 +166,35 @@ async def incremental_alter_configs(ctx: Context, req: Request) -> dict[str, Any
                 await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
             except PgStreamsError as exc:
                 error, message = _error_of(exc), str(exc)
+        responses.append({**base, "error_code": error, "error_message": message})
+    return {"throttle_time": 0, "responses": responses}
+
+
+async def alter_configs(ctx: Context, req: Request) -> dict[str, Any]:
+    """``AlterConfigs`` (the older, whole-configuration form): a topic's configuration becomes the keys
+    given, every other key set on it goes back to its default (``segment.events``, fixed at creation,
+    stays). As in Kafka, reading the keys set and replacing them are two steps: a concurrent change of the
+    same topic may be lost; ``IncrementalAlterConfigs`` has no such race."""
+    body = req.body
+    responses = []
+    for r in body.resources:
+        base = {"resource_type": r.resource_type, "resource_name": r.resource_name}
+        if int(r.resource_type) != TOPIC_RESOURCE:
+            responses.append({**base, "error_code": ErrorCode.invalid_request,
+                              "error_message": "only topics have configuration keys"})
+            continue
+        sets = {c.name: c.value for c in r.configs if c.value is not None}
+        error, message = ErrorCode.none, None
+        try:
+            described = await ctx.client.describe_topic(r.resource_name)
+            deletes = [e.name for e in described.config_entries
+                       if not e.is_default and e.name not in sets and e.name not in CREATE_ONLY]
+            if body.validate_only:
+                check_config(sets)
+            else:
+                await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
+        except PgStreamsError as exc:
+            error, message = _error_of(exc), str(exc)
         responses.append({**base, "error_code": error, "error_message": message})
     return {"throttle_time": 0, "responses": responses}
 

@@ -56,6 +56,7 @@ HANDLERS: dict[int, Handler] = {
     26: transactions.end_txn,
     28: transactions.txn_offset_commit,
     32: admin.describe_configs,
+    33: admin.alter_configs,
     37: admin.create_partitions,
     44: admin.incremental_alter_configs,
     18: api_versions,

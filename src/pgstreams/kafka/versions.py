@@ -51,6 +51,7 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(26, "end_txn", 0, 3),
         ApiRange(28, "txn_offset_commit", 0, 3),
         ApiRange(32, "describe_configs", 1, 4),
+        ApiRange(33, "alter_configs", 0, 2),
         ApiRange(36, "sasl_authenticate", 0, 2),
         ApiRange(37, "create_partitions", 0, 3),
         ApiRange(44, "incremental_alter_configs", 0, 1),

@@ -2,7 +2,7 @@
 // as tests/conformance/scenarios.py prints for the other clients.
 //   node scenarios.js BOOTSTRAP PREFIX
 "use strict";
-const { Kafka, CompressionTypes, logLevel } = require("kafkajs");
+const { Kafka, CompressionTypes, ConfigResourceTypes, logLevel } = require("kafkajs");
 
 const [bootstrap, prefix] = process.argv.slice(2);
 const kafka = new Kafka({ clientId: "conformance", brokers: [bootstrap], logLevel: logLevel.NOTHING,
@@ -31,6 +31,15 @@ async function read(topic, count, offset) {
   });
   await consumer.disconnect();
   return got;
+}
+
+// The line of `run`, or `SCENARIO: error NAME` when it threw (a broker that refused it).
+async function guarded(scenario, run) {
+  try {
+    return await run();
+  } catch (e) {
+    return `${scenario}: error ${e.name}`;
+  }
 }
 
 function keyedLine(got) {
@@ -90,6 +99,77 @@ async function main() {
   }
   console.log(`unknown topic: ${unknown}`);
   await producer.disconnect();
+  // administration: a topic created with a configuration, described, and its configuration replaced
+  // (KafkaJS has AlterConfigs, not IncrementalAlterConfigs)
+  console.log(await guarded("admin", async () => {
+    const admin3 = kafka.admin();
+    await admin3.connect();
+    const created = `${prefix}created`;
+    await admin3.createTopics({ topics: [{ topic: created, numPartitions: 2,
+                                           configEntries: [{ name: "retention.ms", value: "3600000" }] }] });
+    const partitions = (await admin3.fetchTopicMetadata({ topics: [created] })).topics[0].partitions.length;
+    const retention = async () => {
+      const d = await admin3.describeConfigs({ includeSynonyms: false, resources: [
+        { type: ConfigResourceTypes.TOPIC, name: created, configNames: ["retention.ms"] }] });
+      return d.resources[0].configEntries.find((e) => e.configName === "retention.ms").configValue;
+    };
+    const before = await retention();
+    await admin3.alterConfigs({ validateOnly: false, resources: [
+      { type: ConfigResourceTypes.TOPIC, name: created, configEntries: [{ name: "retention.ms", value: "7200000" }] }] });
+    const line = `admin: partitions=${partitions} retention.ms=${before} then ${await retention()}`;
+    await admin3.disconnect();
+    return line;
+  }));
+  await groupScenario();
+}
+
+// Two members split the topic's two partitions and read what is there; the first leaves and the second
+// takes its partition; the second leaves too, and a third member resumes from their commits.
+async function groupScenario() {
+  const topic = `${prefix}group`;
+  const producer = kafka.producer();
+  await producer.connect();
+  const produceTo = async (records) => {
+    for (const [partition, value] of records) await producer.send({ topic, messages: [{ value, partition }] });
+  };
+  const member = async () => {
+    const m = { assigned: new Set(), values: [] };
+    m.consumer = kafka.consumer({ groupId: `${prefix}g`, maxWaitTimeInMs: 100, sessionTimeout: 10000,
+                                  heartbeatInterval: 300, rebalanceTimeout: 10000 });
+    m.consumer.on(m.consumer.events.GROUP_JOIN,
+                  (e) => { m.assigned = new Set(e.payload.memberAssignment[topic] || []); });
+    await m.consumer.connect();
+    await m.consumer.subscribe({ topic, fromBeginning: true });
+    await m.consumer.run({ autoCommitThreshold: 1,
+                           eachMessage: async ({ message }) => { m.values.push(message.value.toString()); } });
+    return m;
+  };
+  const until = async (cond) => {
+    const end = Date.now() + 30000;
+    while (!cond() && Date.now() < end) await new Promise((r) => setTimeout(r, 50));
+    return cond();
+  };
+  const one = await member();
+  const two = await member();
+  const split = await until(() => one.assigned.size === 1 && two.assigned.size === 1
+                                  && !one.assigned.has([...two.assigned][0]));
+  await produceTo([[0, "a0"], [0, "a1"], [1, "a2"], [1, "a3"]]);
+  await until(() => one.values.length + two.values.length >= 4);
+  const first = [...one.values, ...two.values];
+  const read = two.values.length;
+  await one.consumer.disconnect();
+  await until(() => two.assigned.size === 2);
+  await produceTo([[0, "b0"], [1, "b1"]]);
+  await until(() => two.values.length >= read + 2);
+  const handed = two.values.slice(read);
+  await two.consumer.disconnect();
+  await produceTo([[0, "c0"], [1, "c1"]]);
+  const three = await member();
+  await until(() => three.values.length >= 2);
+  await three.consumer.disconnect();
+  await producer.disconnect();
+  console.log(`group: split=${split ? "yes" : "no"} first=${first.sort().join(" ")} handed over=${handed.sort().join(" ")} `
+              + `resumed=${three.values.sort().join(" ")}`);
 }
 
 main().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });

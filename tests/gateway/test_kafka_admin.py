@@ -4,9 +4,13 @@ members."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
+from aiokafka.admin.config_resource import ConfigResourceType as AioResourceType
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka.admin import (
     AdminClient,
@@ -16,6 +20,8 @@ from confluent_kafka.admin import (
     NewPartitions,
     NewTopic,
 )
+from kafka.admin import ConfigResource as KafkaPythonConfigResource
+from kafka.admin import ConfigResourceType, KafkaAdminClient
 
 import pgstreams
 from _core_helpers import until
@@ -95,3 +101,38 @@ def test_groups_are_listed_and_described_with_their_members(client: pgstreams.Cl
             assert {tp.partition for tp in member.assignment.topic_partitions} == {0, 1}
         finally:
             consumer.close()
+
+
+def test_alter_configs_replaces_the_whole_configuration_and_validate_only_changes_nothing(
+        client: pgstreams.Client, dsn: str) -> None:
+    """``AlterConfigs`` (aiokafka's and KafkaJS's only way to change a configuration): the keys given are
+    set, every other key set on the topic goes back to its default; a bad key or ``validate_only`` leaves
+    the topic as it was."""
+    client.create_topic("orders", 2, config={"retention.ms": 60000, "max.message.bytes": 2000000})
+
+    async def alter(configs: dict[str, str]) -> int:
+        admin = AIOKafkaAdminClient(bootstrap_servers=address)
+        await admin.start()
+        try:
+            resource = AioConfigResource(AioResourceType.TOPIC, "orders", configs)
+            (response,) = await admin.alter_configs([resource])
+            ((error, _message, _type, _name),) = response.resources
+            return int(error)
+        finally:
+            await admin.close()
+
+    with running_gateway(dsn) as address:
+        checker = KafkaAdminClient(bootstrap_servers=address)
+        try:  # kafka-python's AlterConfigs with validate_only
+            checker.alter_configs([KafkaPythonConfigResource(ConfigResourceType.TOPIC, "orders",
+                                                             {"retention.ms": "120000"})],
+                                  validate_only=True, incremental=False)
+        finally:
+            checker.close()
+        assert client.describe_topic("orders").config["retention.ms"] == 60000
+        assert asyncio.run(alter({"no.such.key": "1"})) == 40  # INVALID_CONFIG
+        assert client.describe_topic("orders").config["max.message.bytes"] == 2000000
+        assert asyncio.run(alter({"retention.ms": "120000"})) == 0
+    config = client.describe_topic("orders").config
+    assert config["retention.ms"] == 120000
+    assert config["max.message.bytes"] == 1048588  # back to its default: it was not given

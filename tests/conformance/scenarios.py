@@ -5,8 +5,9 @@ scenario on standard output, the same for every client and every broker that beh
 
 ``CLIENT``: ``confluent`` (librdkafka), ``kafka-python``, ``aiokafka`` or ``kcat`` (Debian's, driven as a
 subprocess); KafkaJS has its own runner (``kafkajs/scenarios.js``). The topics (created beforehand by the
-test, with ``PREFIX``): ``meta`` and ``keyed`` (3 partitions), ``group`` (2), ``acks0``, ``acks1``,
-``acksall``, ``latest``, ``bytime``, ``gzip``, ``snappy``, ``lz4`` and ``zstd`` (1 partition each).
+test, with ``PREFIX``): ``meta`` and ``keyed`` (3 partitions), ``group`` (2), ``txin``, ``txout``,
+``acks0``, ``acks1``, ``acksall``, ``latest``, ``bytime``, ``gzip``, ``snappy``, ``lz4`` and ``zstd`` (1
+partition each).
 Scenarios: the metadata of a topic; three records produced with each ``acks`` and read back from the
 earliest offset; a read from the latest offset (the high watermark) and one from a time (``ListOffsets``
 by timestamp); three records compressed with each of Kafka's codecs read back; twelve keyed records
@@ -14,7 +15,9 @@ by timestamp); three records compressed with each of Kafka's codecs read back; t
 a topic created with a configuration (``CreateTopics``), described (``DescribeConfigs``) and reconfigured
 (``IncrementalAlterConfigs``, or ``AlterConfigs`` for the clients without it); a consumer group of two
 members that split the partitions, commit, and hand over to the one left when the other leaves, and whose
-commits a member started later resumes from.
+commits a member started later resumes from; a transactional producer that aborts, then commits, records
+of ``txout`` with the offsets of ``txin`` (topics of 1 partition) for group ``PREFIX tx``, read back by a
+read-committed consumer. A scenario the broker refuses prints ``SCENARIO: error NAME``.
 """
 
 from __future__ import annotations
@@ -50,7 +53,13 @@ def _guarded(scenario: str, run: Callable[[], str]) -> str:
     try:
         return run()
     except Exception as exc:  # noqa: BLE001 - the line names it
+        print(f"{scenario}: {exc!r}", file=sys.stderr)
         return f"{scenario}: error {type(exc).__name__}"
+
+
+def _transactions_line(after_abort: str, after_commit: str, read: list[str]) -> str:
+    return (f"transactions: offset after abort={after_abort} after commit={after_commit} "
+            f"read committed={' '.join(read)}")
 
 
 async def _aguarded(scenario: str, run: Callable[[], Awaitable[str]]) -> str:
@@ -58,6 +67,7 @@ async def _aguarded(scenario: str, run: Callable[[], Awaitable[str]]) -> str:
     try:
         return await run()
     except Exception as exc:  # noqa: BLE001 - the line names it
+        print(f"{scenario}: {exc!r}", file=sys.stderr)
         return f"{scenario}: error {type(exc).__name__}"
 
 
@@ -244,6 +254,34 @@ def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         p.flush(TIMEOUT)
 
     _group(Member, produce_to, out)
+
+    def transactions() -> str:
+        tin, tout = f"{prefix}txin", f"{prefix}txout"
+        produce(tin, ["i0", "i1"])
+        group = Consumer({"bootstrap.servers": bootstrap, "group.id": f"{prefix}tx",
+                          "enable.auto.commit": False})
+
+        def committed() -> str:
+            (tp,) = group.committed([TopicPartition(tin, 0)], timeout=TIMEOUT)
+            return str(tp.offset) if tp.offset >= 0 else "none"
+
+        p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"{prefix}tx"})
+        p.init_transactions(TIMEOUT)
+        p.begin_transaction()
+        p.produce(tout, value=b"aborted")
+        p.send_offsets_to_transaction([TopicPartition(tin, 0, 1)], group.consumer_group_metadata(), TIMEOUT)
+        p.abort_transaction(TIMEOUT)
+        after_abort = committed()
+        p.begin_transaction()
+        for v in (b"o0", b"o1"):
+            p.produce(tout, value=v)
+        p.send_offsets_to_transaction([TopicPartition(tin, 0, 2)], group.consumer_group_metadata(), TIMEOUT)
+        p.commit_transaction(TIMEOUT)
+        after_commit = committed()
+        group.close()
+        return _transactions_line(after_abort, after_commit, [v for _, v in read(tout, 1, 2)])
+
+    out(_guarded("transactions", transactions))
     del KafkaError
 
 
@@ -256,7 +294,8 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
     c.close()
 
     def read(topic: str, partitions: int, count: int) -> list[tuple[int, str]]:
-        c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                          isolation_level="read_committed")
         tps = [TopicPartition(topic, p) for p in range(partitions)]
         c.assign(tps)
         c.seek_to_beginning(*tps)
@@ -386,6 +425,35 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
         p.close()
 
     _group(Member, produce_to, out)
+    from kafka.structs import OffsetAndMetadata
+
+    def transactions() -> str:
+        tin, tout = f"{prefix}txin", f"{prefix}txout"
+        produce(tin, ["i0", "i1"])
+        group = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"{prefix}tx", enable_auto_commit=False)
+
+        def committed() -> str:
+            offset = group.committed(TopicPartition(tin, 0))
+            return "none" if offset is None or offset < 0 else str(offset)
+
+        p = KafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{prefix}tx")
+        p.init_transactions()
+        p.begin_transaction()
+        p.send(tout, value=b"aborted")
+        p.send_offsets_to_transaction({TopicPartition(tin, 0): OffsetAndMetadata(1, "", -1)}, f"{prefix}tx")
+        p.abort_transaction()
+        after_abort = committed()
+        p.begin_transaction()
+        for v in (b"o0", b"o1"):
+            p.send(tout, value=v)
+        p.send_offsets_to_transaction({TopicPartition(tin, 0): OffsetAndMetadata(2, "", -1)}, f"{prefix}tx")
+        p.commit_transaction()
+        after_commit = committed()
+        group.close()
+        p.close()
+        return _transactions_line(after_abort, after_commit, [v for _, v in read(tout, 1, 2)])
+
+    out(_guarded("transactions", transactions))
 
 
 def aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
@@ -553,6 +621,44 @@ async def _aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> 
 
     _group(Member, produce_to, out)
 
+    async def transactions() -> str:
+        tin, tout = f"{prefix}txin", f"{prefix}txout"
+        await produce(tin, ["i0", "i1"])
+        group = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=f"{prefix}tx",
+                                 enable_auto_commit=False)
+        await group.start()
+
+        async def committed() -> str:
+            offset = await group.committed(TopicPartition(tin, 0))
+            return "none" if offset is None or offset < 0 else str(offset)
+
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, transactional_id=f"{prefix}tx")
+        await p.start()
+        try:
+            await p.begin_transaction()
+            await p.send(tout, value=b"aborted")
+            await p.send_offsets_to_transaction({TopicPartition(tin, 0): 1}, f"{prefix}tx")
+            await p.abort_transaction()
+            after_abort = await committed()
+            await p.begin_transaction()
+            for v in (b"o0", b"o1"):
+                await p.send(tout, value=v)
+            await p.send_offsets_to_transaction({TopicPartition(tin, 0): 2}, f"{prefix}tx")
+            await p.commit_transaction()
+            after_commit = await committed()
+        finally:
+            await p.stop()
+            await group.stop()
+        tp = TopicPartition(tout, 0)
+        c = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
+                             isolation_level="read_committed")
+        await c.start()
+        c.assign([tp])
+        await c.seek_to_beginning(tp)
+        return _transactions_line(after_abort, after_commit, [v for _, v in await drain(c, 2)])
+
+    out(await _aguarded("transactions", transactions))
+
 
 def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -603,6 +709,7 @@ def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
     out("admin: unsupported by the client")
     # kcat's balanced consumer (-G) neither shows its assignment nor commits before it exits
     out("group: unsupported by the client")
+    out("transactions: unsupported by the client")
 
 
 CLIENTS: dict[str, Callable[[str, str, Callable[[str], None]], None]] = {

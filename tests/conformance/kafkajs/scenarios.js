@@ -38,6 +38,7 @@ async function guarded(scenario, run) {
   try {
     return await run();
   } catch (e) {
+    if (process.env.SCENARIO_DEBUG) console.error(e);
     return `${scenario}: error ${e.name}`;
   }
 }
@@ -121,6 +122,43 @@ async function main() {
     return line;
   }));
   await groupScenario();
+  console.log(await guarded("transactions", transactions));
+}
+
+// A transactional producer that aborts a record and the input's offset sent with it, then commits two
+// records and the next offset: a read-committed consumer reads only the committed ones.
+async function transactions() {
+  const tin = `${prefix}txin`;
+  const tout = `${prefix}txout`;
+  const plain = kafka.producer();
+  await plain.connect();
+  await plain.send({ topic: tin, messages: [{ value: "i0" }, { value: "i1" }] });
+  await plain.disconnect();
+  const admin = kafka.admin();
+  await admin.connect();
+  const committed = async () => {
+    const [t] = await admin.fetchOffsets({ groupId: `${prefix}tx`, topics: [tin] });
+    const offset = t.partitions[0].offset;
+    return Number(offset) < 0 ? "none" : offset;
+  };
+  const offsets = (offset) => ({ consumerGroupId: `${prefix}tx`,
+                                 topics: [{ topic: tin, partitions: [{ partition: 0, offset }] }] });
+  const producer = kafka.producer({ transactionalId: `${prefix}tx`, maxInFlightRequests: 1, idempotent: true });
+  await producer.connect();
+  let txn = await producer.transaction();
+  await txn.send({ topic: tout, messages: [{ value: "aborted" }] });
+  await txn.sendOffsets(offsets("1"));
+  await txn.abort();
+  const afterAbort = await committed();
+  txn = await producer.transaction();
+  await txn.send({ topic: tout, messages: [{ value: "o0" }, { value: "o1" }] });
+  await txn.sendOffsets(offsets("2"));
+  await txn.commit();
+  const afterCommit = await committed();
+  await producer.disconnect();
+  await admin.disconnect();
+  const got = (await read(tout, 2)).map(([, v]) => v);
+  return `transactions: offset after abort=${afterAbort} after commit=${afterCommit} read committed=${got.join(" ")}`;
 }
 
 // Two members split the topic's two partitions and read what is there; the first leaves and the second

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -46,6 +47,23 @@ def _keyed_line(got: list[tuple[int, str]]) -> str:
 
 def _admin_line(partitions: int, before: str, after: str) -> str:
     return f"admin: partitions={partitions} retention.ms={before} then {after}"
+
+
+#: The gateway that authenticates (SASL PLAIN), and this client's role there, for the authorisation
+#: scenario; unset (the reference broker, which runs without users): the scenario is not run.
+SASL = (os.environ.get("SASL_BOOTSTRAP"), os.environ.get("SASL_USER"), os.environ.get("SASL_PASSWORD"))
+
+
+def _auth_line(denied: bool, read: list[str]) -> str:
+    return f"authorization: produce={'denied' if denied else 'allowed'} read={' '.join(read)}"
+
+
+def _authorization(out: Callable[[str], None], run: Callable[[str, str, str], str]) -> None:
+    bootstrap, user, password = SASL
+    if not (bootstrap and user and password):
+        out("authorization: not run (no SASL gateway)")
+    else:
+        out(_guarded("authorization", lambda: run(bootstrap, user, password)))
 
 
 def _guarded(scenario: str, run: Callable[[], str]) -> str:
@@ -282,7 +300,28 @@ def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         return _transactions_line(after_abort, after_commit, [v for _, v in read(tout, 1, 2)])
 
     out(_guarded("transactions", transactions))
-    del KafkaError
+
+    def authorization(sasl: str, user: str, password: str) -> str:
+        conf = {"bootstrap.servers": sasl, "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                "sasl.username": user, "sasl.password": password}
+        errors: list[KafkaError] = []
+        p = Producer({**conf, "message.timeout.ms": 10000, "retries": 0})
+        p.produce(f"{prefix}secure", value=b"x", on_delivery=lambda err, m: errors.append(err))
+        p.flush(TIMEOUT)
+        denied = bool(errors) and errors[0] is not None \
+            and errors[0].code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
+        c = Consumer({**conf, "group.id": f"{prefix}sg", "enable.auto.commit": False})
+        c.assign([TopicPartition(f"{prefix}secure", 0, OFFSET_BEGINNING)])
+        got: list[str] = []
+        deadline = time.monotonic() + TIMEOUT
+        while not got and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.value().decode())
+        c.close()
+        return _auth_line(denied, got)
+
+    _authorization(out, authorization)
 
 
 def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
@@ -454,6 +493,33 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
         return _transactions_line(after_abort, after_commit, [v for _, v in read(tout, 1, 2)])
 
     out(_guarded("transactions", transactions))
+
+    def kp_authorization(sasl: str, user: str, password: str) -> str:
+        from kafka.errors import TopicAuthorizationFailedError
+
+        conf = {"bootstrap_servers": sasl, "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                "sasl_plain_username": user, "sasl_plain_password": password}
+        p = KafkaProducer(**conf, retries=0)
+        try:
+            p.send(f"{prefix}secure", value=b"x").get(timeout=TIMEOUT)
+            denied = False
+        except TopicAuthorizationFailedError:
+            denied = True
+        finally:
+            p.close(timeout=5)
+        c = KafkaConsumer(**conf, enable_auto_commit=False)
+        tp = TopicPartition(f"{prefix}secure", 0)
+        c.assign([tp])
+        c.seek_to_beginning(tp)
+        got: list[str] = []
+        deadline = time.monotonic() + TIMEOUT
+        while not got and time.monotonic() < deadline:
+            for records in c.poll(200).values():
+                got.extend(r.value.decode() for r in records)
+        c.close()
+        return _auth_line(denied, got)
+
+    _authorization(out, kp_authorization)
 
 
 def aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
@@ -658,6 +724,32 @@ async def _aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> 
         return _transactions_line(after_abort, after_commit, [v for _, v in await drain(c, 2)])
 
     out(await _aguarded("transactions", transactions))
+    from aiokafka.errors import TopicAuthorizationFailedError
+
+    async def aio_authorization(sasl: str, user: str, password: str) -> str:
+        conf = {"bootstrap_servers": sasl, "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "PLAIN",
+                "sasl_plain_username": user, "sasl_plain_password": password}
+        p = AIOKafkaProducer(**conf)
+        await p.start()
+        try:
+            await p.send_and_wait(f"{prefix}secure", value=b"x")
+            denied = False
+        except TopicAuthorizationFailedError:
+            denied = True
+        finally:
+            await p.stop()
+        tp = TopicPartition(f"{prefix}secure", 0)
+        c = AIOKafkaConsumer(**conf, enable_auto_commit=False)
+        await c.start()
+        c.assign([tp])
+        await c.seek_to_beginning(tp)
+        return _auth_line(denied, [v for _, v in await drain(c, 1)])
+
+    sasl, user, password = SASL
+    if not (sasl and user and password):
+        out("authorization: not run (no SASL gateway)")
+    else:
+        out(await _aguarded("authorization", lambda: aio_authorization(sasl, user, password)))
 
 
 def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
@@ -710,6 +802,22 @@ def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
     # kcat's balanced consumer (-G) neither shows its assignment nor commits before it exits
     out("group: unsupported by the client")
     out("transactions: unsupported by the client")
+
+    def kcat_authorization(sasl: str, user: str, password: str) -> str:
+        auth = ["-X", "security.protocol=SASL_PLAINTEXT", "-X", "sasl.mechanisms=PLAIN",
+                "-X", f"sasl.username={user}", "-X", f"sasl.password={password}"]
+
+        def as_role(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+            # not quiet (-q): a failed delivery is reported on standard error only then
+            return subprocess.run(["kcat", "-b", sasl, "-m", "3", *auth, *args], input=stdin,
+                                  capture_output=True, text=True, timeout=60)
+
+        produced = as_role("-P", "-t", f"{prefix}secure", "-X", "message.timeout.ms=10000", stdin="x\n")
+        denied = produced.returncode != 0 and "authorization" in produced.stderr.lower()
+        got = as_role("-C", "-t", f"{prefix}secure", "-o", "beginning", "-c", "1", "-f", "%s\\n")
+        return _auth_line(denied, got.stdout.split())
+
+    _authorization(out, kcat_authorization)
 
 
 CLIENTS: dict[str, Callable[[str, str, Callable[[str], None]], None]] = {

@@ -7,6 +7,7 @@ occurs (those of :data:`MAY_DIFFER` may or may not)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -16,11 +17,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from psycopg import sql as psql
 
 import pgstreams
+from _core_helpers import new_database
 from _gateway_helpers import running_gateway
+from pgstreams.embedded import restartable_server
 from pgstreams.partitioner import partition_for_key
 
 HERE = Path(__file__).resolve().parent
@@ -49,6 +54,8 @@ KNOWN_DIFFERENCES = {
        "the reference's high watermark is its last offset, not the next one (Kafka's: the offset the next "
        "record gets), so a read from it returns the last record again" for c in ("confluent", "kafka-python",
                                                                                    "kafkajs")},
+    **{(c, "authorization"):
+       "the reference runs without users (no SASL), so the scenario is not run there" for c in CLIENTS},
     ("kcat", "*"):
         "Debian's kcat (librdkafka 2.0) cannot read the reference's ApiVersions reply ('Read underflow'), "
         "so every scenario fails there; it works against pgstreams",
@@ -83,7 +90,8 @@ def _expected(client: str, prefix: str) -> list[str]:
             "group: unsupported by the client" if client == "kcat"
             else "group: split=yes first=a0 a1 a2 a3 handed over=b0 b1 resumed=c0 c1",
             "transactions: unsupported by the client" if client == "kcat"
-            else "transactions: offset after abort=none after commit=2 read committed=o0 o1"]
+            else "transactions: offset after abort=none after commit=2 read committed=o0 o1",
+            "authorization: produce=denied read=s0"]
 
 
 def _free_port() -> int:
@@ -118,6 +126,33 @@ def reference() -> Iterator[str]:
         proc.wait(30)
 
 
+#: The password of each client's role on the authenticating gateway.
+ROLE_PASSWORD = "reader-pw"
+
+
+@pytest.fixture(scope="module")
+def secured() -> Iterator[str]:
+    """A gateway that authenticates with SASL PLAIN, over a database of a server that checks passwords:
+    for each client, topic ``PREFIX secure`` holding one event ``s0`` and role ``PREFIX ro`` that may read
+    it (as group ``PREFIX sg``) but not write to it. Yields the gateway's bootstrap address."""
+    with restartable_server(password="admin-pw") as server:
+        dsn = new_database(server.dsn, "conformance_")
+        with pgstreams.connect(dsn) as client, psycopg.connect(dsn, autocommit=True) as conn:
+            for c in CLIENTS:
+                prefix = _prefix(c)
+                conn.execute(psql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                    psql.Identifier(f"{prefix}ro"), psql.Literal(ROLE_PASSWORD)))
+                client.create_topic(f"{prefix}secure", partitions=1)
+                client.publish(f"{prefix}secure", "s0")
+                client.grant(f"{prefix}ro", consume=f"{prefix}sg", topics=[f"{prefix}secure"])
+        with running_gateway(dsn, sasl=["PLAIN"]) as gateway:
+            yield gateway
+
+
+def _prefix(client: str) -> str:
+    return client.replace("-", "") + "_"
+
+
 def _create_topics(bootstrap: str, prefix: str) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     futures = admin.create_topics([NewTopic(prefix + name, n, 1) for name, n in TOPICS.items()])
@@ -125,12 +160,19 @@ def _create_topics(bootstrap: str, prefix: str) -> None:
         f.result(60)
 
 
-def _run(client: str, bootstrap: str, prefix: str) -> list[str]:
+def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None) -> list[str]:
+    """The lines ``client`` prints against ``bootstrap``; with ``sasl``, the authenticating gateway of
+    :func:`secured`, where it runs the authorisation scenario as its role."""
     if client == "kafkajs":
         command = ["node", str(HERE / "kafkajs" / "scenarios.js"), bootstrap, prefix]
     else:
         command = [sys.executable, str(HERE / "scenarios.py"), client, bootstrap, prefix]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    env = dict(os.environ)
+    for name in ("SASL_BOOTSTRAP", "SASL_USER", "SASL_PASSWORD"):
+        env.pop(name, None)
+    if sasl is not None:
+        env.update(SASL_BOOTSTRAP=sasl, SASL_USER=f"{prefix}ro", SASL_PASSWORD=ROLE_PASSWORD)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
     assert done.returncode == 0, (client, bootstrap, done.stderr[-3000:])
     return done.stdout.splitlines()
 
@@ -143,14 +185,14 @@ def test_the_tools_are_installed() -> None:
 
 
 def test_every_client_runs_every_scenario_against_the_gateway_and_the_reference(
-        client: pgstreams.Client, dsn: str, reference: str) -> None:
+        client: pgstreams.Client, dsn: str, reference: str, secured: str) -> None:
     with running_gateway(dsn) as gateway:
-        prefixes = {c: c.replace("-", "") + "_" for c in CLIENTS}
+        prefixes = {c: _prefix(c) for c in CLIENTS}
         for c in CLIENTS:
             _create_topics(gateway, prefixes[c])
             _create_topics(reference, prefixes[c])
         with ThreadPoolExecutor(len(CLIENTS) * 2) as pool:
-            ours = {c: pool.submit(_run, c, gateway, prefixes[c]) for c in CLIENTS}
+            ours = {c: pool.submit(_run, c, gateway, prefixes[c], secured) for c in CLIENTS}
             theirs = {c: pool.submit(_run, c, reference, prefixes[c]) for c in CLIENTS}
             results = {c: (ours[c].result(), theirs[c].result()) for c in CLIENTS}
     seen: set[tuple[str, str]] = set()

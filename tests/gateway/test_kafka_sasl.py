@@ -29,6 +29,8 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_authenticate.v2.response import SaslAuthenticateResponse
+from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as SaslHandshakeRequestV0
+from kio.schema.sasl_handshake.v0.response import SaslHandshakeResponse as SaslHandshakeResponseV0
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
 from kio.serial import entity_reader, entity_writer
@@ -256,3 +258,26 @@ def test_a_role_without_a_consume_grant_cannot_join_a_group(gateway: str) -> Non
                 assert not c.poll(500), "a record for a role that may not consume"
     finally:
         c.close()
+
+
+def test_after_a_version_0_handshake_the_plain_token_comes_as_it_is(gateway: str) -> None:
+    """``SaslHandshake`` v0 (what librdkafka 2.0, Debian's kcat, looks for): the token follows in a frame of
+    its own, not in a ``SaslAuthenticate``; an empty frame answers a good one, a bad one closes the
+    connection."""
+    host, port = gateway.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(_frame(17, 0, SaslHandshakeRequestV0(mechanism="PLAIN")))
+        shake = entity_reader(SaslHandshakeResponseV0)(memoryview(_reply(sock)), 4)[0]
+        assert shake.error_code == 0
+        token = b"\0alice\0alice-pw"
+        sock.sendall(struct.pack(">i", len(token)) + token)
+        assert sock.recv(4, socket.MSG_WAITALL) == struct.pack(">i", 0)  # authenticated: an empty token
+        sock.sendall(_frame(3, 12, MetadataRequest(topics=None, allow_auto_topic_creation=False,
+                                                   include_topic_authorized_operations=False)))
+        assert len(_reply(sock)) > 8  # requests are answered now
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(_frame(17, 0, SaslHandshakeRequestV0(mechanism="PLAIN")))
+        _reply(sock)
+        token = b"\0alice\0wrong"
+        sock.sendall(struct.pack(">i", len(token)) + token)
+        assert sock.recv(4, socket.MSG_WAITALL) == b""  # closed

@@ -15,6 +15,7 @@ import dataclasses
 import hashlib
 import logging
 import ssl
+import struct
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -194,6 +195,17 @@ class Gateway:
                     raise frame
                 if frame is None:
                     return  # the client closed the connection
+                if sasl.raw and ctx is None:
+                    # after a SaslHandshake v0, the client's SASL tokens come as they are, each in a frame
+                    # of its own, and so go the replies (an empty one once PLAIN's single token passed)
+                    done, error, data = await self._authenticate(sasl, frame)
+                    if error is not None:
+                        log.warning("closing the connection of %s: %s", peer, error)
+                        return  # a failed authentication closes the connection (v0 has no error reply)
+                    ctx = done or ctx
+                    writer.write(struct.pack(">i", len(data)) + data)
+                    await writer.drain()
+                    continue
                 key = codec.peek(frame)[0]
                 if key in (auth.SASL_HANDSHAKE_KEY, auth.SASL_AUTHENTICATE_KEY) or ctx is None:
                     if key not in auth.BEFORE_AUTHENTICATION:
@@ -207,6 +219,8 @@ class Gateway:
                         request = codec.decode(frame)
                         await sasl.reset(str(request.body.mechanism).upper())
                         reply = self._reply(request, auth.handshake_reply(self._sasl, sasl.mechanism or ""))
+                        # version 0: the tokens follow without SaslAuthenticate
+                        sasl.raw = request.api_version == 0 and sasl.mechanism in self._sasl
                     elif key == auth.SASL_AUTHENTICATE_KEY:
                         request = codec.decode(frame)
                         done, error, data = await self._authenticate(sasl, bytes(request.body.auth_bytes))
@@ -381,11 +395,14 @@ _GROUP_APIS: dict[int, ErrorCode] = {k: ErrorCode.group_authorization_failed
 
 
 class _Sasl:
-    """A connection's SASL exchange: the mechanism of its handshake, and a SCRAM exchange under way."""
+    """A connection's SASL exchange: the mechanism of its handshake (and whether its version was 0), and a
+    SCRAM exchange under way."""
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
         self.relay: auth.ScramRelay | None = None
+        #: whether the tokens come as they are (after a ``SaslHandshake`` v0), not in ``SaslAuthenticate``
+        self.raw = False
 
     async def reset(self, mechanism: str | None) -> None:
         self.mechanism = mechanism

@@ -41,7 +41,7 @@ SERVED: Final[dict[int, ApiRange]] = {
         ApiRange(14, "sync_group", 0, 5),
         ApiRange(15, "describe_groups", 0, 5),
         ApiRange(16, "list_groups", 0, 4),
-        ApiRange(17, "sasl_handshake", 1, 1),
+        ApiRange(17, "sasl_handshake", 0, 1),
         ApiRange(18, "api_versions", 0, 3),
         ApiRange(19, "create_topics", 2, 7),
         ApiRange(20, "delete_topics", 1, 5),

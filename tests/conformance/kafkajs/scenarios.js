@@ -123,6 +123,43 @@ async function main() {
   }));
   await groupScenario();
   console.log(await guarded("transactions", transactions));
+  const [sasl, user, password] = [process.env.SASL_BOOTSTRAP, process.env.SASL_USER, process.env.SASL_PASSWORD];
+  if (!(sasl && user && password)) {
+    console.log("authorization: not run (no SASL gateway)");
+  } else {
+    console.log(await guarded("authorization", () => authorization(sasl, user, password)));
+  }
+}
+
+// As a role that may read a topic but not write to it (SASL PLAIN): the produce is refused, the read works.
+async function authorization(sasl, username, password) {
+  const secured = new Kafka({ clientId: "conformance", brokers: [sasl], logLevel: logLevel.NOTHING,
+                              retry: { retries: 0 }, sasl: { mechanism: "plain", username, password } });
+  const topic = `${prefix}secure`;
+  const producer = secured.producer();
+  await producer.connect();
+  let denied = false;
+  try {
+    await producer.send({ topic, messages: [{ value: "x" }] });
+  } catch (e) {
+    denied = e.type === "TOPIC_AUTHORIZATION_FAILED";
+  }
+  await producer.disconnect();
+  const consumer = secured.consumer({ groupId: `${prefix}sg`, maxWaitTimeInMs: 100, sessionTimeout: 10000,
+                                      heartbeatInterval: 300 });
+  await consumer.connect();
+  await consumer.subscribe({ topic, fromBeginning: true });
+  const got = [];
+  await new Promise((resolve, reject) => {
+    const timer = setTimeout(resolve, 30000);
+    consumer.run({ autoCommit: false, eachMessage: async ({ message }) => {
+      got.push(message.value.toString());
+      clearTimeout(timer);
+      resolve();
+    } }).catch(reject);
+  });
+  await consumer.disconnect();
+  return `authorization: produce=${denied ? "denied" : "allowed"} read=${got.join(" ")}`;
 }
 
 // A transactional producer that aborts a record and the input's offset sent with it, then commits two

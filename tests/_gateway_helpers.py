@@ -19,17 +19,17 @@ from pgstreams.kafka import Gateway
 
 
 @contextmanager
-def running_gateway(dsn: str, **options: Any) -> Iterator[str]:
-    """A gateway over ``dsn`` listening on a free loopback port, in a thread with its own event loop
-    (``options``: more of :class:`Gateway`'s, e.g. ``sasl=["PLAIN"]``); yields its bootstrap address
-    (``HOST:PORT``) and stops it afterwards (failing if it failed)."""
+def running_gateway(dsn: str, listen: str = "127.0.0.1:0", **options: Any) -> Iterator[str]:
+    """A gateway over ``dsn`` listening on ``listen`` (default: a free loopback port), in a thread with its
+    own event loop (``options``: more of :class:`Gateway`'s, e.g. ``sasl=["PLAIN"]``); yields its bootstrap
+    address (``HOST:PORT``) and stops it afterwards (failing if it failed)."""
     ready = threading.Event()
     state: dict[str, object] = {}
     failure: list[BaseException] = []
 
     async def main() -> None:
         async with await pgstreams.aio.connect(dsn) as client:
-            async with Gateway(client, listen="127.0.0.1:0", **options) as gateway:
+            async with Gateway(client, listen=listen, **options) as gateway:
                 stop = asyncio.Event()
                 state.update(address="{}:{}".format(*gateway.address), stop=stop,
                              loop=asyncio.get_running_loop())

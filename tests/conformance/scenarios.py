@@ -15,9 +15,13 @@ by timestamp); three records compressed with each of Kafka's codecs read back; t
 a topic created with a configuration (``CreateTopics``), described (``DescribeConfigs``) and reconfigured
 (``IncrementalAlterConfigs``, or ``AlterConfigs`` for the clients without it); a consumer group of two
 members that split the partitions, commit, and hand over to the one left when the other leaves, and whose
-commits a member started later resumes from; a transactional producer that aborts, then commits, records
-of ``txout`` with the offsets of ``txin`` (topics of 1 partition) for group ``PREFIX tx``, read back by a
-read-committed consumer. A scenario the broker refuses prints ``SCENARIO: error NAME``.
+commits a member started later resumes from, reading on across a restart of the broker (the scenario
+prints :data:`RESTART_REQUEST` and waits for a line on standard input); a transactional producer that
+aborts, then commits, records of ``txout`` with the offsets of ``txin`` (topics of 1 partition) for group
+``PREFIX tx``, read back by a read-committed consumer; as a role that may read ``PREFIX secure`` but not
+write to it, on the gateway that authenticates (``$SASL_BOOTSTRAP``, ``$SASL_USER``, ``$SASL_PASSWORD``;
+not run without them), a produce refused and a read. A scenario the broker refuses prints
+``SCENARIO: error NAME``.
 """
 
 from __future__ import annotations
@@ -126,7 +130,8 @@ def _group(member: Callable[[str], _Member], produce: Callable[[list[tuple[int, 
            out: Callable[[str], None]) -> None:
     """Two members split the topic's two partitions and read what is then published; the first leaves
     and the second takes its partition; the second leaves too, and a third member resumes from their
-    commits. The values each read are printed sorted and once each: a value read again would show."""
+    commits, and goes on reading across a restart of the broker. The values each read are printed sorted:
+    a value read again would show."""
     one, two = member("one").start(), member("two").start()
     split = _until("both members to get a partition", lambda: one.assigned | two.assigned == {0, 1}
                    and bool(one.assigned) and bool(two.assigned) and not one.assigned & two.assigned)
@@ -142,9 +147,25 @@ def _group(member: Callable[[str], _Member], produce: Callable[[list[tuple[int, 
     produce([(0, "c0"), (1, "c1")])
     three = member("three").start()
     _until("the records after the restart", lambda: len(three.values) >= 2)
+    _until("the member to hold both partitions", lambda: three.assigned == {0, 1})
+    read = len(three.values)
+    _restart_broker()
+    produce([(0, "d0"), (1, "d1")])
+    _until("the records after the broker's restart", lambda: len(three.values) >= read + 2)
     three.stop()
     out(f"group: split={'yes' if split else 'no'} first={' '.join(sorted(first))} "
-        f"handed over={' '.join(sorted(handed))} resumed={' '.join(sorted(three.values))}")
+        f"handed over={' '.join(sorted(handed))} resumed={' '.join(sorted(three.values[:read]))} "
+        f"after the broker restarted={' '.join(sorted(three.values[read:]))}")
+
+
+#: The line a scenario prints when it wants the broker restarted; the test answers on standard input
+#: once it was (the reference broker, which keeps its data in memory, is not restarted).
+RESTART_REQUEST = "restart the broker, please"
+
+
+def _restart_broker() -> None:
+    print(RESTART_REQUEST, flush=True)
+    sys.stdin.readline()
 
 
 def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:

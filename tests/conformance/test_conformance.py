@@ -12,15 +12,18 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql as psql
+from scenarios import RESTART_REQUEST
 
 import pgstreams
 from _core_helpers import new_database
@@ -88,7 +91,8 @@ def _expected(client: str, prefix: str) -> list[str]:
             "admin: unsupported by the client" if client == "kcat"
             else "admin: partitions=2 retention.ms=3600000 then 7200000",
             "group: unsupported by the client" if client == "kcat"
-            else "group: split=yes first=a0 a1 a2 a3 handed over=b0 b1 resumed=c0 c1",
+            else "group: split=yes first=a0 a1 a2 a3 handed over=b0 b1 resumed=c0 c1 after the broker "
+                 "restarted=d0 d1",
             "transactions: unsupported by the client" if client == "kcat"
             else "transactions: offset after abort=none after commit=2 read committed=o0 o1",
             "authorization: produce=denied read=s0"]
@@ -160,9 +164,11 @@ def _create_topics(bootstrap: str, prefix: str) -> None:
         f.result(60)
 
 
-def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None) -> list[str]:
+def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None,
+         restart: Callable[[], None] | None = None) -> list[str]:
     """The lines ``client`` prints against ``bootstrap``; with ``sasl``, the authenticating gateway of
-    :func:`secured`, where it runs the authorisation scenario as its role."""
+    :func:`secured`, where it runs the authorisation scenario as its role; ``restart`` restarts the broker
+    when the scenario asks for it (:data:`scenarios.RESTART_REQUEST`; without it, the broker stays up)."""
     if client == "kafkajs":
         command = ["node", str(HERE / "kafkajs" / "scenarios.js"), bootstrap, prefix]
     else:
@@ -172,9 +178,40 @@ def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None) -> l
         env.pop(name, None)
     if sasl is not None:
         env.update(SASL_BOOTSTRAP=sasl, SASL_USER=f"{prefix}ro", SASL_PASSWORD=ROLE_PASSWORD)
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, env=env)
-    assert done.returncode == 0, (client, bootstrap, done.stderr[-3000:])
-    return done.stdout.splitlines()
+    with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, env=env) as proc:
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        timer = threading.Timer(240, proc.kill)  # a scenario that hangs fails the test
+        timer.start()
+        errors = ThreadPoolExecutor(1).submit(proc.stderr.read)  # read while it runs: no full pipe
+        lines = []
+        try:
+            for line in proc.stdout:
+                if line.rstrip("\n") == RESTART_REQUEST:
+                    if restart is not None:
+                        restart()
+                    proc.stdin.write("restarted\n")
+                    proc.stdin.flush()
+                else:
+                    lines.append(line.rstrip("\n"))
+            code = proc.wait()
+        finally:
+            timer.cancel()
+    assert code == 0, (client, bootstrap, errors.result()[-3000:])
+    return lines
+
+
+@contextmanager
+def _restartable_gateway(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A gateway over ``dsn`` and what restarts it on the same address."""
+    with ExitStack() as stack:
+        address = stack.enter_context(running_gateway(dsn))
+
+        def restart() -> None:
+            stack.close()
+            stack.enter_context(running_gateway(dsn, listen=address))
+
+        yield address, restart
 
 
 def test_the_tools_are_installed() -> None:
@@ -186,13 +223,16 @@ def test_the_tools_are_installed() -> None:
 
 def test_every_client_runs_every_scenario_against_the_gateway_and_the_reference(
         client: pgstreams.Client, dsn: str, reference: str, secured: str) -> None:
-    with running_gateway(dsn) as gateway:
+    with ExitStack() as stack:
         prefixes = {c: _prefix(c) for c in CLIENTS}
+        # a gateway per client, each restarted when its client's scenario asks (the others go on)
+        gateways = {c: stack.enter_context(_restartable_gateway(dsn)) for c in CLIENTS}
         for c in CLIENTS:
-            _create_topics(gateway, prefixes[c])
+            _create_topics(gateways[c][0], prefixes[c])
             _create_topics(reference, prefixes[c])
         with ThreadPoolExecutor(len(CLIENTS) * 2) as pool:
-            ours = {c: pool.submit(_run, c, gateway, prefixes[c], secured) for c in CLIENTS}
+            ours = {c: pool.submit(_run, c, gateways[c][0], prefixes[c], secured, gateways[c][1])
+                    for c in CLIENTS}
             theirs = {c: pool.submit(_run, c, reference, prefixes[c]) for c in CLIENTS}
             results = {c: (ours[c].result(), theirs[c].result()) for c in CLIENTS}
     seen: set[tuple[str, str]] = set()

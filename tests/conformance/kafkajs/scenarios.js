@@ -33,6 +33,14 @@ async function read(topic, count, offset) {
   return got;
 }
 
+// Ask the test to restart the broker (tests/conformance/scenarios.py's RESTART_REQUEST), and wait until it
+// says it did.
+const stdinLines = require("readline").createInterface({ input: process.stdin })[Symbol.asyncIterator]();
+async function restartBroker() {
+  console.log("restart the broker, please");
+  await stdinLines.next();
+}
+
 // The line of `run`, or `SCENARIO: error NAME` when it threw (a broker that refused it).
 async function guarded(scenario, run) {
   try {
@@ -202,7 +210,7 @@ async function transactions() {
 // takes its partition; the second leaves too, and a third member resumes from their commits.
 async function groupScenario() {
   const topic = `${prefix}group`;
-  const producer = kafka.producer();
+  let producer = kafka.producer();
   await producer.connect();
   const produceTo = async (records) => {
     for (const [partition, value] of records) await producer.send({ topic, messages: [{ value, partition }] });
@@ -241,10 +249,19 @@ async function groupScenario() {
   await produceTo([[0, "c0"], [1, "c1"]]);
   const three = await member();
   await until(() => three.values.length >= 2);
+  await until(() => three.assigned.size === 2);
+  const resumed = three.values.length;
+  await producer.disconnect();
+  await restartBroker();
+  producer = kafka.producer();
+  await producer.connect();
+  await produceTo([[0, "d0"], [1, "d1"]]);
+  await until(() => three.values.length >= resumed + 2);
   await three.consumer.disconnect();
   await producer.disconnect();
   console.log(`group: split=${split ? "yes" : "no"} first=${first.sort().join(" ")} handed over=${handed.sort().join(" ")} `
-              + `resumed=${three.values.sort().join(" ")}`);
+              + `resumed=${three.values.slice(0, resumed).sort().join(" ")} `
+              + `after the broker restarted=${three.values.slice(resumed).sort().join(" ")}`);
 }
 
 main().then(() => process.exit(0), (e) => { console.error(e); process.exit(1); });

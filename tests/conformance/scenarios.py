@@ -5,22 +5,22 @@ scenario on standard output, the same for every client and every broker that beh
 
 ``CLIENT``: ``confluent`` (librdkafka), ``kafka-python``, ``aiokafka`` or ``kcat`` (Debian's, driven as a
 subprocess); KafkaJS has its own runner (``kafkajs/scenarios.js``). The topics (created beforehand by the
-test, with ``PREFIX``): ``meta`` and ``keyed`` (3 partitions), ``group`` (2), ``txin``, ``txout``,
+test, with ``PREFIX``): ``meta`` and ``keyed`` (3 partitions), ``group`` (2), ``txin``, ``txout``, ``idem``,
 ``acks0``, ``acks1``, ``acksall``, ``latest``, ``bytime``, ``gzip``, ``snappy``, ``lz4`` and ``zstd`` (1
-partition each).
-Scenarios: the metadata of a topic; three records produced with each ``acks`` and read back from the
-earliest offset; a read from the latest offset (the high watermark) and one from a time (``ListOffsets``
-by timestamp); three records compressed with each of Kafka's codecs read back; twelve keyed records
-(Kafka's murmur2 partitioner) read back per partition; a record produced to a topic that does not exist;
-a topic created with a configuration (``CreateTopics``), described (``DescribeConfigs``) and reconfigured
-(``IncrementalAlterConfigs``, or ``AlterConfigs`` for the clients without it); a consumer group of two
-members that split the partitions, commit, and hand over to the one left when the other leaves, and whose
-commits a member started later resumes from, reading on across a restart of the broker (the scenario
-prints :data:`RESTART_REQUEST` and waits for a line on standard input); a transactional producer that
-aborts, then commits, records of ``txout`` with the offsets of ``txin`` (topics of 1 partition) for group
-``PREFIX tx``, read back by a read-committed consumer; as a role that may read ``PREFIX secure`` but not
-write to it, on the gateway that authenticates (``$SASL_BOOTSTRAP``, ``$SASL_USER``, ``$SASL_PASSWORD``;
-not run without them), a produce refused and a read. A scenario the broker refuses prints
+partition each). Scenarios: the metadata of a topic; three records produced with each ``acks`` and read back
+from the earliest offset; a read from the latest offset (the high watermark) and one from a time
+(``ListOffsets`` by timestamp); three records compressed with each of Kafka's codecs read back; twelve keyed
+records (Kafka's murmur2 partitioner) read back per partition; three records of an idempotent producer (the
+first produce response to ``PREFIX idem`` is lost on the way: ``_losing_proxy.py``), then ``end``, read back;
+a record produced to a topic that does not exist; a topic created with a configuration (``CreateTopics``),
+described (``DescribeConfigs``) and reconfigured (``IncrementalAlterConfigs``, or ``AlterConfigs`` for the
+clients without it); a consumer group of two members that split the partitions, commit, and hand over to the
+one left when the other leaves, and whose commits a member started later resumes from, reading on across a
+restart of the broker (the scenario prints :data:`RESTART_REQUEST` and waits for a line on standard input); a
+transactional producer that aborts, then commits, records of ``txout`` with the offsets of ``txin`` (topics of
+1 partition) for group ``PREFIX tx``, read back by a read-committed consumer; as a role that may read ``PREFIX
+secure`` but not write to it, on the gateway that authenticates (``$SASL_BOOTSTRAP``, ``$SASL_USER``,
+``$SASL_PASSWORD``; not run without them), a produce refused and a read. A scenario the broker refuses prints
 ``SCENARIO: error NAME``.
 """
 
@@ -47,6 +47,12 @@ def _keyed_line(got: list[tuple[int, str]]) -> str:
     for p, v in got:
         parts.setdefault(p, []).append(v)
     return "keyed: " + " ".join(f"p{p}=" + ",".join(parts[p]) for p in sorted(parts))
+
+
+def _idempotence_line(read: list[str]) -> str:
+    """What an idempotent producer's three records (whose first produce response was lost, so that the
+    producer sent them again) and a record produced after them read back as: each once, then ``end``."""
+    return "idempotence: " + " ".join(read)
 
 
 def _admin_line(partitions: int, before: str, after: str) -> str:
@@ -238,6 +244,12 @@ def confluent(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         p.produce(f"{prefix}keyed", value=v.encode(), key=k.encode())
     p.flush(TIMEOUT)
     out(_keyed_line(read(f"{prefix}keyed", 3, len(KEYED))))
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    for i in range(3):
+        p.produce(f"{prefix}idem", value=f"v{i}".encode())
+    p.flush(TIMEOUT)
+    produce(f"{prefix}idem", ["end"])
+    out(_idempotence_line([v for _, v in read(f"{prefix}idem", 1, 4)]))
     errors: list[object] = []
     p = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 5000,
                   "allow.auto.create.topics": False})
@@ -422,6 +434,13 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
     p.flush(TIMEOUT)
     p.close()
     out(_keyed_line(read(f"{prefix}keyed", 3, len(KEYED))))
+    p = KafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+    for i in range(3):
+        p.send(f"{prefix}idem", value=f"v{i}".encode())
+    p.flush(TIMEOUT)
+    p.close()
+    produce(f"{prefix}idem", ["end"])
+    out(_idempotence_line([v for _, v in read(f"{prefix}idem", 1, 4)]))
     p = KafkaProducer(bootstrap_servers=bootstrap, max_block_ms=5000)
     try:
         p.send(f"{prefix}missing", value=b"x").get(timeout=TIMEOUT)
@@ -472,9 +491,13 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
                               session_timeout_ms=10000, heartbeat_interval_ms=300)
             c.subscribe([f"{prefix}group"], listener=Listener())
             while not self.stopping.is_set():
-                for records in c.poll(100).values():
-                    self.values.extend(r.value.decode() for r in records)
-                    c.commit()
+                try:
+                    for records in c.poll(100).values():
+                        self.values.extend(r.value.decode() for r in records)
+                        c.commit()
+                except KafkaError as exc:  # as an application would: the client reconnects, go on
+                    print(f"{self.name}: {exc!r}", file=sys.stderr)
+                    self.stopping.wait(0.1)
             c.close()
 
     def produce_to(records: list[tuple[int, str]]) -> None:
@@ -634,6 +657,18 @@ async def _aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> 
         await p.send_and_wait(f"{prefix}keyed", value=v.encode(), key=k.encode())
     await p.stop()
     out(_keyed_line(await read(f"{prefix}keyed", 3, len(KEYED))))
+
+    async def idempotence() -> str:
+        p = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=True)
+        await p.start()
+        try:
+            await asyncio.gather(*[await p.send(f"{prefix}idem", value=f"v{i}".encode()) for i in range(3)])
+        finally:
+            await p.stop()
+        await produce(f"{prefix}idem", ["end"])
+        return _idempotence_line([v for _, v in await read(f"{prefix}idem", 1, 4)])
+
+    out(await _aguarded("idempotence", idempotence))
     p = AIOKafkaProducer(bootstrap_servers=bootstrap, request_timeout_ms=5000)
     await p.start()
     try:
@@ -689,9 +724,13 @@ async def _aiokafka(bootstrap: str, prefix: str, out: Callable[[str], None]) -> 
             c.subscribe([f"{prefix}group"], listener=Listener())
             await c.start()
             while not self.stopping.is_set():
-                for records in (await c.getmany(timeout_ms=100)).values():
-                    self.values.extend(r.value.decode() for r in records if r.value is not None)
-                    await c.commit()
+                try:
+                    for records in (await c.getmany(timeout_ms=100)).values():
+                        self.values.extend(r.value.decode() for r in records if r.value is not None)
+                        await c.commit()
+                except KafkaError as exc:  # as an application would: the client reconnects, go on
+                    print(f"{self.name}: {exc!r}", file=sys.stderr)
+                    await asyncio.sleep(0.1)
             await c.stop()
 
     def produce_to(records: list[tuple[int, str]]) -> None:
@@ -816,6 +855,10 @@ def kcat(bootstrap: str, prefix: str, out: Callable[[str], None]) -> None:
         stdin="".join(f"{k}:{v}\n" for k, v in KEYED))
     got = read(f"{prefix}keyed", len(KEYED))
     out(_keyed_line(sorted(got, key=lambda pv: (pv[0], int(pv[1][1:])))))
+    # an idempotent producer whose first produce response is lost (tests/conformance/_losing_proxy.py)
+    run("-P", "-t", f"{prefix}idem", "-X", "enable.idempotence=true", stdin="v0\nv1\nv2\n")
+    run("-P", "-t", f"{prefix}idem", stdin="end\n")
+    out(_idempotence_line([v for _, v in read(f"{prefix}idem", 4)]))
     done = run("-P", "-t", f"{prefix}missing", "-X", "message.timeout.ms=5000", "-X",
                "allow.auto.create.topics=false", stdin="x\n")
     out("unknown topic: " + ("error" if done.returncode != 0 else "stored"))

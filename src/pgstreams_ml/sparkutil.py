@@ -64,7 +64,9 @@ def spark_session(
 
     ``master`` defaults to ``$SPARK_MASTER`` or ``local[2]``. The web UI is off, the session time zone is
     UTC, shuffles use ``shuffle_partitions`` (default 4) partitions, and Python workers run this
-    interpreter unless ``PYSPARK_PYTHON`` says otherwise. A local master keeps the driver on 127.0.0.1
+    interpreter unless ``PYSPARK_PYTHON`` says otherwise, forked from pgstreams' daemon
+    (:mod:`pgstreams.spark_daemon`: pgstreams and psycopg imported once, not by each worker). A local
+    master keeps the driver on 127.0.0.1
     (``$SPARK_LOCAL_IP``, unless already set). ``conf`` adds settings.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -84,6 +86,7 @@ def spark_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", str(max(2, shuffle_partitions)))
         .config("spark.python.authenticate.socketTimeout", "120s")
+        .config("spark.python.daemon.module", "pgstreams.spark_daemon")
         .config("spark.network.timeout", "300s")
         .config("spark.driver.memory", os.environ.get("PGSTREAMS_SPARK_MEMORY", "2g"))
     )

@@ -126,6 +126,29 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 120.0) -> No
 # batch reads
 
 
+def test_python_workers_fork_from_pgstreams_daemon_with_pgstreams_and_psycopg_loaded(
+        spark: SparkSession) -> None:
+    """The tests' sessions set ``spark.python.daemon.module`` to ``pgstreams.spark_daemon`` (as the ML
+    pipelines do): a UDF's worker is a child of that daemon and finds the preloaded modules imported
+    without importing them itself."""
+    from pyspark.sql import functions as F
+
+    def probe(_: int) -> str:
+        import os
+        import sys
+        from pathlib import Path
+
+        parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        loaded = ",".join(m for m in ("psycopg", "pgstreams", "pyspark.worker") if m in sys.modules)
+        return f"{loaded}|{parent}"
+
+    rows = spark.range(4).select(F.udf(probe, "string")("id").alias("p")).collect()
+    for r in rows:
+        loaded, parent = r.p.split("|", 1)
+        assert loaded == "psycopg,pgstreams,pyspark.worker", r.p
+        assert "-m pgstreams.spark_daemon pyspark.worker" in parent, r.p
+
+
 def test_register_runs_the_data_source_in_an_interpreter_that_imports_pgstreams(
         spark: SparkSession, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """Spark's Python workers would run an interpreter without pgstreams (a virtual environment that is

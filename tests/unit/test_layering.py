@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("client", frozenset({"client"})),
     ("runtime", frozenset({"worker", "cluster"})),
     ("connecting", frozenset({"connecting", "aio", ""})),  # "": the package pgstreams itself
-    ("extras", frozenset({"metrics", "console", "spark", "kafka", "cli"})),
+    ("extras", frozenset({"metrics", "console", "spark", "spark_daemon", "kafka", "cli"})),
 )
 APPLICATION = "application"  # pgstreams_ml, above everything
 RANK = {name: i for i, (name, _) in enumerate(LAYERS)} | {APPLICATION: len(LAYERS)}

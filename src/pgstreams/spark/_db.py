@@ -54,14 +54,16 @@ def connect(dsn: str, wait: float = 0.0) -> psycopg.Connection:
 
 #: Idle connections of :func:`reused`, per DSN, kept by this process.
 _IDLE: dict[str, list[psycopg.Connection]] = {}
-#: How many idle connections :func:`reused` keeps per DSN and process.
-IDLE_KEPT = 2
+#: How many idle connections :func:`reused` keeps per DSN and process (a write task uses two, a read
+#: task chained before it in the same worker one more).
+IDLE_KEPT = 3
 
 
 @contextlib.contextmanager
 def reused(dsn: str, wait: float = 0.0) -> Iterator[psycopg.Connection]:
-    """A connection of :func:`connect` that this process keeps for its later reads: Spark reuses its
-    Python workers, so a read task of a streaming query's next micro-batch does not pay for a new session.
+    """A connection of :func:`connect` that this process keeps for its later tasks: Spark reuses its
+    Python workers, so a read or write task of a streaming query's next micro-batch does not pay for a new
+    session.
     An idle connection of ``dsn`` is taken if one answers (one round trip; else a new one is made), handed
     back when the block ends and closed instead when the block raises (or is not idle then). Nothing of
     the driver's process is used: only ``dsn``."""

@@ -123,7 +123,9 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
     :meth:`pgstreams.storage.EventStore.join_fence`) once it has claimed the task, before its rows draw
     positions: readers hold those partitions back until it ends.
 
-    Segments for the next rows are added before each batch on a separate autocommit connection (``side``),
+    Both connections are this process's reused ones (:func:`_db.reused`): the next micro-batch's task in
+    this Python worker does not pay for new sessions. Segments for the next rows are added before each
+    batch on the second, autocommit, connection (``side``),
     so the task's transaction holds no lock on new segments; once committed, the segments the rows went
     to get column statistics if they have none yet (as every writer does, see
     :class:`pgstreams.storage.Segments`).
@@ -133,7 +135,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
     ex, events_store = storage.executor, storage.events
     segments = Segments(meta.id, meta.segment_size, covered=meta.segments_end)
     wait = _db.RUNTIME_CONNECT_WAIT
-    with _db.connect(opts.dsn, wait) as conn, _db.connect(opts.dsn, wait) as side:
+    with _db.reused(opts.dsn, wait) as conn, _db.reused(opts.dsn, wait) as side:
         first = -1  # the last position handed out before the task's first row: every row comes after it
         with conn.transaction():
             cur = conn.cursor()

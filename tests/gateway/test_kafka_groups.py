@@ -5,8 +5,12 @@ checkpoints."""
 
 from __future__ import annotations
 
+import io
+import socket
+import struct
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from confluent_kafka import Consumer
@@ -98,9 +102,6 @@ def test_members_on_two_gateways_share_the_partitions_and_consume_each_event_onc
 
 def _offset_commit(bootstrap: str, group: str, member: str, generation: int, offset: int) -> int:
     """The error code of a raw OffsetCommit v2 of ``offset`` on partition 0 of ``t``."""
-    import io
-    import socket
-    import struct
     from datetime import timedelta
 
     from kio.schema.offset_commit.v2.request import (
@@ -155,3 +156,84 @@ def test_a_commit_from_another_generation_or_no_member_is_refused_and_moves_noth
         assert client.describe_group("g", "t")[0].checkpoint == 1000
     finally:
         member.stop()
+
+
+class _Raw:
+    """A connection speaking the Kafka protocol with kio's classes: one request at a time."""
+
+    def __init__(self, bootstrap: str) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=120)
+        self.correlation = 0
+
+    def call(self, key: int, version: int, request: object, response_type: type) -> Any:
+        from kio.schema.request_header.v1.header import RequestHeader
+        from kio.serial import entity_reader, entity_writer
+        from kio.static.primitive import i16, i32
+
+        self.correlation += 1
+        buf = io.BytesIO()
+        header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
+                               correlation_id=i32(self.correlation), client_id="raw")
+        entity_writer(RequestHeader)(buf, header)
+        entity_writer(type(request))(buf, request)
+        self.sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
+        size = struct.unpack(">i", self.sock.recv(4, socket.MSG_WAITALL))[0]
+        frame = self.sock.recv(size, socket.MSG_WAITALL)
+        return entity_reader(response_type)(memoryview(frame), 4)[0]
+
+    def join(self, member_id: str, session_ms: int) -> Any:
+        from datetime import timedelta
+
+        from kio.schema.join_group.v2.request import JoinGroupRequest, JoinGroupRequestProtocol
+        from kio.schema.join_group.v2.response import JoinGroupResponse
+        from kio.static.primitive import i32Timedelta
+
+        return self.call(11, 2, JoinGroupRequest(
+            group_id="g", session_timeout=i32Timedelta.parse(timedelta(milliseconds=session_ms)),
+            rebalance_timeout=i32Timedelta.parse(timedelta(seconds=60)), member_id=member_id,
+            protocol_type="consumer", protocols=(JoinGroupRequestProtocol(name="range", metadata=b"m"),)),
+            JoinGroupResponse)
+
+    def heartbeat(self, member_id: str, generation: int) -> int:
+        from kio.schema.heartbeat.v0.request import HeartbeatRequest
+        from kio.schema.heartbeat.v0.response import HeartbeatResponse
+        from kio.static.primitive import i32
+
+        request = HeartbeatRequest(group_id="g", generation_id=i32(generation), member_id=member_id)
+        out = self.call(12, 0, request, HeartbeatResponse)
+        return int(out.error_code)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_member_waiting_in_join_group_longer_than_its_session_timeout_stays_a_member(
+        client: pgstreams.Client, gateways: tuple[str, str]) -> None:
+    """A rebalance round waits for a member that is slow to join again (here 8 s) while the member that
+    started the round waits in ``JoinGroup`` with a 3 s session timeout: as in Kafka, a pending join keeps
+    the waiting member's session, so the round ends with both members, not with the waiter removed."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    client.create_topic("t", partitions=2)
+    slow, waiter = _Raw(gateways[0]), _Raw(gateways[1])
+    try:
+        first = slow.join("", 30_000)
+        assert int(first.error_code) == 0 and int(first.generation_id) == 1, first
+        slow_id = first.member_id
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(waiter.join, "", 3_000)  # starts round 2, waits for the slow member
+            deadline = time.monotonic() + 8
+            while time.monotonic() < deadline:  # the slow member stays alive but does not join yet
+                assert slow.heartbeat(slow_id, 1) in (0, 27)  # none, or REBALANCE_IN_PROGRESS
+                time.sleep(0.5)
+            assert not pending.done()
+            again = slow.join(slow_id, 30_000)
+            joined = pending.result(60)
+        assert int(joined.error_code) == 0, joined  # not UNKNOWN_MEMBER_ID (25): still a member
+        assert int(again.error_code) == 0 and int(again.generation_id) == int(joined.generation_id) == 2
+        assert len(again.members if again.leader == slow_id else joined.members) == 2
+    finally:
+        slow.close()
+        waiter.close()

@@ -80,11 +80,16 @@ class _Tx:
         self.group: Group
         self.members: dict[str, Member] = {}
 
-    async def load(self) -> None:
+    async def load(self, waiting: str | None = None) -> None:
+        """Lock and read the group; expire the members whose session timed out, except ``waiting``: a
+        member whose ``JoinGroup`` or ``SyncGroup`` waits for the round is alive (as in Kafka, where a
+        pending join keeps the member's session), and is marked seen first."""
         gid, conn = self.group_id, self.conn
         await self.ex.one("kafka_group_lock", (gid,), conn=conn)
         row = await self.ex.one("kafka_group_row", (gid,), conn=conn)
         self.group = Group(int(row[0]), row[1], int(row[2]), bool(row[3]), row[4], row[5], row[6])
+        if waiting:
+            await self.ex.one("kafka_member_seen", (gid, waiting), conn=conn)
         expired = await self.ex.all("kafka_expire_members", (gid,), conn=conn)
         await self.read_members()
         if expired and self.group.state != JOINING:
@@ -151,11 +156,13 @@ def _common_protocol(members: list[Member]) -> str | None:
     return None
 
 
-async def _in_tx(ctx: Context, group_id: str, fn: Callable[[_Tx], Awaitable[T]]) -> T:
+async def _in_tx(ctx: Context, group_id: str, fn: Callable[[_Tx], Awaitable[T]],
+                 waiting: str | None = None) -> T:
+    """``fn`` in a transaction that locked and read the group (``waiting``: see :meth:`_Tx.load`)."""
     async with ctx.client.connection() as conn:
         async with conn.transaction():
             tx = _Tx(ctx, conn, group_id)
-            await tx.load()
+            await tx.load(waiting)
             return await fn(tx)
 
 
@@ -227,7 +234,7 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "skip_assignment": False, "member_id": member_id, "members": members}
 
     while True:
-        out = await _in_tx(ctx, gid, result)
+        out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:
             return out
         if time.monotonic() > deadline:
@@ -263,7 +270,7 @@ async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
             await tx.save(STABLE)
         return error
 
-    error = await _in_tx(ctx, gid, submit)
+    error = await _in_tx(ctx, gid, submit, waiting=member_id)
     if error is not None:
         return {**fail, "error_code": error}
     deadline = time.monotonic() + 300
@@ -279,7 +286,7 @@ async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "protocol_name": tx.group.protocol, "assignment": me.assignment or b""}
 
     while True:
-        out = await _in_tx(ctx, gid, result)
+        out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:
             return out
         if time.monotonic() > deadline:

@@ -137,7 +137,8 @@ def test_demo_on_a_standalone_cluster_reconciles_and_meets_the_quality_bars(dsn:
         proc = subprocess.run(
             [sys.executable, "-m", "pgstreams.cli", "demo", "--master", url, "--dsn", dsn,
              "--reports", str(reports), "--duration", "2h", "--rate", "3", "--users", "800", "--ads", "80",
-             "--speed", "0", "--partitions", "2", "--no-progress", "--strict", "--timeout", "1300"],
+             "--speed", "0", "--partitions", "2", "--no-progress", "--strict", "--timeout", "1300",
+             "--trigger", "4 seconds"],  # fewer micro-batches, less CPU beside the suite (test_ml_demo.py)
             capture_output=True,
             text=True,
             timeout=1400,

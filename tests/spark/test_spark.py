@@ -142,7 +142,7 @@ def test_python_workers_fork_from_pgstreams_daemon_with_pgstreams_and_psycopg_lo
         loaded = ",".join(m for m in ("psycopg", "pgstreams", "pyspark.worker") if m in sys.modules)
         return f"{loaded}|{parent}"
 
-    rows = spark.range(4).select(F.udf(probe, "string")("id").alias("p")).collect()
+    rows = spark.range(4).select(F.udf(probe, "string", useArrow=False)("id").alias("p")).collect()
     for r in rows:
         loaded, parent = r.p.split("|", 1)
         assert loaded == "psycopg,pgstreams,pyspark.worker", r.p

@@ -159,6 +159,8 @@ def _group(member: Callable[[str], _Member], produce: Callable[[list[tuple[int, 
     produce([(0, "d0"), (1, "d1")])
     _until("the records after the broker's restart", lambda: len(three.values) >= read + 2)
     three.stop()
+    for m in (one, two, three):  # shown by the test when the line differs
+        print(f"group member {m.name}: assigned {sorted(m.assigned)}, read {m.values}", file=sys.stderr)
     out(f"group: split={'yes' if split else 'no'} first={' '.join(sorted(first))} "
         f"handed over={' '.join(sorted(handed))} resumed={' '.join(sorted(three.values[:read]))} "
         f"after the broker restarted={' '.join(sorted(three.values[read:]))}")

@@ -228,6 +228,15 @@ def _restartable_gateway(dsn: str) -> Iterator[tuple[str, Callable[[], None], Lo
         proxy.close()
 
 
+def _groups(client: pgstreams.Client) -> list[tuple[object, ...]]:
+    """The gateway's consumer groups as stored, with their members (shown when a client's lines differ)."""
+    return client.run(lambda conn: conn.execute(
+        "SELECT g.group_id, g.state, g.generation, g.round, g.join_deadline - now(), g.leader,"
+        "       m.member_id, m.join_round, m.generation, m.assignment IS NOT NULL, now() - m.last_seen"
+        "  FROM pgstreams.kafka_groups g LEFT JOIN pgstreams.kafka_members m USING (group_id)"
+        " ORDER BY 1, 7").fetchall())
+
+
 def test_the_tools_are_installed() -> None:
     """The suite's own installation put them here (test.sh): a missing one fails, never skips."""
     for tool in ("kcat", "node"):
@@ -255,7 +264,7 @@ def test_every_client_runs_every_scenario_against_the_gateway_and_the_reference(
     seen: set[tuple[str, str]] = set()
     unlisted: list[str] = []
     for c, ((got, stderr), (ref, _)) in results.items():
-        assert got == _expected(c, prefixes[c]), (c, got, stderr[-3000:])
+        assert got == _expected(c, prefixes[c]), (c, got, stderr[-3000:], _groups(client))
         assert len(ref) == len(got), (c, ref)
         for mine, other in zip(got, ref, strict=True):
             if mine == other:

@@ -237,3 +237,37 @@ def test_a_member_waiting_in_join_group_longer_than_its_session_timeout_stays_a_
     finally:
         slow.close()
         waiter.close()
+
+
+def test_a_closing_gateway_ends_a_join_group_waiting_for_the_round_at_once(
+        client: pgstreams.Client, dsn: str) -> None:
+    """A ``JoinGroup`` waiting for a slow member is a wait, not work: the gateway it waits on closes without
+    waiting for the round (its close would otherwise wait up to 30 s, and the other members' sessions run
+    out meanwhile), and the member gets ``NOT_COORDINATOR`` (16), on which clients find the coordinator
+    again."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    client.create_topic("t", partitions=2)
+    with running_gateway(dsn) as first:
+        slow = _Raw(first)
+        try:
+            joined = slow.join("", 30_000)
+            assert int(joined.error_code) == 0, joined
+            with ThreadPoolExecutor(1) as pool:
+                with running_gateway(dsn) as second:
+                    waiter = _Raw(second)
+                    pending = pool.submit(waiter.join, "", 30_000)  # waits for the slow member to join again
+                    until(lambda: client.run(lambda c: c.execute(
+                        "SELECT g.round = 2 AND count(*) = 2 FROM pgstreams.kafka_groups g JOIN"
+                        " pgstreams.kafka_members m USING (group_id) WHERE group_id = 'g' GROUP BY g.round"
+                        ).fetchone()) == (True,), 30, "the waiter to join round 2")
+                    assert not pending.done()
+                    closing = time.monotonic()
+                closed = time.monotonic() - closing
+                answer = pending.result(30)
+                waiter.close()
+            assert int(answer.error_code) == 16, answer  # NOT_COORDINATOR
+            assert closed < 10, f"the gateway took {closed:.1f} s to close"
+        finally:
+            slow.close()

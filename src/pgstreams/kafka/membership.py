@@ -7,7 +7,9 @@ joins (or leaves, or times out) a group that is not already rebalancing, and end
 joined it or its deadline (the members' longest rebalance timeout) passes; members that did not rejoin
 leave. The generation then counts up, the leader (kept from the previous generation when still a member)
 gets every member's subscription, and its ``SyncGroup`` hands each member its assignment. The assignors
-are the clients' own, as in Kafka. Waiting requests read the group again every :data:`RECHECK` seconds.
+are the clients' own, as in Kafka. Waiting requests read the group again every :data:`RECHECK` seconds; a
+gateway that closes ends them with ``NOT_COORDINATOR`` (the client finds the coordinator again and joins
+there), so that its close does not wait for a round.
 """
 
 from __future__ import annotations
@@ -234,6 +236,8 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "skip_assignment": False, "member_id": member_id, "members": members}
 
     while True:
+        if ctx.stopping.is_set():  # a closing gateway ends its waits: the member asks the coordinator again
+            return {**fail, "error_code": ErrorCode.not_coordinator, "member_id": member_id}
         out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:
             return out
@@ -286,6 +290,8 @@ async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "protocol_name": tx.group.protocol, "assignment": me.assignment or b""}
 
     while True:
+        if ctx.stopping.is_set():  # as in join_group
+            return {**fail, "error_code": ErrorCode.not_coordinator}
         out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:
             return out

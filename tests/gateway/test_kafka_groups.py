@@ -271,3 +271,38 @@ def test_a_closing_gateway_ends_a_join_group_waiting_for_the_round_at_once(
             assert closed < 10, f"the gateway took {closed:.1f} s to close"
         finally:
             slow.close()
+
+
+def _members(client: pgstreams.Client) -> int:
+    return int(client.run(lambda c: c.execute(
+        "SELECT count(*) FROM pgstreams.kafka_members WHERE group_id = 'g'").fetchone())[0])
+
+
+def test_a_member_whose_client_went_away_during_its_join_group_leaves_when_its_session_runs_out(
+        client: pgstreams.Client, gateways: tuple[str, str]) -> None:
+    """A waiting ``JoinGroup`` keeps its member's session only while its client is connected: a client that
+    closed its connection in the middle of the wait is no longer kept seen, so its member leaves once its
+    session timeout (3 s) passes and the round ends without it."""
+    import contextlib
+    from concurrent.futures import ThreadPoolExecutor
+
+    client.create_topic("t", partitions=2)
+    slow = _Raw(gateways[0])
+    try:
+        first = slow.join("", 30_000)
+        slow_id = first.member_id
+        with ThreadPoolExecutor(1) as pool:
+            gone = _Raw(gateways[1])
+            pending = pool.submit(gone.join, "", 3_000)
+            until(lambda: _members(client) == 2, 30, "the second member to join")
+            gone.sock.shutdown(socket.SHUT_RDWR)  # its client goes away while the join waits
+            with contextlib.suppress(Exception):
+                pending.result(30)
+            gone.close()
+        # the slow member stays (heartbeats) and sees the other one leave when its session runs out
+        until(lambda: slow.heartbeat(slow_id, 1) in (0, 27) and _members(client) == 1, 30,
+              "the gone member's session to run out")
+        again = slow.join(slow_id, 30_000)
+        assert int(again.error_code) == 0 and again.leader == slow_id and len(again.members) == 1, again
+    finally:
+        slow.close()

@@ -7,6 +7,7 @@ values for :func:`pgstreams.kafka.codec.build` (the same for every version of it
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -27,6 +28,18 @@ if TYPE_CHECKING:
 #: The namespace of the topic ids the gateway hands out: a topic's id is derived from its server, schema
 #: and name, so that every gateway over the same database gives the same one.
 TOPIC_ID_NAMESPACE = uuid.UUID("5d0b3c1e-7f53-4e0c-9a43-6f2c3c1b8a10")
+
+
+#: Set, for the task serving a connection, once its client closed it (or reading from it failed): a request
+#: that waits (a ``JoinGroup`` for its round) stops waiting for a client that is gone.
+CLIENT_GONE: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "pgstreams_kafka_client_gone", default=None)
+
+
+def client_gone() -> bool:
+    """Whether the client of the request being answered closed its connection."""
+    gone = CLIENT_GONE.get()
+    return gone is not None and gone.is_set()
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ leave. The generation then counts up, the leader (kept from the previous generat
 gets every member's subscription, and its ``SyncGroup`` hands each member its assignment. The assignors
 are the clients' own, as in Kafka. Waiting requests read the group again every :data:`RECHECK` seconds; a
 gateway that closes ends them with ``NOT_COORDINATOR`` (the client finds the coordinator again and joins
-there), so that its close does not wait for a round.
+there), so that its close does not wait for a round, and a request whose client closed its connection stops
+waiting (its member then stays only until its session runs out).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from kio.schema.errors import ErrorCode
 from ..errors import InvalidName
 from ..names import check_group
 from .codec import Request
-from .handlers import Context
+from .handlers import Context, client_gone
 
 T = TypeVar("T")
 
@@ -236,7 +237,9 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "skip_assignment": False, "member_id": member_id, "members": members}
 
     while True:
-        if ctx.stopping.is_set():  # a closing gateway ends its waits: the member asks the coordinator again
+        if ctx.stopping.is_set() or client_gone():
+            # a closing gateway ends its waits (the member asks the coordinator again); a client that went
+            # away gets no answer, and its member is no longer kept seen: its session runs out
             return {**fail, "error_code": ErrorCode.not_coordinator, "member_id": member_id}
         out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:
@@ -290,7 +293,7 @@ async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "protocol_name": tx.group.protocol, "assignment": me.assignment or b""}
 
     while True:
-        if ctx.stopping.is_set():  # as in join_group
+        if ctx.stopping.is_set() or client_gone():  # as in join_group
             return {**fail, "error_code": ErrorCode.not_coordinator}
         out = await _in_tx(ctx, gid, result, waiting=member_id)
         if out is not None:

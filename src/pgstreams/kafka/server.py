@@ -28,7 +28,7 @@ from ..aio import AsyncClient
 from ..errors import PermissionDenied
 from ..names import is_loopback
 from . import admin, auth, codec, membership, offsets, reads, transactions, writes
-from .handlers import Context, Handler, api_versions, api_versions_reply, metadata
+from .handlers import CLIENT_GONE, Context, Handler, api_versions, api_versions_reply, metadata
 from .stats import GatewayStats, has_error
 from .versions import API_VERSIONS_KEY, SERVED, served
 
@@ -180,7 +180,9 @@ class Gateway:
         self.stats.connected()
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
-        receiving = asyncio.get_running_loop().create_task(_receive(reader, frames))
+        gone = asyncio.Event()
+        CLIENT_GONE.set(gone)  # this task's context: the handlers it awaits see it
+        receiving = asyncio.get_running_loop().create_task(_receive(reader, frames, gone))
         self._receivers.add(receiving)
         assert self._ctx is not None
         # the connection's context: the gateway's own, or (with SASL) the role's once it authenticated
@@ -423,14 +425,17 @@ PIPELINE = 64
 GROUP_LIMIT = 32
 
 
-async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | BaseException | None]) -> None:
+async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | BaseException | None],
+                   gone: asyncio.Event) -> None:
     """Read a connection's request frames into ``frames``, then ``None`` when the client closed it, or the
-    error that ended reading (a frame out of range, a broken connection)."""
+    error that ended reading (a frame out of range, a broken connection); ``gone`` is set at once then,
+    before the requests read earlier are answered (see :data:`handlers.CLIENT_GONE`)."""
     try:
         while True:
             try:
                 prefix = await reader.readexactly(4)
             except asyncio.IncompleteReadError:
+                gone.set()
                 await frames.put(None)
                 return
             frame = await reader.readexactly(codec.frame_size(prefix))
@@ -440,6 +445,7 @@ async def _receive(reader: asyncio.StreamReader, frames: asyncio.Queue[bytes | B
             frames.put_nowait(None)
         raise
     except Exception as exc:  # noqa: BLE001 - handed to the connection's task, which decides
+        gone.set()
         await frames.put(exc)
 
 

@@ -169,6 +169,25 @@ async def _in_tx(ctx: Context, group_id: str, fn: Callable[[_Tx], Awaitable[T]],
             return await fn(tx)
 
 
+async def _wait_for_round(ctx: Context, group_id: str, member_id: str,
+                          result: Callable[[_Tx], Awaitable[dict[str, Any] | None]], deadline: float,
+                          fail: dict[str, Any]) -> dict[str, Any]:
+    """The first reply ``result`` gives (None: the round goes on), read again every :data:`RECHECK` s with
+    ``member_id`` kept seen; ``fail`` with ``REBALANCE_IN_PROGRESS`` once ``deadline`` (``time.monotonic``)
+    passes. A closing gateway ends the wait (``NOT_COORDINATOR``: the member asks the coordinator again);
+    so does a client that went away, which gets no answer, its member no longer kept seen: its session
+    runs out."""
+    while True:
+        if ctx.stopping.is_set() or client_gone():
+            return {**fail, "error_code": ErrorCode.not_coordinator}
+        out = await _in_tx(ctx, group_id, result, waiting=member_id)
+        if out is not None:
+            return out
+        if time.monotonic() > deadline:
+            return {**fail, "error_code": ErrorCode.rebalance_in_progress}
+        await asyncio.sleep(RECHECK)
+
+
 def _bad_group(group_id: str) -> bool:
     try:
         check_group(group_id)
@@ -236,17 +255,7 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
                 "protocol_type": g.protocol_type, "protocol_name": g.protocol, "leader": g.leader or "",
                 "skip_assignment": False, "member_id": member_id, "members": members}
 
-    while True:
-        if ctx.stopping.is_set() or client_gone():
-            # a closing gateway ends its waits (the member asks the coordinator again); a client that went
-            # away gets no answer, and its member is no longer kept seen: its session runs out
-            return {**fail, "error_code": ErrorCode.not_coordinator, "member_id": member_id}
-        out = await _in_tx(ctx, gid, result, waiting=member_id)
-        if out is not None:
-            return out
-        if time.monotonic() > deadline:
-            return {**fail, "error_code": ErrorCode.rebalance_in_progress, "member_id": member_id}
-        await asyncio.sleep(RECHECK)
+    return await _wait_for_round(ctx, gid, member_id, result, deadline, {**fail, "member_id": member_id})
 
 
 async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
@@ -292,15 +301,7 @@ async def sync_group(ctx: Context, req: Request) -> dict[str, Any]:
         return {"throttle_time": 0, "error_code": ErrorCode.none, "protocol_type": tx.group.protocol_type,
                 "protocol_name": tx.group.protocol, "assignment": me.assignment or b""}
 
-    while True:
-        if ctx.stopping.is_set() or client_gone():  # as in join_group
-            return {**fail, "error_code": ErrorCode.not_coordinator}
-        out = await _in_tx(ctx, gid, result, waiting=member_id)
-        if out is not None:
-            return out
-        if time.monotonic() > deadline:
-            return {**fail, "error_code": ErrorCode.rebalance_in_progress}
-        await asyncio.sleep(RECHECK)
+    return await _wait_for_round(ctx, gid, member_id, result, deadline, fail)
 
 
 async def heartbeat(ctx: Context, req: Request) -> dict[str, Any]:

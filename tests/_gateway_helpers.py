@@ -1,17 +1,26 @@
 """The Kafka gateway for tests: one over a test's database, in a thread of its own, or ``pgstreams kafka
-serve`` as a process."""
+serve`` as a process; and requests sent as they are, with kio's classes (:func:`request_frame`,
+:class:`RawConnection`)."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import os
 import re
+import socket
+import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from kio.schema.request_header.v1.header import RequestHeader
+from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
 
 import pgstreams.aio
 from _core_helpers import wait_until
@@ -74,3 +83,53 @@ def serve_process(dsn: str, *args: str) -> Iterator[tuple[subprocess.Popen[str],
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+def request_frame(key: int, version: int, correlation: int, request: Any, client_id: str = "test") -> bytes:
+    """The frame of ``request`` (API ``key``, ``version``): its size, the request header (version 2 for a
+    flexible version, else 1), then the request."""
+    header: Any
+    if type(request).__flexible__:
+        header = RequestHeaderV2(request_api_key=i16(key), request_api_version=i16(version),
+                                 correlation_id=i32(correlation), client_id=client_id)
+    else:
+        header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
+                               correlation_id=i32(correlation), client_id=client_id)
+    buf = io.BytesIO()
+    entity_writer(type(header))(buf, header)
+    entity_writer(type(request))(buf, request)
+    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+
+
+def read_frame(sock: socket.socket) -> bytes:
+    """The next response frame of ``sock`` without its size; ``b""`` once the connection is closed."""
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if len(head) < 4:
+        return b""
+    return sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+
+
+class RawConnection:
+    """A connection to a gateway (``HOST:PORT``) that sends requests as kio's classes, one at a time."""
+
+    def __init__(self, bootstrap: str, timeout: float = 120.0) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.correlation = 0
+
+    def call(self, key: int, version: int, request: Any, response_type: Any) -> Any:
+        """Send ``request`` (API ``key``, ``version``) and read its response as ``response_type``."""
+        self.correlation += 1
+        self.sock.sendall(request_frame(key, version, self.correlation, request))
+        frame = read_frame(self.sock)
+        skip = 5 if response_type.__header_schema__.__version__ >= 1 else 4  # the response header
+        return entity_reader(response_type)(memoryview(frame), skip)[0]
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> RawConnection:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

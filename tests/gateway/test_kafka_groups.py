@@ -5,9 +5,7 @@ checkpoints."""
 
 from __future__ import annotations
 
-import io
 import socket
-import struct
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -17,7 +15,7 @@ from confluent_kafka import Consumer
 
 import pgstreams
 from _core_helpers import until
-from _gateway_helpers import running_gateway
+from _gateway_helpers import RawConnection, running_gateway
 
 
 @pytest.fixture
@@ -110,25 +108,16 @@ def _offset_commit(bootstrap: str, group: str, member: str, generation: int, off
         OffsetCommitRequestTopic,
     )
     from kio.schema.offset_commit.v2.response import OffsetCommitResponse
-    from kio.schema.request_header.v1.header import RequestHeader
-    from kio.serial import entity_reader, entity_writer
-    from kio.static.primitive import i16, i32, i64, i64Timedelta
+    from kio.static.primitive import i32, i64, i64Timedelta
 
-    buf = io.BytesIO()
-    entity_writer(RequestHeader)(buf, RequestHeader(request_api_key=i16(8), request_api_version=i16(2),
-                                                    correlation_id=i32(1), client_id="test"))
     partition = OffsetCommitRequestPartition(partition_index=i32(0), committed_offset=i64(offset),
                                              committed_metadata="")
-    entity_writer(OffsetCommitRequest)(buf, OffsetCommitRequest(
+    request = OffsetCommitRequest(
         group_id=group, generation_id_or_member_epoch=i32(generation), member_id=member,
         retention_time=i64Timedelta.parse(timedelta(milliseconds=-1)),
-        topics=(OffsetCommitRequestTopic(name="t", partitions=(partition,)),)))
-    host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
-        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
-        frame = sock.recv(size, socket.MSG_WAITALL)
-    response, _ = entity_reader(OffsetCommitResponse)(memoryview(frame), 4)
+        topics=(OffsetCommitRequestTopic(name="t", partitions=(partition,)),))
+    with RawConnection(bootstrap, timeout=30) as conn:
+        response = conn.call(8, 2, request, OffsetCommitResponse)
     return int(response.topics[0].partitions[0].error_code)
 
 
@@ -158,29 +147,8 @@ def test_a_commit_from_another_generation_or_no_member_is_refused_and_moves_noth
         member.stop()
 
 
-class _Raw:
-    """A connection speaking the Kafka protocol with kio's classes: one request at a time."""
-
-    def __init__(self, bootstrap: str) -> None:
-        host, port = bootstrap.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=120)
-        self.correlation = 0
-
-    def call(self, key: int, version: int, request: object, response_type: type) -> Any:
-        from kio.schema.request_header.v1.header import RequestHeader
-        from kio.serial import entity_reader, entity_writer
-        from kio.static.primitive import i16, i32
-
-        self.correlation += 1
-        buf = io.BytesIO()
-        header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
-                               correlation_id=i32(self.correlation), client_id="raw")
-        entity_writer(RequestHeader)(buf, header)
-        entity_writer(type(request))(buf, request)
-        self.sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
-        size = struct.unpack(">i", self.sock.recv(4, socket.MSG_WAITALL))[0]
-        frame = self.sock.recv(size, socket.MSG_WAITALL)
-        return entity_reader(response_type)(memoryview(frame), 4)[0]
+class _Raw(RawConnection):
+    """A raw connection that joins group ``g`` and heartbeats in it."""
 
     def join(self, member_id: str, session_ms: int) -> Any:
         from datetime import timedelta
@@ -203,9 +171,6 @@ class _Raw:
         request = HeartbeatRequest(group_id="g", generation_id=i32(generation), member_id=member_id)
         out = self.call(12, 0, request, HeartbeatResponse)
         return int(out.error_code)
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def test_a_member_waiting_in_join_group_longer_than_its_session_timeout_stays_a_member(

@@ -6,8 +6,6 @@ produce through it."""
 from __future__ import annotations
 
 import io
-import socket
-import struct
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -23,13 +21,10 @@ from kio.schema.init_producer_id.v3.request import InitProducerIdRequest as Init
 from kio.schema.init_producer_id.v3.response import InitProducerIdResponse as InitProducerIdResponseV3
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v3.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
 import pgstreams
-from _gateway_helpers import running_gateway
+from _gateway_helpers import RawConnection, running_gateway
 
 
 @pytest.fixture
@@ -39,23 +34,8 @@ def gateway(client: pgstreams.Client, dsn: str) -> Iterator[str]:
 
 
 def _call(bootstrap: str, key: int, version: int, request: Any, response_type: Any) -> Any:
-    header: Any
-    buf = io.BytesIO()
-    if type(request).__flexible__:
-        header = RequestHeaderV2(request_api_key=i16(key), request_api_version=i16(version),
-                                 correlation_id=i32(1), client_id="test")
-    else:
-        header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
-                               correlation_id=i32(1), client_id="test")
-    entity_writer(type(header))(buf, header)
-    entity_writer(type(request))(buf, request)
-    host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(struct.pack(">i", len(buf.getvalue())) + buf.getvalue())
-        size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
-        frame = sock.recv(size, socket.MSG_WAITALL)
-    skip = 5 if response_type.__header_schema__.__version__ >= 1 else 4
-    return entity_reader(response_type)(memoryview(frame), skip)[0]
+    with RawConnection(bootstrap, timeout=30) as conn:
+        return conn.call(key, version, request, response_type)
 
 
 def _init_producer(bootstrap: str) -> tuple[int, int]:

@@ -18,12 +18,11 @@ from kio.schema.init_producer_id.v0.request import InitProducerIdRequest
 from kio.schema.init_producer_id.v0.response import InitProducerIdResponse
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v3.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import TZAwareMicros, i8, i16, i32, i32Timedelta, i64
 
 import pgstreams
-from _gateway_helpers import running_gateway
+from _gateway_helpers import read_frame, request_frame, running_gateway
 
 
 @pytest.fixture
@@ -33,12 +32,7 @@ def gateway(client: pgstreams.Client, dsn: str) -> Iterator[str]:
 
 
 def _frame(key: int, version: int, correlation: int, request: Any) -> bytes:
-    buf = io.BytesIO()
-    header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
-                           correlation_id=i32(correlation), client_id="pipeline")
-    entity_writer(type(header))(buf, header)
-    entity_writer(type(request))(buf, request)
-    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
+    return request_frame(key, version, correlation, request, "pipeline")
 
 
 def _batch(values: list[bytes], producer: tuple[int, int] = (-1, -1), sequence: int = -1) -> bytes:
@@ -67,8 +61,7 @@ def _exchange(address: str, frames: list[bytes]) -> list[tuple[int, bytes]]:
         sock.sendall(b"".join(frames))
         out = []
         for _ in frames:
-            size = struct.unpack(">i", sock.recv(4, socket.MSG_WAITALL))[0]
-            frame = sock.recv(size, socket.MSG_WAITALL)
+            frame = read_frame(sock)
             out.append((struct.unpack_from(">i", frame)[0], frame))
     return out
 

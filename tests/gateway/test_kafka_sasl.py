@@ -10,7 +10,6 @@ import asyncio
 import base64
 import hashlib
 import hmac
-import io
 import os
 import socket
 import struct
@@ -25,22 +24,20 @@ from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 from kafka.errors import GroupAuthorizationFailedError, TopicAuthorizationFailedError
 from kio.schema.metadata.v12.request import MetadataRequest
-from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
-from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.schema.sasl_authenticate.v2.request import SaslAuthenticateRequest
 from kio.schema.sasl_authenticate.v2.response import SaslAuthenticateResponse
 from kio.schema.sasl_handshake.v0.request import SaslHandshakeRequest as SaslHandshakeRequestV0
 from kio.schema.sasl_handshake.v0.response import SaslHandshakeResponse as SaslHandshakeResponseV0
 from kio.schema.sasl_handshake.v1.request import SaslHandshakeRequest
 from kio.schema.sasl_handshake.v1.response import SaslHandshakeResponse
-from kio.serial import entity_reader, entity_writer
-from kio.static.primitive import i16, i32
+from kio.serial import entity_reader
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import pgstreams
 import pgstreams.aio
 from _core_helpers import new_database
+from _gateway_helpers import read_frame, request_frame
 from pgstreams.embedded import restartable_server
 from pgstreams.kafka import Gateway
 
@@ -141,43 +138,30 @@ def test_a_role_without_the_grant_is_refused_and_stores_nothing(checked: str, ga
 
 
 def _frame(key: int, version: int, request: object) -> bytes:
-    buf = io.BytesIO()
-    kind = RequestHeaderV2 if type(request).__flexible__ else RequestHeaderV1  # type: ignore[attr-defined]
-    header = kind(request_api_key=i16(key), request_api_version=i16(version), correlation_id=i32(7),
-                  client_id="sasl-test")
-    entity_writer(type(header))(buf, header)
-    entity_writer(type(request))(buf, request)  # type: ignore[arg-type]
-    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
-
-
-def _reply(sock: socket.socket) -> bytes:
-    head = sock.recv(4, socket.MSG_WAITALL)
-    if len(head) < 4:
-        return b""  # closed
-    return sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+    return request_frame(key, version, 7, request, "sasl-test")
 
 
 def test_a_wrong_password_or_no_authentication_gets_nothing(gateway: str) -> None:
     host, port = gateway.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(_frame(17, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-        shake = entity_reader(SaslHandshakeResponse)(memoryview(_reply(sock)), 4)[0]
+        shake = entity_reader(SaslHandshakeResponse)(memoryview(read_frame(sock)), 4)[0]
         assert shake.error_code == 0 and shake.mechanisms == ("PLAIN", "SCRAM-SHA-256")
         sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=b"\0alice\0wrong")))
-        answer = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+        answer = entity_reader(SaslAuthenticateResponse)(memoryview(read_frame(sock)), 5)[0]
         assert answer.error_code == 58  # SASL_AUTHENTICATION_FAILED
         assert "alice" in (answer.error_message or "") and "wrong" not in (answer.error_message or "")
-        assert _reply(sock) == b""  # and the connection is closed
+        assert read_frame(sock) == b""  # and the connection is closed
     with socket.create_connection((host, int(port)), timeout=30) as sock:  # a role granted nothing at all
         sock.sendall(_frame(17, 1, SaslHandshakeRequest(mechanism="PLAIN")))
-        _reply(sock)
+        read_frame(sock)
         sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=b"\0carol\0carol-pw")))
-        answer = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+        answer = entity_reader(SaslAuthenticateResponse)(memoryview(read_frame(sock)), 5)[0]
         assert answer.error_code == 58 and "pgstreams grant" in (answer.error_message or "")
     with socket.create_connection((host, int(port)), timeout=30) as sock:  # a request before authenticating
         sock.sendall(_frame(3, 12, MetadataRequest(topics=None, allow_auto_topic_creation=False,
                                                    include_topic_authorized_operations=False)))
-        assert _reply(sock) == b""
+        assert read_frame(sock) == b""
 
 
 def test_a_gateway_beyond_loopback_needs_authentication_or_an_explicit_choice(checked: str) -> None:
@@ -223,9 +207,9 @@ def _scram(gateway: str, user: str, password: str) -> tuple[int, bool]:
     bare = f"n={user},r={nonce}"
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(_frame(17, 1, SaslHandshakeRequest(mechanism="SCRAM-SHA-256")))
-        _reply(sock)
+        read_frame(sock)
         sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=f"n,,{bare}".encode())))
-        first = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+        first = entity_reader(SaslAuthenticateResponse)(memoryview(read_frame(sock)), 5)[0]
         assert first.error_code == 0, first
         server_first = first.auth_bytes.decode()
         fields = dict(p.split("=", 1) for p in server_first.split(","))
@@ -238,7 +222,7 @@ def _scram(gateway: str, user: str, password: str) -> tuple[int, bool]:
         signature = hmac.digest(hashlib.sha256(client_key).digest(), message, "sha256")
         proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature, strict=True))).decode()
         sock.sendall(_frame(36, 2, SaslAuthenticateRequest(auth_bytes=f"{without_proof},p={proof}".encode())))
-        final = entity_reader(SaslAuthenticateResponse)(memoryview(_reply(sock)), 5)[0]
+        final = entity_reader(SaslAuthenticateResponse)(memoryview(read_frame(sock)), 5)[0]
     server_key = hmac.digest(salted, b"Server Key", "sha256")
     expected = "v=" + base64.b64encode(hmac.digest(server_key, message, "sha256")).decode()
     return int(final.error_code), final.auth_bytes.decode() == expected
@@ -267,17 +251,17 @@ def test_after_a_version_0_handshake_the_plain_token_comes_as_it_is(gateway: str
     host, port = gateway.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(_frame(17, 0, SaslHandshakeRequestV0(mechanism="PLAIN")))
-        shake = entity_reader(SaslHandshakeResponseV0)(memoryview(_reply(sock)), 4)[0]
+        shake = entity_reader(SaslHandshakeResponseV0)(memoryview(read_frame(sock)), 4)[0]
         assert shake.error_code == 0
         token = b"\0alice\0alice-pw"
         sock.sendall(struct.pack(">i", len(token)) + token)
         assert sock.recv(4, socket.MSG_WAITALL) == struct.pack(">i", 0)  # authenticated: an empty token
         sock.sendall(_frame(3, 12, MetadataRequest(topics=None, allow_auto_topic_creation=False,
                                                    include_topic_authorized_operations=False)))
-        assert len(_reply(sock)) > 8  # requests are answered now
+        assert len(read_frame(sock)) > 8  # requests are answered now
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(_frame(17, 0, SaslHandshakeRequestV0(mechanism="PLAIN")))
-        _reply(sock)
+        read_frame(sock)
         token = b"\0alice\0wrong"
         sock.sendall(struct.pack(">i", len(token)) + token)
         assert sock.recv(4, socket.MSG_WAITALL) == b""  # closed

@@ -4,7 +4,6 @@ read behind it is answered), then closes the connection and exits 0."""
 
 from __future__ import annotations
 
-import io
 import signal
 import socket
 import struct
@@ -14,30 +13,17 @@ import psycopg
 from kio.schema.metadata.v1.request import MetadataRequest
 from kio.schema.produce.v3.request import PartitionProduceData, ProduceRequest, TopicProduceData
 from kio.schema.produce.v3.response import ProduceResponse
-from kio.schema.request_header.v1.header import RequestHeader
-from kio.serial import entity_reader, entity_writer
+from kio.serial import entity_reader
 from kio.static.primitive import i16, i32, i32Timedelta
 from test_kafka_pipelining import _batch
 
 import pgstreams
 from _core_helpers import wait_until
-from _gateway_helpers import serve_process
+from _gateway_helpers import read_frame, request_frame, serve_process
 
 
 def _frame(key: int, version: int, correlation: int, request: object) -> bytes:
-    buf = io.BytesIO()
-    header = RequestHeader(request_api_key=i16(key), request_api_version=i16(version),
-                           correlation_id=i32(correlation), client_id="shutdown")
-    entity_writer(type(header))(buf, header)
-    entity_writer(type(request))(buf, request)  # type: ignore[arg-type]
-    return struct.pack(">i", len(buf.getvalue())) + buf.getvalue()
-
-
-def _read(sock: socket.socket) -> bytes:
-    head = sock.recv(4, socket.MSG_WAITALL)
-    if len(head) < 4:
-        return b""
-    return sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL)
+    return request_frame(key, version, correlation, request, "shutdown")
 
 
 def _refused(host: str, port: int) -> bool:
@@ -74,13 +60,13 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(client: pgstreams.Cl
                 wait_until(lambda: _refused(host, port), 60, "the gateway to stop listening")
                 assert proc.poll() is None  # still answering what it read
             locker.rollback()  # the lock goes: the produce completes
-            first = _read(sock)
+            first = read_frame(sock)
             assert struct.unpack_from(">i", first)[0] == 1
             reply = entity_reader(ProduceResponse)(memoryview(first), 4)[0]
             part = reply.responses[0].partition_responses[0]
             assert part.error_code == 0 and part.base_offset >= 0
-            second = _read(sock)
+            second = read_frame(sock)
             assert struct.unpack_from(">i", second)[0] == 2  # the metadata request read behind it
-            assert _read(sock) == b""  # then the connection is closed
+            assert read_frame(sock) == b""  # then the connection is closed
         assert proc.wait(60) == 0
     assert [e.value for e in client.consumer("t", "check").poll(timeout=5)] == [b"late"]

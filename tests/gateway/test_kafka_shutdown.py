@@ -70,3 +70,34 @@ def test_sigterm_answers_the_requests_in_flight_and_exits_0(client: pgstreams.Cl
             assert read_frame(sock) == b""  # then the connection is closed
         assert proc.wait(60) == 0
     assert [e.value for e in client.consumer("t", "check").poll(timeout=5)] == [b"late"]
+
+
+def test_a_connection_accepted_as_the_gateway_closes_does_not_hold_its_close(dsn: str) -> None:
+    """A connection whose task started but whose request reader had not run yet when the gateway closed:
+    the close ends it at once (it used to wait for a request that never came, for the whole drain time,
+    while the clients found no gateway: their members' sessions ran out)."""
+    import asyncio
+    import time
+
+    import pgstreams.aio
+    from pgstreams.kafka.server import DRAIN_TIMEOUT, Gateway
+
+    async def main() -> float:
+        async with await pgstreams.aio.connect(dsn) as client:
+            gateway = Gateway(client, listen="127.0.0.1:0")
+            await gateway.start()
+            _reader, writer = await asyncio.open_connection(*gateway.address)
+            deadline = time.monotonic() + 30
+            # one loop step at a time until the connection's task has started: its reader is created then
+            # and runs at the next step, so closing now cancels the reader before it ever ran
+            while gateway.stats.open_connections == 0:
+                assert time.monotonic() < deadline, "the gateway did not accept the connection"
+                await asyncio.sleep(0)
+            started = time.monotonic()
+            await gateway.close()
+            took = time.monotonic() - started
+            writer.close()
+            return took
+
+    took = asyncio.run(main())
+    assert took < DRAIN_TIMEOUT / 3, f"the gateway's close took {took:.1f} s"

@@ -16,6 +16,7 @@ waiting (its member then stays only until its session runs out).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -32,6 +33,8 @@ from .codec import Request
 from .handlers import Context, client_gone
 
 T = TypeVar("T")
+
+log = logging.getLogger("pgstreams.kafka.groups")
 
 #: Seconds between two reads of the group by a request that waits for a rebalance to end.
 RECHECK = 0.05
@@ -95,8 +98,10 @@ class _Tx:
             await self.ex.one("kafka_member_seen", (gid, waiting), conn=conn)
         expired = await self.ex.all("kafka_expire_members", (gid,), conn=conn)
         await self.read_members()
+        if expired:
+            log.info("group %s: the session of %s ran out", gid, ", ".join(r[0] for r in expired))
         if expired and self.group.state != JOINING:
-            await self.start_round() if self.members else await self.save(EMPTY)
+            await self.start_round("members' sessions ran out") if self.members else await self.save(EMPTY)
 
     async def read_members(self) -> None:
         """Read the group's members again."""
@@ -120,9 +125,10 @@ class _Tx:
             m.rebalance_timeout_ms, m.protocol_type, m.protocol_names, m.protocol_metadata, m.join_round),
             conn=self.conn)
 
-    async def start_round(self) -> None:
-        """A rebalance starts: every member must join it again."""
+    async def start_round(self, reason: str) -> None:
+        """A rebalance starts (``reason``: why, logged): every member must join it again."""
         self.group.round += 1
+        log.debug("group %s: round %d starts (%s)", self.group_id, self.group.round, reason)
         longest = max((m.rebalance_timeout_ms for m in self.members.values()), default=0)
         await self.save(JOINING, longest / 1000)
 
@@ -146,6 +152,8 @@ class _Tx:
         if g.leader not in self.members:
             g.leader = joined[0].member_id
         await self.ex.run("kafka_members_generation", (g.generation, self.group_id), conn=self.conn)
+        log.debug("group %s: generation %d of %s (leader %s)", self.group_id, g.generation,
+                  ", ".join(self.members), g.leader)
         for m in joined:
             m.generation, m.assignment = g.generation, None
         await self.save(SYNCING)
@@ -221,7 +229,7 @@ async def join_group(ctx: Context, req: Request) -> dict[str, Any]:
         if others and not any(all(n in m.protocol_names for m in others) for n in names):
             return ErrorCode.inconsistent_group_protocol
         if tx.group.state != JOINING:
-            await tx.start_round()
+            await tx.start_round(f"{member_id} joins")
         await tx.join(Member(member_id, req.client_id or "", "", session_ms, rebalance_ms, body.protocol_type,
                              names, metadata, tx.group.round, None, None))
         await tx.read_members()
@@ -321,7 +329,10 @@ async def heartbeat(ctx: Context, req: Request) -> dict[str, Any]:
             return ErrorCode.illegal_generation
         return ErrorCode.none
 
-    return {"throttle_time": 0, "error_code": await _in_tx(ctx, gid, beat)}
+    error = await _in_tx(ctx, gid, beat)
+    if error != ErrorCode.none:
+        log.debug("group %s: heartbeat of %s (generation %d): %s", gid, member_id, generation, error.name)
+    return {"throttle_time": 0, "error_code": error}
 
 
 async def leave_group(ctx: Context, req: Request) -> dict[str, Any]:
@@ -337,7 +348,7 @@ async def leave_group(ctx: Context, req: Request) -> dict[str, Any]:
         await tx.read_members()
         if gone:
             if tx.members:
-                await tx.start_round()
+                await tx.start_round(f"{', '.join(gone)} left")
             else:
                 tx.group.leader = None
                 await tx.save(EMPTY)
@@ -364,4 +375,8 @@ async def check_member(ctx: Context, group_id: str, member_id: str, generation: 
             return ErrorCode.illegal_generation
         return ErrorCode.none
 
-    return await _in_tx(ctx, group_id, check)
+    error = await _in_tx(ctx, group_id, check)
+    if error != ErrorCode.none:
+        log.debug("group %s: offsets of %s (generation %d) refused: %s", group_id, member_id, generation,
+                  error.name)
+    return error

@@ -109,6 +109,10 @@ class Gateway:
         self._ctx: Context | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._receivers: set[asyncio.Task[Any]] = set()
+        #: each connection's queue of request frames (the gateway's close ends it with ``None``)
+        self._queues: dict[asyncio.Task[Any], asyncio.Queue[bytes | BaseException | None]] = {}
+        #: what each connection is doing (named when the gateway's close has to end it)
+        self._doing: dict[asyncio.Task[Any], tuple[str, float]] = {}
         #: the gateway's counters and request durations (its Prometheus metrics)
         self.stats = GatewayStats()
         self._waits: ThreadPoolExecutor | None = None
@@ -148,10 +152,18 @@ class Gateway:
             self._ctx.stopping.set()
         for receiver in list(self._receivers):
             receiver.cancel()
+        # no more requests: each connection answers those it has read, then ends (its receiver puts this
+        # too when cancelled, but not one cancelled before it ever ran: a connection accepted just now)
+        for frames in self._queues.values():
+            with contextlib.suppress(asyncio.QueueFull):  # full: the connection is not waiting for one
+                frames.put_nowait(None)
         if self._connections:
             _done, pending = await asyncio.wait(list(self._connections), timeout=DRAIN_TIMEOUT)
+            now = time.monotonic()
             for task in pending:
-                log.warning("ending a connection whose requests were not answered within %g s", DRAIN_TIMEOUT)
+                doing, since = self._doing.get(task, ("waiting for a request", now))
+                log.warning("ending a connection whose requests were not answered within %g s "
+                            "(%s for %.1f s)", DRAIN_TIMEOUT, doing, now - since)
                 task.cancel()
             for task in pending:
                 with contextlib.suppress(BaseException):
@@ -180,6 +192,7 @@ class Gateway:
         self.stats.connected()
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
+        self._queues[task] = frames
         gone = asyncio.Event()
         CLIENT_GONE.set(gone)  # this task's context: the handlers it awaits see it
         receiving = asyncio.get_running_loop().create_task(_receive(reader, frames, gone))
@@ -209,6 +222,7 @@ class Gateway:
                     await writer.drain()
                     continue
                 key = codec.peek(frame)[0]
+                self._doing[task] = (_api_name(*codec.peek(frame)[:2]), time.monotonic())
                 if key in (auth.SASL_HANDSHAKE_KEY, auth.SASL_AUTHENTICATE_KEY) or ctx is None:
                     if key not in auth.BEFORE_AUTHENTICATION:
                         log.warning("closing the connection of %s: API key %d before authentication", peer,
@@ -257,7 +271,9 @@ class Gateway:
                         return
                     if reply:  # a produce with acks=0 gets no reply
                         writer.write(reply)
+                self._doing[task] = ("sending replies", time.monotonic())
                 await writer.drain()
+                self._doing.pop(task, None)
         except codec.FrameError as exc:
             log.warning("closing the connection of %s: %s", peer, exc)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -273,6 +289,8 @@ class Gateway:
                 await receiving
             self._receivers.discard(receiving)
             self._connections.discard(task)
+            self._doing.pop(task, None)
+            self._queues.pop(task, None)
             self.stats.disconnected()
             writer.close()
             with contextlib.suppress(Exception):
@@ -376,6 +394,12 @@ class Gateway:
         if values is writes.NO_REPLY:
             return b""
         return codec.encode(correlation, codec.build(codec.response_type(key, version), values))
+
+
+def _api_name(key: int, version: int) -> str:
+    """``NAME vVERSION`` of a request (``API key K vVERSION`` for an API not served)."""
+    known = SERVED.get(key)
+    return f"{known.name if known else f'API key {key}'} v{version}"
 
 
 def tls_context(certificate: str, key: str | None = None, client_ca: str | None = None) -> ssl.SSLContext:

@@ -163,6 +163,17 @@ class _Raw(RawConnection):
             protocol_type="consumer", protocols=(JoinGroupRequestProtocol(name="range", metadata=b"m"),)),
             JoinGroupResponse)
 
+    def sync(self, member_id: str, generation: int) -> int:
+        """The error code of a ``SyncGroup`` as the leader, assigning itself nothing in particular."""
+        from kio.schema.sync_group.v0.request import SyncGroupRequest, SyncGroupRequestAssignment
+        from kio.schema.sync_group.v0.response import SyncGroupResponse
+        from kio.static.primitive import i32
+
+        mine = SyncGroupRequestAssignment(member_id=member_id, assignment=b"a")
+        request = SyncGroupRequest(group_id="g", generation_id=i32(generation), member_id=member_id,
+                                   assignments=(mine,))
+        return int(self.call(14, 0, request, SyncGroupResponse).error_code)
+
     def heartbeat(self, member_id: str, generation: int) -> int:
         from kio.schema.heartbeat.v0.request import HeartbeatRequest
         from kio.schema.heartbeat.v0.response import HeartbeatResponse
@@ -271,3 +282,47 @@ def test_a_member_whose_client_went_away_during_its_join_group_leaves_when_its_s
         assert int(again.error_code) == 0 and again.leader == slow_id and len(again.members) == 1, again
     finally:
         slow.close()
+
+
+def _checkpoint(client: pgstreams.Client) -> int | None:
+    """Group ``g``'s checkpoint on partition 0 of ``t`` (None: none yet)."""
+    try:
+        return client.describe_group("g", "t")[0].checkpoint
+    except pgstreams.errors.GroupNotFound:
+        return None
+
+
+def test_a_member_commits_while_a_round_waits_for_it_to_join_again(
+        client: pgstreams.Client, gateways: tuple[str, str]) -> None:
+    """As Kafka's coordinator does: while a rebalance waits for the members to join again, the generation
+    that holds the partitions is still current and its members' commits are stored (a client commits what
+    it read when told to rejoin, before it does: refused, those events would be read again by the member
+    that gets the partition); between the round's end and the leader's assignments, a commit is refused
+    with ``REBALANCE_IN_PROGRESS`` (27), and moves nothing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    client.create_topic("t", partitions=1)
+    member, newcomer = _Raw(gateways[0]), _Raw(gateways[1])
+    try:
+        joined = member.join("", 30_000)
+        member_id = joined.member_id
+        assert int(joined.error_code) == 0 and int(joined.generation_id) == 1, joined
+        # the round ended, the leader has not assigned yet
+        assert _offset_commit(gateways[0], "g", member_id, 1, 5) == 27
+        assert _checkpoint(client) is None
+        assert member.sync(member_id, 1) == 0
+        assert _offset_commit(gateways[0], "g", member_id, 1, 5) == 0
+        assert _checkpoint(client) == 4
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(newcomer.join, "", 30_000)  # a round starts, and waits for the member
+            until(lambda: member.heartbeat(member_id, 1) == 27, 30, "the round to start")
+            assert _offset_commit(gateways[1], "g", member_id, 1, 9) == 0
+            assert _checkpoint(client) == 8
+            assert _offset_commit(gateways[1], "g", member_id, 0, 12) == 22  # not its generation
+            assert not pending.done()
+            again = member.join(member_id, 30_000)
+            assert int(again.error_code) == 0 and int(pending.result(60).error_code) == 0
+        assert _checkpoint(client) == 8
+    finally:
+        member.close()
+        newcomer.close()

@@ -364,15 +364,20 @@ async def leave_group(ctx: Context, req: Request) -> dict[str, Any]:
 
 async def check_member(ctx: Context, group_id: str, member_id: str, generation: int) -> ErrorCode:
     """Whether ``member_id`` of generation ``generation`` may commit offsets: ``NONE``, else
-    ``UNKNOWN_MEMBER_ID``, ``REBALANCE_IN_PROGRESS`` or ``ILLEGAL_GENERATION`` (as Kafka's coordinator)."""
+    ``UNKNOWN_MEMBER_ID``, ``ILLEGAL_GENERATION`` or ``REBALANCE_IN_PROGRESS``, as Kafka's coordinator
+    decides. While a round waits for the members to join again, the generation that holds the partitions
+    is still the current one and its members commit (Kafka's clients commit what they read when told to
+    rejoin, before they do: refused, those offsets would be read again by whoever gets the partitions);
+    between the round's end and the leader's assignments (Kafka's ``CompletingRebalance``) commits wait for
+    the new generation's assignment: ``REBALANCE_IN_PROGRESS``."""
 
     async def check(tx: _Tx) -> ErrorCode:
         if member_id not in tx.members:
             return ErrorCode.unknown_member_id
-        if tx.group.state == JOINING:
-            return ErrorCode.rebalance_in_progress
         if generation != tx.group.generation:
             return ErrorCode.illegal_generation
+        if tx.group.state == SYNCING:
+            return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
     error = await _in_tx(ctx, group_id, check)

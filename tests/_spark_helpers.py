@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from _system import TEST_ROOT
+from pgstreams.spark_daemon import use_compiled_pyspark
 
 #: The options of every JVM the tests start (set in ``$JAVA_TOOL_OPTIONS`` by ``conftest.py``, so that the
 #: drivers of subprocesses, Spark's standalone daemons and executors get them too): the client compiler
@@ -155,8 +156,9 @@ SPARK_CONF: dict[str, str] = {
 
 def session(app: str, master: str = "local[2]", **extra: str) -> Any:
     """A local SparkSession (``master``, default ``local[2]``) with :data:`SPARK_CONF` plus ``extra``
-    settings, its log level ERROR, ``format("pgstreams")`` registered and the driver on loopback
-    (``$SPARK_LOCAL_IP``, unless set).
+    settings, its log level ERROR, ``format("pgstreams")`` registered, the driver on loopback
+    (``$SPARK_LOCAL_IP``, unless set) and Python workers that import the installed, compiled PySpark
+    (:func:`pgstreams.spark_daemon.use_compiled_pyspark`).
 
     The session of this process when there is one (``extra`` then sets runtime settings only): the Spark
     modules of a run share one JVM, stopped when the run ends (``conftest.pytest_sessionfinish``). A module
@@ -164,6 +166,7 @@ def session(app: str, master: str = "local[2]", **extra: str) -> Any:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    use_compiled_pyspark(master)
     from pyspark.sql import SparkSession
 
     import pgstreams.spark

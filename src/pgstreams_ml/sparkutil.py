@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
+from pgstreams.spark_daemon import use_compiled_pyspark
+
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import DataStreamReader
@@ -65,13 +67,16 @@ def spark_session(
     ``master`` defaults to ``$SPARK_MASTER`` or ``local[2]``. The web UI is off, the session time zone is
     UTC, shuffles use ``shuffle_partitions`` (default 4) partitions, and Python workers run this
     interpreter unless ``PYSPARK_PYTHON`` says otherwise, forked from pgstreams' daemon
-    (:mod:`pgstreams.spark_daemon`: pgstreams and psycopg imported once, not by each worker). A local
-    master keeps the driver on 127.0.0.1
+    (:mod:`pgstreams.spark_daemon`: pgstreams and psycopg imported once, not by each worker), and with
+    a local or standalone master import the installed, compiled PySpark
+    (:func:`pgstreams.spark_daemon.use_compiled_pyspark`). A local master keeps the driver on 127.0.0.1
     (``$SPARK_LOCAL_IP``, unless already set). ``conf`` adds settings.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     chosen = master or os.environ.get("SPARK_MASTER", "local[2]")
+    # Python workers import the installed, compiled PySpark rather than compile it from Spark's archive
+    use_compiled_pyspark(chosen)
     if chosen.startswith("local"):
         # a local session talks to itself only; the driver JVM reads this when it starts
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -890,8 +890,16 @@ CLIENTS: dict[str, Callable[[str, str, Callable[[str], None]], None]] = {
     "confluent": confluent, "kafka-python": kafka_python, "aiokafka": aiokafka, "kcat": kcat}
 
 
+#: A folder to write each client's library log to (``CLIENT.log``, debug level), when set: for a scenario
+#: whose line differs, what the client saw.
+LOG_FOLDER = os.environ.get("PGSTREAMS_SCENARIO_LOG")
+
+
 def main(argv: list[str]) -> int:
     client, bootstrap, prefix = argv
+    if LOG_FOLDER:
+        logging.basicConfig(filename=os.path.join(LOG_FOLDER, f"{client}.log"), level=logging.DEBUG,
+                            format="%(asctime)s %(threadName)s %(name)s %(message)s")
     CLIENTS[client](bootstrap, prefix, lambda line: print(line, flush=True))
     return 0
 

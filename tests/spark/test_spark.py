@@ -149,6 +149,27 @@ def test_python_workers_fork_from_pgstreams_daemon_with_pgstreams_and_psycopg_lo
         assert "-m pgstreams.spark_daemon pyspark.worker" in parent, r.p
 
 
+def test_python_workers_import_the_installed_compiled_pyspark_not_sparks_archive(spark: SparkSession) -> None:
+    """The tests' sessions run with :func:`pgstreams.spark_daemon.use_compiled_pyspark` (as the ML
+    pipelines do): a worker's PySpark is the installed package (its modules compiled once, cached), not
+    ``pyspark.zip`` from Spark's Python path, compiled again by every process."""
+    from pyspark.sql import functions as F
+
+    def probe(_: int) -> str:
+        import os
+
+        import pyspark.sql.types
+
+        return f"{pyspark.sql.types.__file__}|{os.environ.get('PYTHONPATH', '')}"
+
+    for r in spark.range(2).select(F.udf(probe, "string", useArrow=False)("id").alias("p")).collect():
+        module, path = r.p.split("|", 1)
+        assert ".zip" not in module and module.endswith(".py"), r.p
+        # Spark still puts its archive on the path, from the compiled home, where there is none
+        archives = [p for p in path.split(os.pathsep) if p.endswith("pyspark.zip")]
+        assert archives and not any(Path(p).exists() for p in archives), r.p
+
+
 def test_register_runs_the_data_source_in_an_interpreter_that_imports_pgstreams(
         spark: SparkSession, dsn: str, caplog: pytest.LogCaptureFixture) -> None:
     """Spark's Python workers would run an interpreter without pgstreams (a virtual environment that is

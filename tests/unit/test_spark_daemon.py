@@ -1,6 +1,7 @@
 """``pgstreams.spark_daemon``: PySpark's daemon, with pgstreams and psycopg imported before it forks, and
-PySpark's own daemon in its place when a preloaded module started a thread. Each case runs in a fresh
-interpreter (this one runs threads of its own)."""
+PySpark's own daemon in its place when a preloaded module started a thread (each case in a fresh
+interpreter: this one runs threads of its own); the Spark home whose Python processes import the installed,
+compiled PySpark."""
 
 from __future__ import annotations
 
@@ -57,3 +58,41 @@ def test_the_daemon_runs_pysparks_own_in_its_place_after_a_thread_started(tmp_pa
         assert len(os.listdir(f"/proc/{proc.pid}/task")) == 1  # the thread did not survive the exec
         proc.stdin.close()
         proc.wait(60)  # it ends when its standard input closes, as told (else TimeoutExpired)
+
+
+def test_the_compiled_spark_home_is_the_installed_pyspark_without_its_archives(tmp_path: Path) -> None:
+    """Made once, complete, by several processes at once: the same folder for each, linking to the
+    installed PySpark's scripts and jars, with no archive of PySpark or py4j on Spark's Python path."""
+    import pyspark
+
+    real = Path(pyspark.__file__).resolve().parent
+    code = ("import sys\nfrom pathlib import Path\nfrom pgstreams.spark_daemon import compiled_spark_home\n"
+            f"print(compiled_spark_home(Path({str(tmp_path)!r})))")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    homes = {p.communicate(timeout=120)[0].strip() for p in procs}
+    assert len(homes) == 1, homes
+    home = Path(homes.pop())
+    assert home.parent == tmp_path and pyspark.__version__ in home.name
+    assert (home / "jars").resolve() == real / "jars" and (home / "bin" / "spark-submit").is_file()
+    assert (real / "python" / "lib" / "pyspark.zip").is_file()
+    assert not list((home / "python" / "lib").glob("*.zip"))
+    assert [p.name for p in tmp_path.iterdir()] == [home.name]  # nothing half-made left behind
+
+
+def test_use_compiled_pyspark_leaves_another_spark_home_and_other_masters_alone(tmp_path: Path) -> None:
+    import pyspark
+
+    from pgstreams.spark_daemon import use_compiled_pyspark
+
+    real = str(Path(pyspark.__file__).resolve().parent)
+    env: dict[str, str] = {}
+    home = use_compiled_pyspark("local[2]", env)
+    assert home is not None and env == {"SPARK_HOME": home} and home != real
+    assert use_compiled_pyspark("local[2]", env) == home  # again: the same
+    pointed = {"SPARK_HOME": real}  # the installed PySpark itself: the same Spark, compiled
+    assert use_compiled_pyspark("spark://127.0.0.1:7077", pointed) == home and pointed["SPARK_HOME"] == home
+    own = {"SPARK_HOME": str(tmp_path)}  # a Spark distribution of its own
+    assert use_compiled_pyspark("local[2]", own) is None and own == {"SPARK_HOME": str(tmp_path)}
+    yarn: dict[str, str] = {}  # YARN ships the archives of SPARK_HOME to its executors
+    assert use_compiled_pyspark("yarn", yarn) is None and yarn == {}

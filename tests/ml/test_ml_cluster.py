@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from _core_helpers import until
+from pgstreams.spark_daemon import use_compiled_pyspark
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -57,6 +58,8 @@ def _worker_env(home: Path) -> dict[str, str]:
     for name in ("JAVA_HOME", "LANG", "JAVA_TOOL_OPTIONS"):
         if name in os.environ:
             env[name] = os.environ[name]
+    # the executors' Python workers import the installed, compiled PySpark (docs/spark.md), as the driver's
+    use_compiled_pyspark("spark://", env)
     if os.environ.get("PYTHONPATH"):  # a checkout's code, when it is set
         env["PYTHONPATH"] = _absolute_path_list(os.environ["PYTHONPATH"])
     (home / "tmp").mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,8 @@ A frame is a big-endian ``int32`` size followed by that many bytes: a request he
 the flexible versions of an API), then the request. A reply is a size, a response header (version 0, or 1
 for flexible versions; ``ApiVersions`` always 0) and the response. Handlers describe a response as plain
 values (:func:`build`), whatever the version asked: fields the version lacks are dropped, nested
-structures take the version's own classes.
+structures take the version's own classes. The versions ``kio`` lacks (Kafka 4 dropped them) have classes
+of the same kind in :mod:`pgstreams.kafka.schemas`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
 from kio.serial import entity_reader, entity_writer
 from kio.static.protocol import Entity
+
+from .schemas import SCHEMAS
 
 #: The largest request frame accepted (Kafka's ``socket.request.max.bytes`` default, 100 MiB).
 MAX_FRAME: Final = 100 * 1024 * 1024
@@ -66,7 +69,7 @@ def peek(frame: bytes) -> tuple[int, int, int]:
 def decode(frame: bytes) -> Request:
     """Decode a request frame (of an API and version that are served)."""
     key, version, correlation = peek(frame)
-    schema = load_request_schema(key, version)
+    schema = request_type(key, version)
     header_type = RequestHeaderV2 if schema.__flexible__ else RequestHeaderV1
     view = memoryview(frame)
     try:
@@ -88,9 +91,16 @@ def _writer(entity: type[Entity]) -> Any:
     return entity_writer(entity)
 
 
+def request_type(key: int, version: int) -> type[Entity]:
+    """The request class of ``version`` of API ``key``."""
+    own = SCHEMAS.get((key, version))
+    return own[0] if own is not None else load_request_schema(key, version)
+
+
 def response_type(key: int, version: int) -> type[Entity]:
     """The response class of ``version`` of API ``key``."""
-    return load_response_schema(key, version)
+    own = SCHEMAS.get((key, version))
+    return own[1] if own is not None else load_response_schema(key, version)
 
 
 def encode(correlation_id: int, response: Entity) -> bytes:

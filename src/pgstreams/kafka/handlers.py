@@ -96,11 +96,13 @@ def api_versions_reply(error: ErrorCode) -> dict[str, Any]:
 
 async def metadata(ctx: Context, req: Request) -> dict[str, Any]:
     """``Metadata``: this gateway as the one broker, leader of every partition; the topics asked for
-    (all when the request names none), an unknown one with ``UNKNOWN_TOPIC_OR_PARTITION``. Topics are
-    not created on request: create them with ``pgstreams topics create`` (or ``CreateTopics``)."""
+    (all when the request names none: a null list, or in v0, which cannot send one, an empty list), an
+    unknown one with ``UNKNOWN_TOPIC_OR_PARTITION``. Topics are not created on request: create them with
+    ``pgstreams topics create`` (or ``CreateTopics``)."""
     known = {t.name: t for t in await ctx.client.list_topics()}
     asked = req.body.topics
-    names = sorted(known) if asked is None else [t.name for t in asked if t.name is not None]
+    every = asked is None or (req.api_version == 0 and not asked)
+    names = sorted(known) if every else [t.name for t in asked if t.name is not None]
     topics: list[dict[str, Any]] = []
     for name in names:
         info = known.get(name)

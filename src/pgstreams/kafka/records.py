@@ -6,6 +6,9 @@ records, each a zig-zag varint length, attributes, timestamp and offset deltas, 
 (https://kafka.apache.org/documentation/#recordbatch). ``Produce`` and ``Fetch`` carry thousands of records
 a second, so both directions work on bytes directly: a record becomes a tuple of its key, value and
 headers when read, and a row of the event store becomes its bytes when written.
+
+:class:`RecordError` and :func:`decompress` serve this format and the legacy message sets
+(:mod:`pgstreams.kafka.legacy`) alike.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Final
 
+import cramjam
 import crc32c
+from kio.schema.errors import ErrorCode
 
 #: The attribute bits of a record batch: its compression codec, its timestamp type, and whether it is
 #: transactional or a control batch.
@@ -38,6 +43,46 @@ RecordTuple = tuple[bytes | None, bytes | None, list[tuple[bytes, bytes | None]]
 
 class MalformedBatch(ValueError):
     """A record batch whose bytes do not follow the format (truncated, or its lengths disagree)."""
+
+
+class RecordError(Exception):
+    """Records that cannot be stored: the Kafka error code and a message for the producer."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+#: The compression codecs of Kafka's attributes (the low three bits), by number.
+CODECS: Final = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+
+_XERIAL = b"\x82SNAPPY\x00"
+
+
+def decompress(codec: int, data: bytes) -> bytes:
+    """``data`` decompressed with Kafka's compression ``codec`` (1 gzip, 2 snappy: the Java client's xerial
+    framing or raw, 3 lz4: a frame, 4 zstd); :class:`RecordError` when it does not decompress
+    (``CORRUPT_MESSAGE``) or the codec is none of Kafka's (``UNSUPPORTED_COMPRESSION_TYPE``)."""
+    try:
+        if codec == 1:
+            return bytes(cramjam.gzip.decompress(data))
+        if codec == 2:
+            if data.startswith(_XERIAL):  # the Java client's framing: blocks of raw snappy
+                out, at = bytearray(), 16
+                while at < len(data):
+                    (size,) = struct.unpack_from(">i", data, at)
+                    out += bytes(cramjam.snappy.decompress_raw(data[at + 4:at + 4 + size]))
+                    at += 4 + size
+                return bytes(out)
+            return bytes(cramjam.snappy.decompress_raw(data))
+        if codec == 3:
+            return bytes(cramjam.lz4.decompress(data))
+        if codec == 4:
+            return bytes(cramjam.zstd.decompress(data))
+    except Exception as exc:  # noqa: BLE001 - every codec raises its own kind
+        raise RecordError(ErrorCode.corrupt_message,
+                          f"records compressed with {CODECS[codec]} that do not decompress: {exc}") from None
+    raise RecordError(ErrorCode.unsupported_compression_type, f"compression codec {codec} is not Kafka's")
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,15 +23,16 @@ class ApiRange:
         return self.min_version <= version <= self.max_version
 
 
-#: Every API served, by key. Versions are those of Kafka's schemas (through ``kio``) that the gateway's
-#: handlers implement; Kafka 4 itself no longer serves the oldest ones.
+#: Every API served, by key. Versions are those of Kafka's schemas (through ``kio``, and
+#: :mod:`pgstreams.kafka.schemas` for the ones ``kio`` lacks) that the gateway's handlers implement; Kafka 4
+#: itself no longer serves the oldest ones.
 SERVED: Final[dict[int, ApiRange]] = {
     r.key: r
     for r in (
-        ApiRange(0, "produce", 3, 9),
+        ApiRange(0, "produce", 0, 9),
         ApiRange(1, "fetch", 4, 12),
         ApiRange(2, "list_offsets", 1, 6),
-        ApiRange(3, "metadata", 1, 12),
+        ApiRange(3, "metadata", 0, 12),
         ApiRange(8, "offset_commit", 2, 8),
         ApiRange(9, "offset_fetch", 1, 7),
         ApiRange(10, "find_coordinator", 0, 4),

@@ -6,21 +6,22 @@ client chose. The record batches of one partition are stored in one transaction,
 time is the time of the commit (Kafka's ``LogAppendTime``), not the producer's.
 
 Batches compressed with any of Kafka's codecs (gzip, snappy, lz4, zstd) are decompressed with
-``cramjam``. An idempotent producer's batches (``InitProducerId``) are checked against its last batches
-on the partition (``0029_kafka_producers.sql``), in the transaction that stores them: a batch sent again
-is stored once, one out of order is refused. Transactional producers are not served yet (their batches
-are refused with an error that names the reason; see ``docs/kafka.md``).
+``cramjam``. ``Produce`` v0 to v2 carry legacy message sets (message formats v0 and v1, read by
+:mod:`pgstreams.kafka.legacy`): their messages become events the same way, with no headers.
+
+An idempotent producer's batches (``InitProducerId``) are checked against its last batches on the
+partition (``0029_kafka_producers.sql``), in the transaction that stores them: a batch sent again is stored
+once, one out of order is refused. A transactional producer's batches go into its open transaction (see
+:mod:`pgstreams.kafka.transactions`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import struct
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import cramjam
 import psycopg
 from kio.schema.errors import ErrorCode
 from psycopg import pq
@@ -30,30 +31,26 @@ from ..models import Message
 from ..storage.notifications import channel
 from .codec import Request
 from .handlers import Context, topic_record
+from .legacy import MAGIC_AT, read_message
 from .records import (
     COMPRESSION_MASK,
     CONTROL_BIT,
     HEADER,
     TRANSACTIONAL_BIT,
     MalformedBatch,
+    RecordError,
     RecordTuple,
     crc_ok,
+    decompress,
     read_header,
     read_records,
 )
 from .transactions import TxnError
 
-
-class RecordError(Exception):
-    """A record batch that cannot be stored: the Kafka error code and a message for the producer."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 #: The API key of ``Produce``.
 PRODUCE_KEY = 0
+#: ``Produce`` versions below this one carry legacy message sets (v3 came with record batches v2).
+LEGACY_BELOW = 3
 
 #: Marks a produce with ``acks=0``: Kafka sends no reply to it.
 NO_REPLY: dict[str, Any] = {}
@@ -118,6 +115,8 @@ async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str,
     transactional: list[tuple[str, _Item]] = []
     for req in requests:
         body = req.body
+        txn_id: str | None = getattr(body, "transactional_id", None)  # v3 on (none before record batches v2)
+        legacy = req.api_version < LEGACY_BELOW
         topics: list[tuple[str, list[dict[str, Any] | _Item]]] = []
         for t in body.topic_data:
             record = await topic_record(ctx, t.name)
@@ -128,16 +127,16 @@ async def produce_group(ctx: Context, requests: list[Request]) -> list[dict[str,
                     parts.append(_error(index, ErrorCode.unknown_topic_or_partition, None))
                     continue
                 try:
-                    batches = _batches(pd.records or b"", body.transactional_id is not None)
+                    batches = _batches(pd.records or b"", txn_id is not None, legacy)
                     events = [_events_of(b, index) for b in batches]  # every record checked first
                 except RecordError as exc:
                     parts.append(_error(index, exc.code, str(exc)))
                     continue
                 item = _Item(t.name, record.id, index, batches, events)
-                if body.transactional_id is None:
+                if txn_id is None:
                     items.append(item)
                 elif batches:
-                    transactional.append((body.transactional_id, item))
+                    transactional.append((txn_id, item))
                 parts.append(item)
             topics.append((t.name, parts))
         plans.append((req, topics))
@@ -207,23 +206,45 @@ def _error(index: int, code: ErrorCode, message: str | None) -> dict[str, Any]:
             "log_start_offset": -1, "record_errors": [], "error_message": message}
 
 
-def _batches(records: bytes, transactional: bool) -> list[Batch]:
+def _batches(records: bytes, transactional: bool, legacy: bool) -> list[Batch]:
     """The record batches in ``records`` (:class:`RecordError` for one that cannot be stored): transactional
-    batches in a request of a transactional producer, the others elsewhere."""
+    batches in a request of a transactional producer, the others elsewhere. With ``legacy`` (``Produce``
+    v0-v2) messages of formats v0 and v1 too (:mod:`pgstreams.kafka.legacy`), consecutive ones making one
+    batch of no producer; later versions carry record batches v2 only."""
     out: list[Batch] = []
     view = memoryview(records)
     offset = 0
+    messages: list[RecordTuple] = []
     while offset < len(view):
+        if len(view) - offset <= MAGIC_AT:
+            break  # a partial entry at the end (Kafka's clients may send one): ignored, as Kafka does
+        magic = view[offset + MAGIC_AT]
+        if magic < 2:
+            if not legacy:
+                raise RecordError(ErrorCode.unsupported_for_message_format,
+                                  f"messages of magic {magic} are served in Produce v0 to v2 only (later "
+                                  "versions carry record batches v2)")
+            found, size = read_message(view, offset)
+            messages += found
+            offset += size
+            continue
+        if messages:
+            out.append(_legacy_batch(messages))
+            messages = []
         if len(view) - offset < HEADER.size:
-            break  # a partial batch at the end (Kafka's clients may send one): ignored, as Kafka does
+            break
         batch, size = read_batch(view, offset)
         offset += size
         _check(batch, transactional)
         out.append(batch)
+    if messages:
+        out.append(_legacy_batch(messages))
     return out
 
 
-_XERIAL = b"\x82SNAPPY\x00"
+def _legacy_batch(records: list[RecordTuple]) -> Batch:
+    """A batch of messages of format v0 or v1: of no producer, not transactional."""
+    return Batch(0, -1, -1, -1, records)
 
 
 @dataclass(frozen=True)
@@ -246,7 +267,7 @@ def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
     end = offset + header.size
     if header.magic != 2:
         raise RecordError(ErrorCode.unsupported_for_message_format,
-                          f"record batches of magic {header.magic} are not served (only v2)")
+                          f"record batches of magic {header.magic} are not Kafka's")
     if end > len(view) or header.length < HEADER.size - 12:
         raise RecordError(ErrorCode.corrupt_message, "a record batch longer than its request")
     if not crc_ok(view, offset, header):
@@ -254,36 +275,13 @@ def read_batch(view: memoryview, offset: int) -> tuple[Batch, int]:
     body: bytes | memoryview = view[offset + HEADER.size:end]
     codec = header.attributes & COMPRESSION_MASK
     if codec:
-        body = _decompress(codec, bytes(body))
+        body = decompress(codec, bytes(body))
     try:
         records = read_records(body, header.count)
     except MalformedBatch as exc:
         raise RecordError(ErrorCode.corrupt_message, f"a malformed record: {exc}") from None
     return Batch(header.attributes, header.producer_id, header.producer_epoch, header.base_sequence,
                  records), end - offset
-
-
-def _decompress(codec: int, data: bytes) -> bytes:
-    try:
-        if codec == 1:
-            return bytes(cramjam.gzip.decompress(data))
-        if codec == 2:
-            if data.startswith(_XERIAL):  # the Java client's framing: blocks of raw snappy
-                out, at = bytearray(), 16
-                while at < len(data):
-                    (size,) = struct.unpack_from(">i", data, at)
-                    out += bytes(cramjam.snappy.decompress_raw(data[at + 4:at + 4 + size]))
-                    at += 4 + size
-                return bytes(out)
-            return bytes(cramjam.snappy.decompress_raw(data))
-        if codec == 3:
-            return bytes(cramjam.lz4.decompress(data))
-        if codec == 4:
-            return bytes(cramjam.zstd.decompress(data))
-    except Exception as exc:  # noqa: BLE001 - every codec raises its own kind
-        raise RecordError(ErrorCode.corrupt_message, f"a record batch that does not decompress: {exc}") \
-            from None
-    raise RecordError(ErrorCode.unsupported_compression_type, f"compression codec {codec} is not Kafka's")
 
 
 def _check(batch: Batch, transactional: bool) -> None:

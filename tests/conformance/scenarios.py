@@ -491,6 +491,12 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
             c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"{prefix}g", client_id=self.name,
                               auto_offset_reset="earliest", enable_auto_commit=False,
                               session_timeout_ms=10000, heartbeat_interval_ms=300)
+            # the topic's partitions known before joining: kafka-python 3.0 (up to 3.0.12 at least) loses a
+            # join when its leader rejoins because metadata came after its first assignment and a poll
+            # times out before that join ends (the join's assignment is never applied, its heartbeats stay
+            # off: the member is stuck); Kafka's brokers hide it by delaying a new group's first round
+            # (group.initial.rebalance.delay.ms), by when the client has the metadata
+            c.partitions_for_topic(f"{prefix}group")
             c.subscribe([f"{prefix}group"], listener=Listener())
             while not self.stopping.is_set():
                 try:

@@ -18,10 +18,11 @@ import psycopg
 
 from .errors import ClientClosed, ConfigurationError, MigrationError, PermissionDenied, TopicNotFound
 from .names import check_topic
+from .pooler import DEFAULT_POOLER, Pooler, connection_options
 from .ports import TopicView
 from .reconnect import Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
-from .storage.executor import configure_session, session_conninfo
+from .storage.executor import session_conninfo, session_setup
 from .storage.libpq import CheckedPool
 from .storage.libpq.pools import CLOSED
 from .storage.notifications import Listener, Notifier
@@ -55,20 +56,26 @@ class Session(Generic[StateT]):
     notification arrives, ``retry_timeout`` how long a call is retried after a lost connection (see
     :mod:`pgstreams.reconnect`). ``state_of`` makes the cached state of a topic from its stored row (what
     :meth:`topic_state` returns); ``mark_window`` is how long (seconds) the waits after a consumer marked a
-    topic as waited for recheck fast (see :class:`pgstreams.storage.notifications.Listener`).
-    :class:`pgstreams.Client` makes one with its validated options; :meth:`close` closes it.
+    topic as waited for recheck fast (see :class:`pgstreams.storage.notifications.Listener`). ``pooler``
+    (default ``"session"``): the mode of a connection pooler in front of the server (see
+    :mod:`pgstreams.pooler`): in ``"transaction"`` mode no connection keeps anything in its server session
+    between transactions. :class:`pgstreams.Client` makes one with its validated options; :meth:`close`
+    closes it.
     """
 
     def __init__(self, dsn: str, *, schema: str, migrate: bool, pool_size: int, poll_interval: float,
-                 retry_timeout: float, state_of: Callable[[TopicRecord], StateT], mark_window: float) -> None:
+                 retry_timeout: float, state_of: Callable[[TopicRecord], StateT], mark_window: float,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
         self._dsn = dsn
         self.schema = schema
+        #: the mode of the connection pooler in front of the server (:mod:`pgstreams.pooler`)
+        self.pooler: Pooler = pooler
         self.poll_interval = float(poll_interval)
         self.retry_timeout = float(retry_timeout)
         #: the server as ``user@host:port/dbname``, never with a password
         self.server = server_label(dsn)
         try:
-            probe = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            probe = psycopg.connect(dsn, connect_timeout=10, **connection_options(pooler))
         except psycopg.Error as exc:
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {self.server}: {redact(str(exc).strip(), dsn)}") from None
@@ -82,15 +89,15 @@ class Session(Generic[StateT]):
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
             self._conninfo = session_conninfo(dsn, probe.pgconn.info, self.retry_timeout)
             self._pool = CheckedPool(
-                self._conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True,
+                self._conninfo, min_size=1, max_size=pool_size, kwargs=connection_options(pooler), open=True,
                 name="pgstreams",
-                configure=configure_session,
+                configure=session_setup(pooler),
                 timeout=max(self.retry_timeout, 1.0),
             )
             #: the retry after a lost connection (:class:`pgstreams.reconnect.Reconnect`)
             self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
             #: the storage layer of the schema
-            self.store = Store(self._pool, schema, self.retry)
+            self.store = Store(self._pool, schema, self.retry, pooler=pooler)
         self._state_of = state_of
         self._topics: dict[str, StateT] = {}
         self._topics_lock = threading.Lock()
@@ -124,17 +131,11 @@ class Session(Generic[StateT]):
 
     # -- connections ---------------------------------------------------------------------------------
     def raw_connection(self) -> psycopg.Connection:
-        """A new autocommit connection of the session's own, outside the pool (the caller closes it);
-        :class:`pgstreams.ClientClosed` once the session is closed."""
+        """A new autocommit connection of the session's own, outside the pool, made and set up as the
+        pool's are (the caller closes it); :class:`pgstreams.ClientClosed` once the session is closed."""
         if self._released:
             raise ClientClosed(CLOSED)
-        conn = psycopg.connect(self._conninfo, autocommit=True)
-        try:
-            configure_session(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return self._pool.fresh()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

@@ -124,7 +124,9 @@ def _parallel(fns: Sequence[Callable[[], T]]) -> list[T]:
 
 def _connect(index: int, dsn: str) -> psycopg.Connection:
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        # prepares nothing (a statement prepared by name would not survive a transaction pooler), runs
+        # few statements: the check and set-up of a cluster, once
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, prepare_threshold=None)
     except psycopg.Error as exc:
         raise ShardUnavailable(f"cannot connect to {shard_label(index, dsn)}: "
                                f"{redact(str(exc).strip(), dsn)}") from None

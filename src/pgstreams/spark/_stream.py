@@ -109,7 +109,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- plumbing -------------------------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = _db.connect(self.opts.dsn, _db.RUNTIME_CONNECT_WAIT)
+            self._conn = _db.connect(self.opts.dsn, _db.RUNTIME_CONNECT_WAIT, self.opts.pooler)
         return self._conn
 
     def _run(self, fn: Any) -> Any:

@@ -25,6 +25,7 @@ from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from ..models import CommitOutcome
+from ..pooler import DEFAULT_POOLER, Pooler
 from .calls import ALL, ONE, Call, Steps
 from .checkpoints import (
     init_checkpoints_call,
@@ -90,12 +91,14 @@ class AsyncExecutor:
     """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on one the caller
     passes (possibly inside its transaction): the async twin of :class:`~pgstreams.storage.Executor`.
     With ``retry`` (a :class:`pgstreams.reconnect.AsyncReconnect`), a call on a pooled connection that
-    fails with a retriable error runs again on a fresh one."""
+    fails with a retriable error runs again on a fresh one. ``pooler``: as for the sync executor."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
         self.pool = pool
         self.schema = schema
         self.retry = retry
+        self.pooler: Pooler = pooler
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -194,10 +197,11 @@ class AsyncExecutor:
 
 class AsyncStore:
     """The async operations of one schema over one :class:`AsyncExecutor` (``retry``: its retry rule on
-    pooled connections)."""
+    pooled connections; ``pooler``: see :class:`AsyncExecutor`)."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
-        self.executor = self.ex = AsyncExecutor(pool, schema, retry)
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
+        self.executor = self.ex = AsyncExecutor(pool, schema, retry, pooler=pooler)
         self.schema = schema
         self._direct = AsyncDirect()
 

@@ -7,7 +7,7 @@ async executor over an async pool can offer the same methods without touching th
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -17,6 +17,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool
 
+from ..pooler import DEFAULT_POOLER, Pooler, connection_options, keeps_sessions
 from .identity import remember
 from .naming import TopicTables
 from .queries import QuerySet
@@ -44,12 +45,16 @@ class Executor:
     caller passes (which may be inside the caller's transaction). Without a pool (``None``, for processes
     that hold plain connections, such as Spark tasks) every call must pass its connection. With
     ``retry`` (a :class:`pgstreams.reconnect.Reconnect`), a call on a pooled connection that fails with a
-    retriable error runs again on a fresh one (see :mod:`pgstreams.reconnect`)."""
+    retriable error runs again on a fresh one (see :mod:`pgstreams.reconnect`). ``pooler`` (default
+    ``"session"``): the mode of a connection pooler in front of the server (:mod:`pgstreams.pooler`), which
+    decides what the operations may keep in a server session."""
 
-    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None) -> None:
+    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
         self.pool = pool
         self.schema = schema
         self.retry = retry
+        self.pooler: Pooler = pooler
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -69,6 +74,24 @@ class Executor:
             raise RuntimeError("this executor has no pool: pass the connection to use")
         with self.pool.connection() as pooled:
             yield pooled
+
+    def new_connection(self) -> psycopg.Connection:
+        """A new autocommit connection outside the pool, made and set up as the pool's are (the pool's
+        ``fresh()`` where it has one: :class:`~.libpq.pools.CheckedPool`); the caller closes it."""
+        if self.pool is None:
+            raise RuntimeError("this executor has no pool: pass the connection to use")
+        fresh: Callable[[], psycopg.Connection] | None = getattr(self.pool, "fresh", None)
+        if fresh is not None:
+            return fresh()
+        conn = psycopg.connect(str(self.pool.conninfo), **connection_options(self.pooler))
+        setup = session_setup(self.pooler)
+        if setup is not None:
+            try:
+                setup(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
 
     def pooled(self, fn: Callable[[psycopg.Connection], T]) -> T:
         """``fn(conn)`` on a pooled connection; with a retry rule, run again on fresh connections after a
@@ -133,6 +156,19 @@ async def configure_session_async(conn: psycopg.AsyncConnection[Any]) -> None:
     row = await (await conn.execute(SESSION_SETUP)).fetchone()
     assert row is not None
     remember(conn.pgconn, row[1])
+
+
+def session_setup(pooler: Pooler) -> Callable[[psycopg.Connection], None] | None:
+    """How a new connection is set up in mode ``pooler`` (see :mod:`pgstreams.pooler`): by
+    :func:`configure_session`, or, behind a transaction pooler, not at all (``None``): a session setting
+    would stay on a server session that serves other clients, and the server process of the set-up says
+    nothing of the next transaction's (so none is recorded: see :mod:`.identity`)."""
+    return configure_session if keeps_sessions(pooler) else None
+
+
+def session_setup_async(pooler: Pooler) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[None]] | None:
+    """:func:`session_setup` for async connections."""
+    return configure_session_async if keeps_sessions(pooler) else None
 
 
 #: The TCP settings (libpq connection parameters) of the connections a client makes, unless its DSN (or a

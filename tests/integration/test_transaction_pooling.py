@@ -1,0 +1,141 @@
+"""``connect(pooler="transaction")`` straight to the server: what a client behind a transaction pooler does,
+seen where every server session can be inspected (tests/faults/test_pooler.py runs it behind PgBouncer).
+
+In transaction mode a client keeps nothing in a server session between transactions: no named prepared
+statement, no session setting, no session advisory lock. The maintenance leader holds a lease that another
+service takes over once it runs out; a maintenance pass holds the schema's lock for one transaction kept
+open on a connection of its own (the SQL function ``maintain()`` still sees it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack
+
+import psycopg
+import pytest
+
+import pgstreams
+from _core_helpers import wait_until
+from pgstreams.maintenance import MaintenanceService
+
+#: What a server session keeps of what ran in it: the settings it changed, its named prepared statements.
+SESSION_STATE = ("SELECT array(SELECT lower(name) FROM pg_settings WHERE source = 'session' ORDER BY 1),"
+                 " array(SELECT name FROM pg_prepared_statements ORDER BY 1)")
+
+
+@pytest.fixture
+def pooled_client(dsn: str) -> Iterator[pgstreams.Client]:
+    """A client in transaction mode (two pooled connections), straight to the server."""
+    client = pgstreams.connect(dsn, pooler="transaction", pool_size=2)
+    yield client
+    client.close()
+
+
+def _advisory_locks(dsn: str) -> list[tuple[int, bool]]:
+    """The advisory locks of the database of ``dsn``: (backend, granted)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        return [(int(p), bool(g)) for p, g in c.execute(
+            "SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()]
+
+
+def _work(client: pgstreams.Client) -> None:
+    """Publish one by one and in a batch, read and commit as a group, share, and maintain."""
+    client.create_topic("t", 2)
+    for i in range(30):  # more than psycopg's prepare threshold: each statement would be prepared
+        client.publish("t", i, key=str(i))
+    client.publish_many("t", [{"value": i} for i in range(30)])
+    consumer = client.consumer("t", "g")
+    got = 0
+    while events := consumer.poll(max_events=20, timeout=0.2):
+        got += len(events)
+        consumer.commit()
+    assert got == 60
+    share = client.share_consumer("t", "s")
+    while events := share.poll(max_events=20, timeout=0.2):
+        share.ack(events)
+    client.maintain()
+
+
+def _sessions_of(client: pgstreams.Client, count: int) -> list[tuple[list[str], list[str]]]:
+    """:data:`SESSION_STATE` of ``count`` pooled connections of ``client`` (all borrowed at once)."""
+    with ExitStack() as stack:
+        conns = [stack.enter_context(client.connection()) for _ in range(count)]
+        return [tuple(c.execute(SESSION_STATE).fetchone()) for c in conns]  # type: ignore[misc]
+
+
+def test_a_client_in_transaction_mode_keeps_nothing_in_its_server_sessions(dsn: str) -> None:
+    """After publishing, reading, sharing and maintaining, the client's pooled sessions hold no named
+    prepared statement and no setting of their own, and no advisory lock is held; in session mode the same
+    work leaves both (the check sees them)."""
+    with pgstreams.connect(dsn, pooler="transaction", pool_size=2) as client:
+        _work(client)
+        assert _sessions_of(client, 2) == [([], []), ([], [])]
+        assert _advisory_locks(dsn) == []
+    with pgstreams.connect(dsn, pool_size=2) as client:  # session mode: what the check would find
+        client.delete_topic("t")
+        _work(client)
+        kept = _sessions_of(client, 2)
+        assert all("jit" in settings for settings, _ in kept)
+        assert any(prepared for _, prepared in kept)
+
+
+def test_the_maintenance_leader_holds_a_lease_that_another_service_takes_over_once_it_runs_out(
+        dsn: str, pooled_client: pgstreams.Client) -> None:
+    """Two maintenance services in transaction mode: the first leads by a lease (no advisory lock held),
+    the second does not while the lease runs; once the first stops renewing it (as a dead process), the
+    second takes over after the lease ran out; a service that stops resigns at once."""
+    first = MaintenanceService(pooled_client, 2.0)  # a lease of 6 s
+    second = MaintenanceService(pooled_client, 2.0)
+    try:
+        first.step()
+        second.step()
+        assert (first.leader, second.leader) == (True, False)
+        assert first.passes == 1 and second.passes == 0
+        assert pooled_client.store.operations.maintenance_leader() == first.holder
+        assert _advisory_locks(dsn) == []
+        renewed = time.monotonic()
+        first.step()  # renews its lease
+        assert first.leader and first.passes == 2
+
+        def took_over() -> bool:
+            second.step()
+            return second.leader
+        wait_until(took_over, 60, "the second service to take over the lease", every=0.2)
+        assert time.monotonic() - renewed >= first.lease - 1.0  # not before the first one's lease ran out
+        assert pooled_client.store.operations.maintenance_leader() == second.holder
+        first.step()
+        assert not first.leader  # its lease ran out and is another's
+        second.finish()  # resigns
+        assert pooled_client.store.operations.maintenance_leader() is None
+        first.step()
+        assert first.leader
+    finally:
+        first.finish()
+        second.finish()
+
+
+def test_a_pass_holds_the_maintenance_lock_for_one_transaction_which_the_sql_function_sees(
+        dsn: str, pooled_client: pgstreams.Client) -> None:
+    """In transaction mode a pass's lock is the schema's maintenance lock taken by a transaction held open
+    on a connection of its own: the SQL function ``maintain()`` (pg_cron's) skips while it is held, and once
+    released no advisory lock is left."""
+    ops = pooled_client.store.operations
+    with pooled_client.raw_connection() as conn:
+        release = ops.lock_pass(conn)
+        try:
+            held = _advisory_locks(dsn)
+            assert len(held) == 1 and held[0][1]
+            assert ops.maintain_sql() == {"skipped": True}
+        finally:
+            release()
+    assert _advisory_locks(dsn) == []
+    assert ops.maintain_sql().get("skipped") is not True
+    with pooled_client.raw_connection() as conn:  # the purge's lock likewise, tried
+        release_purge = ops.try_purge_lock(conn)
+        assert release_purge is not None
+        assert ops.try_purge_lock(conn) is None  # held: a second purge does not run
+        release_purge()
+    assert _advisory_locks(dsn) == []

@@ -4,7 +4,8 @@ seen where every server session can be inspected (tests/faults/test_pooler.py ru
 In transaction mode a client keeps nothing in a server session between transactions: no named prepared
 statement, no session setting, no session advisory lock. The maintenance leader holds a lease that another
 service takes over once it runs out; a maintenance pass holds the schema's lock for one transaction kept
-open on a connection of its own (the SQL function ``maintain()`` still sees it).
+open on a connection of its own (the SQL function ``maintain()`` still sees it); settings a connection of
+pgstreams' own needs (lock timeouts, asynchronous commits) are those of each transaction.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from contextlib import ExitStack
 
 import psycopg
 import pytest
+from psycopg import sql
 
 import pgstreams
 from _core_helpers import wait_until
@@ -139,3 +141,52 @@ def test_a_pass_holds_the_maintenance_lock_for_one_transaction_which_the_sql_fun
         assert ops.try_purge_lock(conn) is None  # held: a second purge does not run
         release_purge()
     assert _advisory_locks(dsn) == []
+
+
+def test_settings_of_a_connection_of_its_own_are_those_of_each_transaction(
+        dsn: str, pooled_client: pgstreams.Client) -> None:
+    """A setting given to a connection of pgstreams' own (a member's lock timeout) reaches every statement
+    the executor runs on it, and never its session: a statement waiting for a lock gives up after the
+    timeout, while the session's own lock_timeout stays the server's."""
+    pooled_client.create_topic("locked", 1)
+    table = sql.Identifier("pgstreams", f"topic_{pooled_client.topic_record('locked').id}")
+    ex = pooled_client.store.executor
+    with pooled_client.raw_connection() as conn, psycopg.connect(dsn) as holder:
+        pooled_client.store.groups.prepare_member_connection(conn, 0.3)
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)  # the session keeps none
+        holder.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(table))
+        began = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            ex.execute(conn, sql.SQL("SELECT count(*) FROM {}").format(table))
+        assert time.monotonic() - began < 30
+        assert conn.execute("SHOW lock_timeout").fetchone() == ("0",)
+
+
+def test_a_detach_waiting_longer_than_the_lock_timeout_is_cancelled_in_transaction_mode(
+        dsn: str, pooled_client: pgstreams.Client) -> None:
+    """``DETACH PARTITION ... CONCURRENTLY`` runs outside a transaction, where no setting of one
+    transaction reaches it: in transaction mode it is cancelled once it waited longer than the pass's lock
+    timeout, and raised as a lock timeout (the next pass finishes it); the segment stays attached."""
+    pooled_client.create_topic("d", 1)
+    topic_id = pooled_client.topic_record("d").id
+    with psycopg.connect(dsn, autocommit=True) as c:
+        (segment,) = c.execute("SELECT max(segment) FROM pgstreams.segments WHERE topic_id = %s",
+                               (topic_id,)).fetchone()  # type: ignore[misc]
+    table = sql.Identifier("pgstreams", f"topic_{topic_id}")
+    ops = pooled_client.store.operations
+    with pooled_client.raw_connection() as conn, psycopg.connect(dsn) as holder:
+        pooled_client.store.groups.prepare_member_connection(conn, 0.5)
+        holder.execute(sql.SQL("LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE").format(table))
+        began = time.monotonic()
+        with pytest.raises(psycopg.errors.LockNotAvailable, match="lock timeout"):
+            ops.detach_segment(conn, topic_id, segment)
+        assert time.monotonic() - began < 30
+        holder.rollback()
+        attached = conn.execute(
+            "SELECT count(*) FROM pg_inherits WHERE inhparent = %s::regclass",
+            (f"pgstreams.topic_{topic_id}",)).fetchone()
+        assert attached is not None and attached[0] >= 1
+        still = conn.execute("SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s)",
+                             (f"pgstreams.topic_{topic_id}_s{segment}",)).fetchone()
+        assert still == (1,)
+        assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection goes on

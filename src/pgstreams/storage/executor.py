@@ -7,7 +7,9 @@ async executor over an async pool can offer the same methods without touching th
 from __future__ import annotations
 
 import functools
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+import threading
+import weakref
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -55,6 +57,10 @@ class Executor:
         self.schema = schema
         self.retry = retry
         self.pooler: Pooler = pooler
+        # the settings of each transaction on connections of the callers' own (see configure)
+        self._local: weakref.WeakKeyDictionary[psycopg.Connection, dict[str, str]] = (
+            weakref.WeakKeyDictionary())
+        self._local_lock = threading.Lock()
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -101,6 +107,47 @@ class Executor:
         with self.connection() as c:
             return fn(c)
 
+    # -- settings of a connection ----------------------------------------------------------------------
+    def configure(self, conn: psycopg.Connection, settings: Mapping[str, str]) -> None:
+        """Give the statements this executor runs on ``conn`` (a connection of the caller's own, such as a
+        group member's or a maintenance pass's) ``settings`` (names and values as ``SET`` takes them).
+        Straight to the server (or behind a session pooler) session settings of ``conn``, set now in one
+        round trip. Behind a transaction pooler, where a session setting would stay with a server session
+        that serves other clients (and the next transaction may run on another one), settings of each
+        transaction instead: every statement this executor runs on ``conn`` is sent after
+        ``set_config(..., true)`` of each, in the same round trip and transaction (a psycopg pipeline)."""
+        names, values = list(settings), [str(v) for v in settings.values()]
+        if keeps_sessions(self.pooler):
+            conn.execute(self.query("apply_settings"), {"local": False, "names": names, "values": values})
+            return
+        with self._local_lock:
+            self._local[conn] = {**self._local.get(conn, {}), **dict(zip(names, values, strict=True))}
+
+    def settings(self, conn: psycopg.Connection) -> dict[str, str]:
+        """The settings :meth:`configure` gave the transactions on ``conn`` (behind a transaction pooler;
+        empty otherwise: there they are the session's)."""
+        return dict(self._local.get(conn, {})) if self._local else {}
+
+    def _cursor(self, c: psycopg.Connection, query: sql.Composed, params: Params, row: RowFactory[Any],
+                prepare: bool | None, binary: bool = False) -> psycopg.Cursor[Any]:
+        """``query`` run on ``c``: its cursor, with the settings of :meth:`configure` in front behind a
+        transaction pooler."""
+        local = self._local.get(c) if self._local else None
+        cur = c.cursor(row_factory=row, binary=binary)
+        if not local:
+            return cur.execute(query, params, prepare=prepare)
+        with c.pipeline():  # one transaction (one sync): the settings are those of the query's transaction
+            c.execute(self.query("apply_settings"),
+                      {"local": True, "names": list(local), "values": list(local.values())})
+            cur.execute(query, params, prepare=prepare)
+        return cur
+
+    def execute(self, conn: psycopg.Connection, query: sql.Composed) -> None:
+        """Run ``query`` (rendered already: a segment's DDL) on ``conn`` for its effect, with the settings
+        of :meth:`configure`."""
+        self._cursor(conn, query, None, tuple_row, None)
+
+    # -- named queries ---------------------------------------------------------------------------------
     def one(self, name: str, params: Params = None, *, conn: psycopg.Connection | None = None,
             topic_id: int | None = None, row: RowFactory[Any] = tuple_row, prepare: bool | None = None
             ) -> Any:
@@ -109,7 +156,7 @@ class Executor:
         query = self.query(name, topic_id)
 
         def go(c: psycopg.Connection) -> Any:
-            return c.cursor(row_factory=row).execute(query, params, prepare=prepare).fetchone()
+            return self._cursor(c, query, params, row, prepare).fetchone()
 
         return go(conn) if conn is not None else self.pooled(go)
 
@@ -120,7 +167,7 @@ class Executor:
         query = self.query(name, topic_id)
 
         def go(c: psycopg.Connection) -> list[Any]:
-            return c.cursor(row_factory=row, binary=binary).execute(query, params, prepare=prepare).fetchall()
+            return self._cursor(c, query, params, row, prepare, binary).fetchall()
 
         return go(conn) if conn is not None else self.pooled(go)
 
@@ -131,7 +178,7 @@ class Executor:
         query = self.query(name, topic_id)
 
         def go(c: psycopg.Connection) -> int:
-            return c.execute(query, params, prepare=prepare).rowcount
+            return self._cursor(c, query, params, tuple_row, prepare).rowcount
 
         return go(conn) if conn is not None else self.pooled(go)
 

@@ -5,6 +5,7 @@ pg_cron jobs. The SQL is in ``sql/queries/operations.sql`` and ``0008_operations
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -91,8 +92,12 @@ class OperationsStore:
     # -- maintenance ---------------------------------------------------------------------------------
     def prepare_pass(self, conn: psycopg.Connection) -> None:
         """Set up ``conn`` (a connection of its own) for a maintenance pass: its commits do not wait for
-        their WAL flush (see the query ``maintenance_session``)."""
-        self.ex.run("maintenance_session", conn=conn)
+        their WAL flush. A pass commits many small transactions (per topic: segments ahead, sealing,
+        retention marks, each step of a detach); WAL stays in order, so a mark is durable before the
+        detach and drop that follow it, and a transaction that drops a table flushes WAL anyway. (A setting
+        of the session, or behind a transaction pooler of each transaction: see
+        :meth:`Executor.configure`.)"""
+        self.ex.configure(conn, {"synchronous_commit": "off"})
 
     def lock_pass(self, conn: psycopg.Connection) -> Release:
         """Wait for and take the schema's maintenance lock for a pass on ``conn``; the call that releases
@@ -234,8 +239,44 @@ class OperationsStore:
         row = self.ex.one("segment_detach_state", (segment_name, tables.table_regclass), conn=conn)
         if row is not None:
             name = "finalize_detach" if row[0] else "detach_segment"
-            conn.execute(self._segment_query(name, topic_id, segment))
+            self._detach(conn, self._segment_query(name, topic_id, segment))
         self.ex.run("segment_detached", (topic_id, segment), conn=conn)
+
+    def _detach(self, conn: psycopg.Connection, query: sql.Composed) -> None:
+        """Run a detach (``DETACH PARTITION ... CONCURRENTLY`` or ``FINALIZE``) on ``conn``. Such a
+        statement runs outside any transaction block, so behind a transaction pooler no setting of one
+        transaction reaches it: there its waits are bounded by cancelling it once it ran longer than the
+        ``lock_timeout`` given to ``conn`` (:meth:`Executor.configure`), raised as
+        :class:`psycopg.errors.LockNotAvailable` as PostgreSQL's own lock timeout is (the detach is
+        finished by the next pass)."""
+        limit = self.ex.settings(conn).get("lock_timeout")
+        if keeps_sessions(self.ex.pooler) or not limit or int(limit) <= 0:
+            conn.execute(query)
+            return
+        guard = threading.Lock()
+        state = {"running": True, "cancelled": False}
+
+        def cancel() -> None:
+            with guard:  # never once the statement returned: the cancel would reach the next one
+                if state["running"]:
+                    state["cancelled"] = True
+                    conn.cancel_safe()
+
+        timer = threading.Timer(int(limit) / 1000, cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.execute(query)
+        except psycopg.errors.QueryCanceled:
+            if state["cancelled"]:
+                raise psycopg.errors.LockNotAvailable(
+                    f"canceling statement due to lock timeout (the detach ran longer than {int(limit)} ms)"
+                ) from None
+            raise
+        finally:
+            with guard:
+                state["running"] = False
+            timer.cancel()
 
     def remove_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
         """Detach a marked segment (:meth:`detach_segment`), drop it and forget it. ``conn`` must be in
@@ -249,7 +290,7 @@ class OperationsStore:
 
     def drop_detached(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
         """Drop a detached segment's table (it locks nothing the topic's users touch) and forget it."""
-        conn.execute(self._segment_query("drop_segment_table", topic_id, segment))
+        self.ex.execute(conn, self._segment_query("drop_segment_table", topic_id, segment))
         self.ex.run("forget_segment", (topic_id, segment), conn=conn)
 
     def try_purge_lock(self, conn: psycopg.Connection) -> Release | None:

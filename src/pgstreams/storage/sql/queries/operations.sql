@@ -29,11 +29,12 @@ SELECT DISTINCT k.group_name, k.topic_id, g.p, 0::bigint
  WHERE k.topic_id = %(topic_id)s
 ON CONFLICT DO NOTHING;
 
--- name: maintenance_session
--- A maintenance pass commits many small transactions (per topic: segments ahead, sealing, retention marks,
--- each step of a detach): none waits for its WAL flush. WAL stays in order, so a mark is durable before
--- the detach and drop that follow it, and a transaction that drops a table flushes WAL anyway.
-SET synchronous_commit = off;
+-- name: apply_settings
+-- Settings of a connection of pgstreams' own (a maintenance pass's, a group member's): of its session
+-- (local false), or of the transaction (true; behind a transaction pooler, sent with every statement, see
+-- Executor.configure). Names and values as two arrays.
+SELECT set_config(s.name, s.value, %(local)s)
+  FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value);
 
 -- name: maintenance_lock
 -- One maintenance pass of a schema at a time (SQL maintain() takes the same key per transaction).

@@ -34,7 +34,7 @@ from .cluster import ClusterClient
 from .cluster.layout import check_dsns, split_dsns
 from .embedded import embedded_dsn
 from .errors import InvalidArgument
-from .pooler import Pooler, check_pooler
+from .pooler import Pooler, check_listen_dsn, check_pooler
 
 __all__ = ["DSN_VARIABLE", "LIBPQ_SERVER_VARIABLES", "connect", "resolve_dsn", "resolve_dsns"]
 
@@ -93,6 +93,7 @@ def connect(
     dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True, pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Client: ...
 
 
@@ -101,6 +102,7 @@ def connect(
     dsn: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True, pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Client | ClusterClient: ...
 
 
@@ -114,6 +116,7 @@ def connect(
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
     idempotent: bool = True,
     pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Any:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager), or, given
     several DSNs, a :class:`pgstreams.ClusterClient` over the shards of a cluster (docs/shards.md).
@@ -140,12 +143,20 @@ def connect(
     pooler"). ``"transaction"`` (PgBouncer's ``pool_mode = transaction``, RDS Proxy, Supavisor's
     transaction mode): the client keeps nothing in a server session between transactions (no named
     prepared statement, no session setting, no session advisory lock, no LISTEN through the pooler).
+    ``listen_dsn`` (default ``None``): a DSN of the same database that reaches PostgreSQL straight or
+    through a pooler in session mode, used only by the client's LISTEN connection (the consumers' wake-ups);
+    without one a client in ``"transaction"`` mode does not listen and its waiting consumers and workers poll
+    every ``poll_interval`` (an event is seen up to that long after its commit). One server only.
     """
     check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
     options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
                                "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
                                "idempotent": idempotent, "pooler": check_pooler(pooler)}
+    listen = check_listen_dsn(listen_dsn)
     dsns = resolve_dsns(dsn)
     if len(dsns) == 1:
-        return Client(dsns[0], **options)
+        return Client(dsns[0], **options, listen_dsn=listen)
+    if listen is not None:
+        raise InvalidArgument(f"listen_dsn names one server, but {len(dsns)} DSNs (the shards of a cluster) "
+                              "were given: the shards' consumers poll behind a transaction pooler")
     return ClusterClient(dsns, **options)

@@ -18,11 +18,11 @@ import psycopg
 
 from .errors import ClientClosed, ConfigurationError, MigrationError, PermissionDenied, TopicNotFound
 from .names import check_topic
-from .pooler import DEFAULT_POOLER, Pooler, connection_options
+from .pooler import DEFAULT_POOLER, Pooler, connection_options, keeps_sessions
 from .ports import TopicView
 from .reconnect import Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
-from .storage.executor import session_conninfo, session_setup
+from .storage.executor import keepalive_conninfo, session_conninfo, session_setup
 from .storage.libpq import CheckedPool
 from .storage.libpq.pools import CLOSED
 from .storage.notifications import Listener, Notifier
@@ -59,13 +59,16 @@ class Session(Generic[StateT]):
     topic as waited for recheck fast (see :class:`pgstreams.storage.notifications.Listener`). ``pooler``
     (default ``"session"``): the mode of a connection pooler in front of the server (see
     :mod:`pgstreams.pooler`): in ``"transaction"`` mode no connection keeps anything in its server session
-    between transactions. :class:`pgstreams.Client` makes one with its validated options; :meth:`close`
+    between transactions. ``listen_dsn`` (default ``None``): where the listener's connection goes (the
+    server straight, or a pooler in session mode: it only LISTENs); without one it LISTENs on a
+    connection like the pool's, or, in ``"transaction"`` mode, not at all (waiting loops poll every
+    ``poll_interval``). :class:`pgstreams.Client` makes one with its validated options; :meth:`close`
     closes it.
     """
 
     def __init__(self, dsn: str, *, schema: str, migrate: bool, pool_size: int, poll_interval: float,
                  retry_timeout: float, state_of: Callable[[TopicRecord], StateT], mark_window: float,
-                 pooler: Pooler = DEFAULT_POOLER) -> None:
+                 pooler: Pooler = DEFAULT_POOLER, listen_dsn: str | None = None) -> None:
         self._dsn = dsn
         self.schema = schema
         #: the mode of the connection pooler in front of the server (:mod:`pgstreams.pooler`)
@@ -103,8 +106,14 @@ class Session(Generic[StateT]):
         self._topics_lock = threading.Lock()
         #: the wake-up notifications this session sends after its publishes' commits
         self.notifier = Notifier(self.raw_connection, schema)
-        #: the notifications this session's waiting loops wait for
-        self.listener = Listener(self.raw_connection, schema, self._mark_waiting, fast_window=mark_window)
+        self._listen_conninfo = None if listen_dsn is None else keepalive_conninfo(listen_dsn)
+        listen: Callable[[], psycopg.Connection] | None = (
+            self._listen_connection if listen_dsn is not None
+            else self.raw_connection if keeps_sessions(pooler) else None)
+        #: the notifications this session's waiting loops wait for (off behind a transaction pooler without
+        #: ``listen_dsn``: they poll)
+        self.listener = Listener(listen, schema, self._mark_waiting, fast_window=mark_window,
+                                 poll_interval=self.poll_interval)
         self._closed = False
         self._released = False
 
@@ -136,6 +145,14 @@ class Session(Generic[StateT]):
         if self._released:
             raise ClientClosed(CLOSED)
         return self._pool.fresh()
+
+    def _listen_connection(self) -> psycopg.Connection:
+        """A new autocommit connection to ``listen_dsn`` (with TCP keepalives where it sets none), for the
+        listener only."""
+        if self._released:
+            raise ClientClosed(CLOSED)
+        assert self._listen_conninfo is not None
+        return psycopg.connect(self._listen_conninfo, autocommit=True, connect_timeout=10)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

@@ -357,6 +357,7 @@ def test_consume_stops_quietly_when_stdout_closes(dsn: str) -> None:
     ("groups", "describe", "bad group"),
     ("topics", "list", "--pooler", "bogus"),
     ("produce", "t", "--pooler", "statement"),
+    ("consume", "t", "--group", "g", "--pooler", "transaction", "--listen-dsn", "bogus=1"),
 ])
 def test_usage_errors_exit_2(dsn: str, args: tuple[str, ...]) -> None:
     with pgstreams.connect(dsn) as client:

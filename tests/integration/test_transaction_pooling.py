@@ -19,7 +19,7 @@ import pytest
 from psycopg import sql
 
 import pgstreams
-from _core_helpers import wait_until
+from _core_helpers import Background, wait_until
 from pgstreams.maintenance import MaintenanceService
 
 #: What a server session keeps of what ran in it: the settings it changed, its named prepared statements.
@@ -190,3 +190,60 @@ def test_a_detach_waiting_longer_than_the_lock_timeout_is_cancelled_in_transacti
                              (f"pgstreams.topic_{topic_id}_s{segment}",)).fetchone()
         assert still == (1,)
         assert conn.execute("SELECT 1").fetchone() == (1,)  # the connection goes on
+
+
+def _listening(dsn: str) -> int:
+    """How many sessions of the database of ``dsn`` are LISTENing (their last statement a LISTEN)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        row = c.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                        " AND query ILIKE 'LISTEN %%'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_without_a_listen_dsn_a_client_in_transaction_mode_listens_to_nothing_and_its_consumers_poll(
+        dsn: str) -> None:
+    """Behind a transaction pooler a LISTEN would stay with a server session that serves other clients:
+    without ``listen_dsn`` the client listens to nothing, marks no topic as waited for, and its waiting
+    consumer finds an event published meanwhile by polling (within its poll interval)."""
+    with pgstreams.connect(dsn, pooler="transaction", poll_interval=0.3) as client, \
+            pgstreams.connect(dsn) as publisher:
+        client.create_topic("p", 1)
+        topic_id = client.topic_record("p").id
+        consumer = client.consumer("p", "g")
+        assert consumer.poll(timeout=0.5) == []  # it waited: with a listener it would have listened
+        assert not client.listener.enabled and not client.listener.alive
+        assert _listening(dsn) == 0
+        with psycopg.connect(dsn, autocommit=True) as c:
+            assert c.execute("SELECT count(*) FROM pgstreams.topic_waiters").fetchone() == (0,)
+        waiting = Background(consumer.poll, 10, 60.0)
+        publisher.publish("p", "polled")
+        began = time.monotonic()
+        events = waiting.result(90, "the waiting consumer's poll")
+        assert [e.value for e in events] == ["polled"]
+        assert time.monotonic() - began < 30  # found by a poll, long before the poll's timeout
+        assert client.listener.generation(topic_id) == 0  # no notification ever came
+
+
+def test_with_a_listen_dsn_a_client_in_transaction_mode_is_woken_by_notifications(dsn: str) -> None:
+    """With ``listen_dsn`` the client LISTENs on a connection to it: a consumer waiting with a poll interval
+    of a minute gets an event published by another client within seconds, by the notification (the
+    listener counts it)."""
+    with pgstreams.connect(dsn, pooler="transaction", listen_dsn=dsn, poll_interval=60) as client:
+        client.create_topic("n", 1)
+        topic_id = client.topic_record("n").id
+        consumer = client.consumer("n", "g")
+        assert client.listener.enabled
+        waiting = Background(consumer.poll, 10, 50.0)
+        assert client.listener.connected.wait(30), "the listener did not connect to listen_dsn"
+        marked = "SELECT count(*) FROM pgstreams.topic_waiters WHERE topic_id = %s"
+        with psycopg.connect(dsn, autocommit=True) as c:  # the consumer marked the topic: publishers notify
+            wait_until(lambda: c.execute(marked, (topic_id,)).fetchone() == (1,), 30,
+                       "the topic marked as waited for")
+        assert _listening(dsn) == 1
+        with pgstreams.connect(dsn) as publisher:
+            publisher.publish("n", "notified")
+            began = time.monotonic()
+            events = waiting.result(90, "the waiting consumer's poll")
+        assert [e.value for e in events] == ["notified"]
+        assert time.monotonic() - began < 30
+        assert client.listener.generation(topic_id) >= 1  # the notification reached the listener

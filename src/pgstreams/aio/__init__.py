@@ -39,7 +39,7 @@ from ..client import (
 )
 from ..connecting import resolve_dsns
 from ..errors import InvalidArgument
-from ..pooler import Pooler, check_pooler, connection_options
+from ..pooler import Pooler, check_listen_dsn, check_pooler, connection_options
 from ..reconnect import DEFAULT_RETRY_TIMEOUT
 from ..storage.executor import session_setup_async
 from ..storage.libpq import AsyncCheckedPool
@@ -55,7 +55,7 @@ ADMIN_POOL_SIZE = 2
 async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
                   pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
                   retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
-                  pooler: Pooler | None = None) -> AsyncClient:
+                  pooler: Pooler | None = None, listen_dsn: str | None = None) -> AsyncClient:
     """Connect to PostgreSQL and return an :class:`AsyncClient` (use ``async with`` or ``await
     client.close()``). The arguments and defaults are those of :func:`pgstreams.connect`: ``dsn``
     (default ``$PGSTREAMS_DSN``, else the embedded server), ``schema`` ("pgstreams"), ``migrate`` (true),
@@ -64,10 +64,12 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     retried on fresh connections after its connection broke or the server restarted, before it raises
     :class:`pgstreams.ConnectionLost`), ``idempotent`` (true: publishes carry producer tags, so that one
     retried after its outcome was lost is stored once), ``pooler`` (``None``: ``"session"``; ``"transaction"``
-    behind a transaction pooler: see :mod:`pgstreams.pooler`); the same errors
+    behind a transaction pooler: see :mod:`pgstreams.pooler`), ``listen_dsn`` (``None``; the LISTEN
+    connection's DSN behind a transaction pooler); the same errors
     (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
     check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
     mode = check_pooler(pooler)
+    listen = check_listen_dsn(listen_dsn)
     dsns = await asyncio.to_thread(resolve_dsns, dsn)
     if len(dsns) > 1:
         raise InvalidArgument(f"the asyncio client connects to one server, but {len(dsns)} DSNs (the shards "
@@ -75,7 +77,8 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     resolved = dsns[0]
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
                                    pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval,
-                                   retry_timeout=retry_timeout, idempotent=idempotent, pooler=mode)
+                                   retry_timeout=retry_timeout, idempotent=idempotent, pooler=mode,
+                                   listen_dsn=listen)
     pool = AsyncCheckedPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs=connection_options(mode),
                             configure=session_setup_async(mode), timeout=max(sync.retry_timeout, 1.0),
                             open=False, name="pgstreams-aio")

@@ -17,6 +17,7 @@ from .common import (
     DEFAULT_SCHEMA,
     CliError,
     DsnOption,
+    ListenDsnOption,
     PoolerOption,
     SchemaOption,
     StdoutClosed,
@@ -92,6 +93,7 @@ def consume(
     ] = DEFAULT_CONSUME_WAIT,
     dsn: DsnOption = None,
     pooler: PoolerOption = None,
+    listen_dsn: ListenDsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Print events as JSON lines, committing the group's checkpoint after each printed batch.
@@ -109,7 +111,7 @@ def consume(
         raise usage_error(f"--wait must be >= 0, got {wait}")
     if partition is not None and any(p < 0 for p in partition):
         raise usage_error(f"--partition must be >= 0, got {min(partition)}")
-    with open_any(dsn, schema, pooler=pooler) as client:
+    with open_any(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         consumer: Consumer | ClusterConsumer
         if isinstance(client, ClusterClient):
             if partition:

@@ -20,6 +20,7 @@ from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_hand
 from .common import (
     DEFAULT_SCHEMA,
     DsnOption,
+    ListenDsnOption,
     PoolerOption,
     SchemaOption,
     open_client,
@@ -98,6 +99,7 @@ def worker_command(
                             ] = DEFAULT_METRICS_HOST,
     dsn: DsnOption = None,
     pooler: PoolerOption = None,
+    listen_dsn: ListenDsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run a handler as a member of a group until SIGINT/SIGTERM: it gets its share of the partitions,
@@ -134,7 +136,7 @@ def worker_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     # the embedded server's start-up and shut-down lines only with --log-level debug
     logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
-    with open_client(dsn, schema, pooler=pooler) as client:
+    with open_client(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         worker = Worker(client, member_id=member_id,
                         maintenance=None if no_maintenance else maintenance_interval)
         worker.add_subscription(topic, name, fn, SubscriptionOptions(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import RowFactory, tuple_row
 from psycopg_pool import ConnectionPool
 
@@ -228,6 +228,14 @@ KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval":
 #: The least ``tcp_user_timeout`` of a client's connections, in seconds (a shorter ``retry_timeout`` does not
 #: shorten it: a brief loss of packets must not end connections).
 MIN_USER_TIMEOUT = 10.0
+
+
+def keepalive_conninfo(dsn: str) -> str:
+    """``dsn`` with the TCP keepalives of :data:`KEEPALIVES` where its text sets none (a connection of the
+    listener's, to a ``listen_dsn``: a LISTEN connection cut silently is noticed within a minute)."""
+    given = conninfo_to_dict(dsn)
+    missing = {k: v for k, v in KEEPALIVES.items() if k not in given}
+    return make_conninfo(dsn, **missing) if missing else dsn
 
 
 def session_conninfo(dsn: str, effective: Sequence[Any], retry_timeout: float) -> str:

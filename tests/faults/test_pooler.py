@@ -1,10 +1,12 @@
-"""Behind a connection pooler: PgBouncer (Debian's, installed here when missing) in session mode in front
-of the test server, started by the tests themselves.
+"""Behind a connection pooler: PgBouncer (Debian's, installed here when missing) in session mode and in
+transaction mode in front of the test server, started by the tests themselves.
 
 Two clients through the pooler publish (single, ``publish_many``, asyncio), read in a consumer group,
 run workers and a share group and maintenance at once: no event is lost or delivered twice, and once they
 closed, no advisory lock is held and no server connection of the pooler keeps a setting, a prepared
-statement or a LISTEN of theirs.
+statement or a LISTEN of theirs. In transaction mode (``connect(pooler="transaction")``, a pool of a few
+server connections shared by every client connection) one client listens through a ``listen_dsn`` straight
+to the server and the other polls.
 
 Behind a pooler the process id a connection gets at login is the pooler's cancel key, not the server's
 process: ``pg_stat_activity`` never shows it. A publish that waits on a lock for longer than the silence
@@ -104,6 +106,18 @@ def _pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 50) -> Iterator
 def session_pooler(server_dsn: str) -> Iterator[Callable[[str], str]]:
     """PgBouncer in session mode in front of the test server."""
     yield from _pgbouncer(server_dsn, "session")
+
+
+#: Server connections of PgBouncer in transaction mode per database: far fewer than its clients' connections
+#: (two clients of up to 10 pooled connections each, their own connections, the asyncio client's), so that
+#: server sessions are shared and handed from client to client all the time.
+TRANSACTION_POOL_SIZE = 6
+
+
+@pytest.fixture(scope="module")
+def transaction_pooler(server_dsn: str) -> Iterator[Callable[[str], str]]:
+    """PgBouncer in transaction mode in front of the test server."""
+    yield from _pgbouncer(server_dsn, "transaction", TRANSACTION_POOL_SIZE)
 
 
 def _waiting_on(dsn: str, table: str) -> list[float]:
@@ -378,14 +392,17 @@ def _pooled_sessions(dsn: str, via: str) -> list[tuple[int, list[str], list[str]
         return seen
 
 
-def _two_clients(dsn: str, via: str, **options: Any) -> None:
-    """The scenario of two clients through the pooler at ``via`` (``options``: of ``connect()``): every
-    event published once is read once by a consumer group, handled once by workers and acked once by a
-    share group; maintenance runs from both, one leader at a time; afterwards no advisory lock is held and
-    the pooler's server connections keep nothing of the clients' sessions."""
+def _two_clients(dsn: str, via: str, options: dict[str, Any] | None = None,
+                 listening: dict[str, Any] | None = None) -> None:
+    """The scenario of two clients through the pooler at ``via`` (``options``: of ``connect()``, both;
+    ``listening``: more of the first's): every event published once is read once by a consumer group,
+    handled once by workers and acked once by a share group; maintenance runs from both, one leader at a
+    time; afterwards no advisory lock is held and the pooler's server connections keep nothing of the
+    clients' sessions."""
+    options = options or {}
     with psycopg.connect(dsn, autocommit=True) as direct:
         direct.execute("CREATE TABLE handled (partition int NOT NULL, position bigint NOT NULL)")
-    a = pgstreams.connect(via, **options)
+    a = pgstreams.connect(via, **options, **(listening or {}))
     b = pgstreams.connect(via, **options)
     try:
         a.create_topic("stream", 4)
@@ -414,6 +431,17 @@ def test_two_clients_behind_pgbouncer_in_session_mode_lose_nothing_and_leave_not
     nothing lost or duplicated, no advisory lock left, and the pooler's server connections keep nothing of
     their sessions (the pooler resets a server connection when its client leaves)."""
     _two_clients(dsn, session_pooler(dsn))
+
+
+def test_two_clients_behind_pgbouncer_in_transaction_mode_lose_nothing_and_leave_nothing(
+        dsn: str, transaction_pooler: Callable[[str], str]) -> None:
+    """Through PgBouncer 1.18 in transaction mode (no prepared-statement support of its own; a few server
+    connections shared by every client connection), two clients with ``pooler="transaction"`` publish,
+    read as a group, work, share and maintain: nothing lost or duplicated, one maintenance leader at a
+    time, no advisory lock left, and no server connection keeps a setting, a named prepared statement or a
+    LISTEN of theirs (the pooler resets nothing between transactions). The first client listens through a
+    ``listen_dsn`` straight to the server; the second polls."""
+    _two_clients(dsn, transaction_pooler(dsn), {"pooler": "transaction"}, {"listen_dsn": dsn})
 
 
 def _values(dsn: str, topic: str) -> list[Any]:

@@ -9,6 +9,7 @@ turns PostgreSQL's refusals into :class:`pgstreams.PermissionDenied`.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -22,12 +23,14 @@ from .pooler import DEFAULT_POOLER, Pooler, connection_options, keeps_sessions
 from .ports import TopicView
 from .reconnect import Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
-from .storage.executor import keepalive_conninfo, session_conninfo, session_setup
+from .storage.executor import keepalive_conninfo, pools_transactions, session_conninfo, session_setup
 from .storage.libpq import CheckedPool
 from .storage.libpq.pools import CLOSED
 from .storage.notifications import Listener, Notifier
 
 __all__ = ["Session", "denied"]
+
+log = logging.getLogger("pgstreams.session")
 
 T = TypeVar("T")
 StateT = TypeVar("StateT", bound=TopicView)
@@ -90,6 +93,11 @@ class Session(Generic[StateT]):
                 if pending:
                     raise MigrationError(
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
+            if keeps_sessions(pooler) and pools_transactions(probe, schema):
+                log.warning("the connection pooler in front of PostgreSQL at %s runs consecutive "
+                            "transactions in different server sessions (transaction pooling): connect with "
+                            "pooler=\"transaction\" (--pooler transaction), or prepared statements, session "
+                            "settings, advisory locks and LISTEN break (docs/operations.md)", self.server)
             self._conninfo = session_conninfo(dsn, probe.pgconn.info, self.retry_timeout)
             self._pool = CheckedPool(
                 self._conninfo, min_size=1, max_size=pool_size, kwargs=connection_options(pooler), open=True,

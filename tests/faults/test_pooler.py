@@ -41,10 +41,12 @@ from pgstreams.storage.libpq import SILENCE_PROBE
 PGBOUNCER = Path("/usr/sbin/pgbouncer")
 
 
-def _pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 50) -> Iterator[Callable[[str], str]]:
+def _pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 50, round_robin: bool = False
+               ) -> Iterator[Callable[[str], str]]:
     """PgBouncer in ``pool_mode`` in front of the server of ``server_dsn`` (every database, trust
     authentication, listening on a free loopback port, at most ``pool_size`` server connections per
-    database); yields the map from a database's DSN to the same database through the pooler."""
+    database; with ``round_robin`` handing out its idle server connections in turn instead of the last one
+    released first); yields the map from a database's DSN to the same database through the pooler."""
     debian_package("pgbouncer", PGBOUNCER)
     server = conninfo_to_dict(server_dsn)
     host = str(server.get("host") or "127.0.0.1")
@@ -66,6 +68,7 @@ def _pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 50) -> Iterator
         f"pool_mode = {pool_mode}\n"
         "max_client_conn = 200\n"
         f"default_pool_size = {pool_size}\n"
+        f"server_round_robin = {int(round_robin)}\n"
         f"logfile = {root / 'pgbouncer.log'}\n"
         "ignore_startup_parameters = extra_float_digits\n")
     if runner:
@@ -116,8 +119,10 @@ TRANSACTION_POOL_SIZE = 6
 
 @pytest.fixture(scope="module")
 def transaction_pooler(server_dsn: str) -> Iterator[Callable[[str], str]]:
-    """PgBouncer in transaction mode in front of the test server."""
-    yield from _pgbouncer(server_dsn, "transaction", TRANSACTION_POOL_SIZE)
+    """PgBouncer in transaction mode in front of the test server, handing its idle server connections out in
+    turn: consecutive transactions of one client run in different server sessions whenever several are
+    idle."""
+    yield from _pgbouncer(server_dsn, "transaction", TRANSACTION_POOL_SIZE, round_robin=True)
 
 
 def _waiting_on(dsn: str, table: str) -> list[float]:
@@ -442,6 +447,25 @@ def test_two_clients_behind_pgbouncer_in_transaction_mode_lose_nothing_and_leave
     LISTEN of theirs (the pooler resets nothing between transactions). The first client listens through a
     ``listen_dsn`` straight to the server; the second polls."""
     _two_clients(dsn, transaction_pooler(dsn), {"pooler": "transaction"}, {"listen_dsn": dsn})
+
+
+def test_a_client_in_session_mode_behind_a_transaction_pooler_is_warned(
+        dsn: str, transaction_pooler: Callable[[str], str], session_pooler: Callable[[str], str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Connecting without ``pooler="transaction"`` through a pooler that runs consecutive transactions in
+    different server sessions logs a warning naming the option; with the option, or through a session
+    pooler, nothing is logged."""
+    via = transaction_pooler(dsn)
+    with ExitStack() as stack:  # several server sessions, idle once these end: the pooler hands them in turn
+        for _ in range(3):
+            stack.enter_context(psycopg.connect(via)).execute("SELECT 1")
+    warned = "transaction pooling): connect with pooler=\"transaction\""
+    with caplog.at_level("WARNING", logger="pgstreams.session"):
+        pgstreams.connect(via, pooler="transaction").close()
+        pgstreams.connect(session_pooler(dsn)).close()
+        assert warned not in caplog.text
+        pgstreams.connect(via, retry_timeout=5).close()
+        assert warned in caplog.text
 
 
 def _values(dsn: str, topic: str) -> list[Any]:

@@ -230,6 +230,24 @@ KEEPALIVES = {"keepalives": "1", "keepalives_idle": "10", "keepalives_interval":
 MIN_USER_TIMEOUT = 10.0
 
 
+def pools_transactions(conn: psycopg.Connection, schema: str, tries: int = 3) -> bool:
+    """Whether ``conn`` (autocommit, idle) is seen to reach PostgreSQL through a pooler in transaction mode:
+    the process id given at login names no server process (a pooler stands between) and, of ``tries`` + 1
+    transactions in a row, two ran in different server processes. A cheap guess that errs towards "no": a
+    pooler that hands the same server session back every time (PgBouncer does while it has one idle) is not
+    noticed. Costs one round trip straight to the server, ``tries`` + 1 behind a pooler."""
+    query = core_query("server_process", schema)
+    row = conn.execute(query).fetchone()
+    first = None if row is None else int(row[0])
+    if first is None or first == conn.pgconn.backend_pid:
+        return False
+    for _ in range(tries):
+        row = conn.execute(query).fetchone()
+        if row is not None and int(row[0]) != first:
+            return True
+    return False
+
+
 def keepalive_conninfo(dsn: str) -> str:
     """``dsn`` with the TCP keepalives of :data:`KEEPALIVES` where its text sets none (a connection of the
     listener's, to a ``listen_dsn``: a LISTEN connection cut silently is noticed within a minute)."""

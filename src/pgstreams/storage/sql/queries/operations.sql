@@ -36,6 +36,11 @@ ON CONFLICT DO NOTHING;
 SELECT set_config(s.name, s.value, %(local)s)
   FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value);
 
+-- name: server_process
+-- The server process of the transaction (behind a pooler in transaction mode it may change from one to the
+-- next; see executor.pools_transactions).
+SELECT pg_backend_pid();
+
 -- name: maintenance_lock
 -- One maintenance pass of a schema at a time (SQL maintain() takes the same key per transaction).
 SELECT pg_advisory_lock(hashtext('pgstreams.maintain'), hashtext(%s));

@@ -4,9 +4,9 @@ transaction mode in front of the test server, started by the tests themselves.
 Two clients through the pooler publish (single, ``publish_many``, asyncio), read in a consumer group,
 run workers and a share group and maintenance at once: no event is lost or delivered twice, and once they
 closed, no advisory lock is held and no server connection of the pooler keeps a setting, a prepared
-statement or a LISTEN of theirs. In transaction mode (``connect(pooler="transaction")``, a pool of a few
-server connections shared by every client connection) one client listens through a ``listen_dsn`` straight
-to the server and the other polls.
+statement, a LISTEN or a temporary table of theirs. In transaction mode (``connect(pooler="transaction")``,
+a pool of a few server connections shared by every client connection) one client listens through a
+``listen_dsn`` straight to the server and the other polls.
 
 Behind a pooler the process id a connection gets at login is the pooler's cancel key, not the server's
 process: ``pg_stat_activity`` never shows it. A publish that waits on a lock for longer than the silence
@@ -248,25 +248,28 @@ AIO_EVENTS = 10
 POOLER_TRACKED = frozenset({"application_name", "client_encoding", "datestyle", "intervalstyle", "timezone",
                             "standard_conforming_strings"})
 #: What a server connection keeps of the sessions it served: its settings changed by a session, its named
-#: prepared statements and the channels it listens to.
+#: prepared statements, the channels it listens to and its temporary tables.
 SESSION_STATE = ("SELECT pg_backend_pid(),"
                  " array(SELECT lower(name) FROM pg_settings WHERE source = 'session' ORDER BY 1),"
                  " array(SELECT name FROM pg_prepared_statements ORDER BY 1),"
-                 " array(SELECT pg_listening_channels() ORDER BY 1)")
+                 " array(SELECT pg_listening_channels() ORDER BY 1),"
+                 " array(SELECT relname::text FROM pg_class"
+                 "  WHERE relnamespace = pg_my_temp_schema() ORDER BY 1)")
 
 
 def _publish_everywhere(via: str, a: pgstreams.Client, b: pgstreams.Client, topics: list[str],
                         options: dict[str, Any]) -> dict[str, list[str]]:
     """Client ``a`` publishes :data:`EVENTS` events one by one to each of ``topics`` while ``b`` publishes
-    as many with ``publish_many`` (batches of 10) and an asyncio client :data:`AIO_EVENTS`, all at once;
-    the values published, per topic."""
+    as many with ``publish_many`` (batches of 10, with event ids) and an asyncio client :data:`AIO_EVENTS`,
+    all at once; the values published, per topic."""
     def singles() -> None:
         for i in range(EVENTS):
             for t in topics:
                 a.publish(t, f"{t}-a-{i}", key=f"k{i}")
 
     def batches() -> int:
-        return sum(b.publish_many(t, [{"value": f"{t}-b-{i}", "key": f"k{i}"} for i in range(j, j + 10)])
+        return sum(b.publish_many(t, [{"value": f"{t}-b-{i}", "key": f"k{i}", "event_id": f"{t}-b-{i}"}
+                                      for i in range(j, j + 10)])
                    for j in range(0, EVENTS, 10) for t in topics)
 
     async def aio() -> int:
@@ -377,7 +380,8 @@ def _advisory_locks(dsn: str) -> list[tuple[Any, ...]]:
             " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").fetchall()
 
 
-def _pooled_sessions(dsn: str, via: str) -> list[tuple[int, list[str], list[str], list[str]]]:
+def _pooled_sessions(dsn: str, via: str
+                     ) -> list[tuple[int, list[str], list[str], list[str], list[str]]]:
     """What every server connection the pooler holds to the database of ``dsn`` keeps of the sessions it
     served (:data:`SESSION_STATE`, without the pooler's own parameters). Each is reached through the pooler
     by a transaction of its own, all held open at once, so the pooler hands each a different server
@@ -390,10 +394,12 @@ def _pooled_sessions(dsn: str, via: str) -> list[tuple[int, list[str], list[str]
         for _ in range(count):
             # not autocommit: its transaction holds its server connection until the block ends
             conn = stack.enter_context(psycopg.connect(via, prepare_threshold=None))
-            pid, settings, prepared, channels = conn.execute(SESSION_STATE).fetchone()  # type: ignore[misc]
-            seen.append((pid, [s for s in settings if s not in POOLER_TRACKED], prepared, channels))
+            pid, settings, prepared, channels, temporary = conn.execute(  # type: ignore[misc]
+                SESSION_STATE).fetchone()
+            settings = [s for s in settings if s not in POOLER_TRACKED]
+            seen.append((pid, settings, prepared, channels, temporary))
         servers = {int(r[0]) for r in direct.execute(others).fetchall()}
-        assert servers == {pid for pid, _, _, _ in seen}, (servers, seen)  # each seen, no other one
+        assert servers == {s[0] for s in seen}, (servers, seen)  # each seen, no other one
         return seen
 
 
@@ -426,7 +432,7 @@ def _two_clients(dsn: str, via: str, options: dict[str, Any] | None = None,
         b.close()
     wait_until(lambda: _advisory_locks(dsn) == [], 30, "no advisory lock held", every=0.2)
     sessions = _pooled_sessions(dsn, via)
-    kept = [s for s in sessions if s[1:] != ([], [], [])]
+    kept = [s for s in sessions if s[1:] != ([], [], [], [])]
     assert sessions and kept == [], kept
 
 

@@ -22,9 +22,12 @@ import pgstreams
 from _core_helpers import Background, wait_until
 from pgstreams.maintenance import MaintenanceService
 
-#: What a server session keeps of what ran in it: the settings it changed, its named prepared statements.
+#: What a server session keeps of what ran in it: the settings it changed, its named prepared statements,
+#: its temporary tables.
 SESSION_STATE = ("SELECT array(SELECT lower(name) FROM pg_settings WHERE source = 'session' ORDER BY 1),"
-                 " array(SELECT name FROM pg_prepared_statements ORDER BY 1)")
+                 " array(SELECT name FROM pg_prepared_statements ORDER BY 1),"
+                 " array(SELECT relname::text FROM pg_class"
+                 "  WHERE relnamespace = pg_my_temp_schema() ORDER BY 1)")
 
 
 @pytest.fixture
@@ -49,19 +52,21 @@ def _work(client: pgstreams.Client) -> None:
     for i in range(30):  # more than psycopg's prepare threshold: each statement would be prepared
         client.publish("t", i, key=str(i))
     client.publish_many("t", [{"value": i} for i in range(30)])
+    # with event ids: through a staging table
+    client.publish_many("t", [{"value": i, "event_id": f"e{i}"} for i in range(30)])
     consumer = client.consumer("t", "g")
     got = 0
     while events := consumer.poll(max_events=20, timeout=0.2):
         got += len(events)
         consumer.commit()
-    assert got == 60
+    assert got == 90
     share = client.share_consumer("t", "s")
     while events := share.poll(max_events=20, timeout=0.2):
         share.ack(events)
     client.maintain()
 
 
-def _sessions_of(client: pgstreams.Client, count: int) -> list[tuple[list[str], list[str]]]:
+def _sessions_of(client: pgstreams.Client, count: int) -> list[tuple[list[str], list[str], list[str]]]:
     """:data:`SESSION_STATE` of ``count`` pooled connections of ``client`` (all borrowed at once)."""
     with ExitStack() as stack:
         conns = [stack.enter_context(client.connection()) for _ in range(count)]
@@ -70,18 +75,19 @@ def _sessions_of(client: pgstreams.Client, count: int) -> list[tuple[list[str], 
 
 def test_a_client_in_transaction_mode_keeps_nothing_in_its_server_sessions(dsn: str) -> None:
     """After publishing, reading, sharing and maintaining, the client's pooled sessions hold no named
-    prepared statement and no setting of their own, and no advisory lock is held; in session mode the same
-    work leaves both (the check sees them)."""
+    prepared statement, no setting and no temporary table of their own, and no advisory lock is held; in
+    session mode the same work leaves all three (the check sees them)."""
     with pgstreams.connect(dsn, pooler="transaction", pool_size=2) as client:
         _work(client)
-        assert _sessions_of(client, 2) == [([], []), ([], [])]
+        assert _sessions_of(client, 2) == [([], [], []), ([], [], [])]
         assert _advisory_locks(dsn) == []
     with pgstreams.connect(dsn, pool_size=2) as client:  # session mode: what the check would find
         client.delete_topic("t")
         _work(client)
         kept = _sessions_of(client, 2)
-        assert all("jit" in settings for settings, _ in kept)
-        assert any(prepared for _, prepared in kept)
+        assert all("jit" in settings for settings, _, _ in kept)
+        assert any(prepared for _, prepared, _ in kept)
+        assert any(temporary for _, _, temporary in kept)
 
 
 def test_the_maintenance_leader_holds_a_lease_that_another_service_takes_over_once_it_runs_out(
@@ -247,3 +253,17 @@ def test_with_a_listen_dsn_a_client_in_transaction_mode_is_woken_by_notification
         assert [e.value for e in events] == ["notified"]
         assert time.monotonic() - began < 30
         assert client.listener.generation(topic_id) >= 1  # the notification reached the listener
+
+
+def test_the_spark_sources_connections_in_transaction_mode_prepare_nothing_and_set_nothing(dsn: str) -> None:
+    """The Spark data source's connections with ``option("pooler", "transaction")`` prepare no statement
+    and leave no session setting (the bulk reads' JIT and parallel-worker settings are then the role's);
+    in session mode they set both."""
+    from pgstreams.spark import _db
+
+    with _db.connect(dsn, pooler="transaction") as conn:
+        assert conn.prepare_threshold is None
+        assert conn.execute(SESSION_STATE).fetchone() == ([], [], [])
+    with _db.connect(dsn) as conn:
+        settings, _, _ = conn.execute(SESSION_STATE).fetchone()  # type: ignore[misc]
+        assert {"jit", "max_parallel_workers_per_gather"} <= set(settings)

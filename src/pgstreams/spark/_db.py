@@ -21,10 +21,10 @@ from ._sql import query, topic_query
 
 
 @functools.lru_cache(maxsize=64)
-def store(schema: str) -> Store:
+def store(schema: str, pooler: Pooler = DEFAULT_POOLER) -> Store:
     """The storage operations of ``schema``, over the connections the caller passes (Spark's processes
-    hold plain connections, no pool)."""
-    return Store(None, schema)
+    hold plain connections, no pool), for connections in mode ``pooler``."""
+    return Store(None, schema, pooler=pooler)
 
 
 #: Seconds the work of a running query (read and write tasks, the stream's offsets and commits on the

@@ -131,7 +131,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
     :class:`pgstreams.storage.Segments`).
     """
     has_ids = "event_id" in used
-    storage = _db.store(opts.schema)
+    storage = _db.store(opts.schema, opts.pooler)
     ex, events_store = storage.executor, storage.events
     segments = Segments(meta.id, meta.segment_size, covered=meta.segments_end)
     wait = _db.RUNTIME_CONNECT_WAIT

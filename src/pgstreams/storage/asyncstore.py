@@ -63,6 +63,7 @@ from .events import (
     produced_call,
     session_busy_call,
     split_trailer,
+    staging_table,
     time_cursors_call,
     topic_version_call,
 )
@@ -295,7 +296,7 @@ class AsyncStore:
                     for r in rows:
                         await cp.write_row(r)
                 return len(rows)
-            await cur.execute(self.ex.query("staging_table"))
+            await cur.execute(self.ex.query(staging_table(self.ex.pooler)))
             async with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     await cp.write_row((i, *r))

@@ -26,6 +26,7 @@ from psycopg import pq
 from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
+from ..pooler import Pooler, keeps_sessions
 from .calls import ALL, RUN, Call, first_bool, first_int, nothing, perform
 from .executor import Executor, core_query
 from .libpq import Direct, Statement, int_array, statement, usable
@@ -80,6 +81,13 @@ _LEAN_FORMATS = (0, 0, 0, 1, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
+
+def staging_table(pooler: Pooler) -> str:
+    """The query creating the staging table of batches with event ids in mode ``pooler``: a temporary
+    table of the session whose rows vanish at commit, or behind a transaction pooler one dropped at commit
+    (a table kept would stay with a server session that serves other clients)."""
+    return "staging_table" if keeps_sessions(pooler) else "staging_table_dropped"
+
 def _insert_sql(schema: str, topic_id: int) -> bytes:
     """The single-event insert of a topic, rendered once (psycopg re-renders a Composed every time)."""
     return core_query("insert_event", schema, topic_id).as_bytes(None)
@@ -405,7 +413,7 @@ class EventStore:
                     for r in rows:
                         cp.write_row(r)
                 return len(rows)
-            cur.execute(self.ex.query("staging_table"))
+            cur.execute(self.ex.query(staging_table(self.ex.pooler)))
             with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     cp.write_row((i, *r))
@@ -439,8 +447,9 @@ class EventStore:
         perform(self.ex, join_fence_call(topic_id, partitions), conn)
 
     def create_staging(self, conn: psycopg.Connection) -> None:
-        """Create the session's staging table for batches with event ids (rows vanish at commit)."""
-        self.ex.run("staging_table", conn=conn)
+        """Create the session's staging table for batches with event ids (rows vanish at commit; behind a
+        transaction pooler the table too)."""
+        self.ex.run(staging_table(self.ex.pooler), conn=conn)
 
     def insert_staged(self, conn: psycopg.Connection, topic_id: int) -> int:
         """Move the staged rows into the topic, dropping known event ids; return how many were stored.

@@ -63,6 +63,14 @@ CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
     event_id text, correlation_id text, causation_id text, producer bigint
 ) ON COMMIT DELETE ROWS;
 
+-- name: staging_table_dropped
+-- staging_table for one transaction only (dropped at its commit): behind a transaction pooler, where a
+-- temporary table would stay with a server session that serves other clients.
+CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
+    ord bigint, partition integer, kind "char", key text, value bytea, headers jsonb, event_type text,
+    event_id text, correlation_id text, causation_id text, producer bigint
+) ON COMMIT DROP;
+
 -- name: join_fence_staged
 -- Register the transaction as a publisher of the staged rows' partitions before they draw positions.
 SELECT {schema}.join_fence({topic_id}, ARRAY(SELECT DISTINCT partition FROM pgstreams_staging), {seq_name}::regclass);

@@ -247,10 +247,14 @@ AIO_EVENTS = 10
 #: startup parameters): what a session shows as set by the session besides what pgstreams would leave.
 POOLER_TRACKED = frozenset({"application_name", "client_encoding", "datestyle", "intervalstyle", "timezone",
                             "standard_conforming_strings"})
-#: What a server connection keeps of the sessions it served: its settings changed by a session, its named
-#: prepared statements, the channels it listens to and its temporary tables.
+#: What a server connection keeps of the sessions it served: its settings changed by a session (with
+#: pgstreams' own, which pg_settings does not list), its named prepared statements, the channels it listens
+#: to and its temporary tables.
 SESSION_STATE = ("SELECT pg_backend_pid(),"
-                 " array(SELECT lower(name) FROM pg_settings WHERE source = 'session' ORDER BY 1),"
+                 " array(SELECT lower(name) FROM pg_settings WHERE source = 'session'"
+                 "       UNION ALL SELECT n FROM unnest(ARRAY['pgstreams.poll_fences',"
+                 "       'pgstreams.poll_fences_clean']) AS n"
+                 "        WHERE current_setting(n, true) <> '' ORDER BY 1),"
                  " array(SELECT name FROM pg_prepared_statements ORDER BY 1),"
                  " array(SELECT pg_listening_channels() ORDER BY 1),"
                  " array(SELECT relname::text FROM pg_class"

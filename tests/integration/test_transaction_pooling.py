@@ -22,9 +22,12 @@ import pgstreams
 from _core_helpers import Background, wait_until
 from pgstreams.maintenance import MaintenanceService
 
-#: What a server session keeps of what ran in it: the settings it changed, its named prepared statements,
-#: its temporary tables.
-SESSION_STATE = ("SELECT array(SELECT lower(name) FROM pg_settings WHERE source = 'session' ORDER BY 1),"
+#: What a server session keeps of what ran in it: the settings it changed (with pgstreams' own, which
+#: pg_settings does not list), its named prepared statements, its temporary tables.
+SESSION_STATE = ("SELECT array(SELECT lower(name) FROM pg_settings WHERE source = 'session'"
+                 "       UNION ALL SELECT n FROM unnest(ARRAY['pgstreams.poll_fences',"
+                 "       'pgstreams.poll_fences_clean']) AS n"
+                 "        WHERE current_setting(n, true) <> '' ORDER BY 1),"
                  " array(SELECT name FROM pg_prepared_statements ORDER BY 1),"
                  " array(SELECT relname::text FROM pg_class"
                  "  WHERE relnamespace = pg_my_temp_schema() ORDER BY 1)")
@@ -86,6 +89,7 @@ def test_a_client_in_transaction_mode_keeps_nothing_in_its_server_sessions(dsn: 
         _work(client)
         kept = _sessions_of(client, 2)
         assert all("jit" in settings for settings, _, _ in kept)
+        assert any("pgstreams.poll_fences" in settings for settings, _, _ in kept)
         assert any(prepared for _, prepared, _ in kept)
         assert any(temporary for _, _, temporary in kept)
 

@@ -53,6 +53,7 @@ from .events import (
     count_produced_call,
     existing_event_call,
     fences_call,
+    fences_query,
     idle_autocommit,
     insert_params,
     insert_statement,
@@ -397,7 +398,8 @@ class AsyncStore:
         fences: list[int] = []
         if _direct_ok(conn):
             # straight through libpq: the generic-plan setting, the fences and the read in one round trip
-            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, queries))
+            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, queries,
+                                                              self.ex.pooler))
             got = self._direct.rows(conn, results[2])
             if len(queries) > 2:
                 loaded = results[3].get_value(0, 0) or b"{}"
@@ -407,7 +409,8 @@ class AsyncStore:
         async with conn.pipeline():
             for q in queries:
                 cur = conn.cursor(binary=q in BINARY_QUERIES)
-                await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                name = fences_query(self.ex.pooler) if q == "load_fences" else q
+                await cur.execute(self.ex.query(name, topic_id), params, prepare=True)
                 curs.append(cur)
         got = await curs[1].fetchall()
         if len(queries) > 2:

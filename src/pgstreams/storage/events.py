@@ -26,7 +26,7 @@ from psycopg import pq
 from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
-from ..pooler import Pooler, keeps_sessions
+from ..pooler import DEFAULT_POOLER, Pooler, keeps_sessions
 from .calls import ALL, RUN, Call, first_bool, first_int, nothing, perform
 from .executor import Executor, core_query
 from .libpq import Direct, Statement, int_array, statement, usable
@@ -202,15 +202,24 @@ BINARY_QUERIES = frozenset({"poll", "poll_checked"})
 PollSteps = list[tuple[Statement, list[bytes], int]]
 
 
-def poll_steps(schema: str, topic_id: int, params: Mapping[str, Any], queries: Sequence[str]) -> PollSteps:
+def fences_query(pooler: Pooler) -> str:
+    """The query that loads a poll's fences for the read sent with it, in mode ``pooler``: ``load_fences``,
+    which keeps them (and whether they were clean, for the next poll) in settings of the session, or behind
+    a transaction pooler ``load_fences_local``, in settings of the poll's transaction only."""
+    return "load_fences" if keeps_sessions(pooler) else "load_fences_local"
+
+
+def poll_steps(schema: str, topic_id: int, params: Mapping[str, Any], queries: Sequence[str],
+               pooler: Pooler = DEFAULT_POOLER) -> PollSteps:
     """The statements of a poll straight through libpq, in one round trip: the generic-plan setting, then
     ``queries`` (:data:`POLL_CHECKED`, ...) with ``params`` (``partitions``, ``positions``: the cursors,
-    ``limit`` per partition, ``total``) in text form; event rows come in binary form."""
+    ``limit`` per partition, ``total``) in text form; event rows come in binary form. ``load_fences`` is
+    the query of :func:`fences_query` for ``pooler``."""
     text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
             "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
     steps = []
     for q in ("generic_plans", *queries):
-        st = statement(q, schema, topic_id)
+        st = statement(fences_query(pooler) if q == "load_fences" else q, schema, topic_id)
         steps.append((st, [text[n] for n in st.params], 1 if q in BINARY_QUERIES else 0))
     return steps
 
@@ -502,9 +511,11 @@ class EventStore:
                 curs = []
                 for q in queries:
                     cur = conn.cursor(binary=q in BINARY_QUERIES)
-                    cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    name = fences_query(self.ex.pooler) if q == "load_fences" else q
+                    cur.execute(self.ex.query(name, topic_id), params, prepare=True)
                     curs.append(cur)
             return [cur.fetchall() for cur in curs]
         # straight through libpq (see storage.libpq): psycopg's query layer cost most of the client CPU
         # of a poll that finds a few events
-        return self._direct.pipeline(conn, poll_steps(self.ex.schema, topic_id, params, queries))[1:]
+        return self._direct.pipeline(conn, poll_steps(self.ex.schema, topic_id, params, queries,
+                                                      self.ex.pooler))[1:]

@@ -114,6 +114,11 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- A poll's first statement: the fences of its partitions, kept in the session for the read that follows.
 SELECT {schema}.load_fences({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
 
+-- name: load_fences_local
+-- load_fences behind a transaction pooler: the fences kept in settings of the poll's transaction only
+-- (0032_transaction_fences.sql).
+SELECT {schema}.load_fences_local({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
+
 -- name: loaded_fences
 -- After a poll (sent with it): the read fences load_fences loaded for it, in the order of its partitions.
 SELECT {schema}.loaded_fences({topic_id});

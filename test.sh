@@ -2,9 +2,9 @@
 # Runs the whole pgstreams test suite.
 # Creates .venv (if missing), installs pgstreams with every extra, then runs pytest in parallel.
 # Uses $PGSTREAMS_TEST_DSN when set, otherwise an embedded PostgreSQL started by the tests.
-# Needs Python >= 3.11 and Java 17 (for the Spark tests); installs Debian's kcat and Node.js when missing (as
-# root; otherwise says what to install) and KafkaJS (for the Kafka conformance tests). Extra arguments go to
-# pytest.
+# Needs Python >= 3.11 and Java 17 (for the Spark tests); installs Debian's kcat and Node.js (for the Kafka
+# conformance tests) and PgBouncer (for the tests behind a connection pooler) when missing (as root; otherwise
+# says what to install) and KafkaJS. Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -12,16 +12,18 @@ PY=${PYTHON:-python3}
 command -v java >/dev/null || { echo "test.sh: java (17) is required for the Spark tests" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[spark,ml,dev,metrics,console,kafka]"
-# The Kafka conformance tests' other clients: Debian's kcat, and KafkaJS (Node.js), installed when missing.
+# The Kafka conformance tests' other clients: Debian's kcat, and KafkaJS (Node.js); the pooler tests' PgBouncer
+# (tests/faults/test_pooler.py). Installed when missing.
 need=()
 command -v kcat >/dev/null || need+=(kcat)
 command -v npm >/dev/null || need+=(nodejs npm)
+[ -x /usr/sbin/pgbouncer ] || need+=(pgbouncer)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get install -y -q "${need[@]}" >/dev/null 2>&1 \
       || { apt-get update -q >/dev/null && apt-get install -y -q "${need[@]}" >/dev/null; }
   else
-    echo "test.sh: the Kafka conformance tests need ${need[*]}: install them (apt-get install ${need[*]})" >&2
+    echo "test.sh: the tests need ${need[*]}: install them (apt-get install ${need[*]})" >&2
     exit 1
   fi
 fi

@@ -28,6 +28,7 @@ from .models import (
     StatusSnapshot,
 )
 from .names import check_schema
+from .pooler import Pooler, check_listen_dsn, check_pooler
 from .producer import MARK_WINDOW, Producer, TopicState
 from .reconnect import DEFAULT_RETRY_TIMEOUT
 from .session import Session, denied
@@ -78,7 +79,8 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
 
     Prefer :func:`connect`, which resolves the DSN and validates arguments. The arguments and their
     defaults are those of :func:`connect` (``schema="pgstreams"``, ``migrate=True``, ``pool_size=10``,
-    ``poll_interval=0.25``, ``retry_timeout=30``, ``idempotent=True``), except that ``dsn`` is required.
+    ``poll_interval=0.25``, ``retry_timeout=30``, ``idempotent=True``, ``pooler=None``,
+    ``listen_dsn=None``), except that ``dsn`` is required.
 
     ``session`` is the client's :class:`pgstreams.session.Session`, what consumers, workers and the other
     layers below the client work on; ``store`` is its storage layer of the client's schema
@@ -89,14 +91,17 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
     def __init__(
         self, dsn: str, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
         pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-        retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
+        retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True, pooler: Pooler | None = None,
+        listen_dsn: str | None = None,
     ) -> None:
         if not isinstance(dsn, str) or not dsn:
             raise InvalidArgument("dsn must be a non-empty string")
         check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
+        mode = check_pooler(pooler)
+        listen = check_listen_dsn(listen_dsn)
         session = Session(dsn, schema=schema, migrate=migrate, pool_size=pool_size,
                           poll_interval=poll_interval, retry_timeout=retry_timeout, state_of=TopicState.of,
-                          mark_window=MARK_WINDOW)
+                          mark_window=MARK_WINDOW, pooler=mode, listen_dsn=listen)
         self._session = session
         #: the session's storage layer, retry rule and wake-up services, bound once (one hop for callers)
         self.store = session.store
@@ -148,6 +153,12 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
     def server(self) -> str:
         """The server as ``user@host:port/dbname``, never with a password."""
         return self._session.server
+
+    @property
+    def pooler(self) -> Pooler:
+        """The mode of the connection pooler in front of the server (``"session"`` unless
+        ``connect(pooler="transaction")``; see :mod:`pgstreams.pooler`)."""
+        return self._session.pooler
 
     @property
     def poll_interval(self) -> float:

@@ -34,6 +34,7 @@ from .cluster import ClusterClient
 from .cluster.layout import check_dsns, split_dsns
 from .embedded import embedded_dsn
 from .errors import InvalidArgument
+from .pooler import Pooler, check_listen_dsn, check_pooler
 
 __all__ = ["DSN_VARIABLE", "LIBPQ_SERVER_VARIABLES", "connect", "resolve_dsn", "resolve_dsns"]
 
@@ -91,7 +92,8 @@ def resolve_dsns(dsn: str | Sequence[str] | None) -> list[str]:
 def connect(
     dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True, pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Client: ...
 
 
@@ -99,7 +101,8 @@ def connect(
 def connect(
     dsn: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
     pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-    retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
+    retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True, pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Client | ClusterClient: ...
 
 
@@ -112,6 +115,8 @@ def connect(
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     retry_timeout: float = DEFAULT_RETRY_TIMEOUT,
     idempotent: bool = True,
+    pooler: Pooler | None = None,
+    listen_dsn: str | None = None,
 ) -> Any:
     """Connect to PostgreSQL and return a :class:`Client` (also usable as a context manager), or, given
     several DSNs, a :class:`pgstreams.ClusterClient` over the shards of a cluster (docs/shards.md).
@@ -133,12 +138,25 @@ def connect(
     no tag and draws no producer id: a publish retried after a connection broke during its commit may then
     be stored twice (events with an ``event_id`` never are). It exists to measure what idempotence costs
     (``python -m bench.idempotence``) and for callers who deduplicate themselves.
+    ``pooler`` (default ``None``, the same as ``"session"``): the mode of a connection pooler between the
+    client and PostgreSQL (see :mod:`pgstreams.pooler` and docs/operations.md, "Behind a connection
+    pooler"). ``"transaction"`` (PgBouncer's ``pool_mode = transaction``, RDS Proxy, Supavisor's
+    transaction mode): the client keeps nothing in a server session between transactions (no named
+    prepared statement, no session setting, no session advisory lock, no LISTEN through the pooler).
+    ``listen_dsn`` (default ``None``): a DSN of the same database that reaches PostgreSQL straight or
+    through a pooler in session mode, used only by the client's LISTEN connection (the consumers' wake-ups);
+    without one a client in ``"transaction"`` mode does not listen and its waiting consumers and workers poll
+    every ``poll_interval`` (an event is seen up to that long after its commit). One server only.
     """
     check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
     options: dict[str, Any] = {"schema": schema, "migrate": migrate, "pool_size": pool_size,
                                "poll_interval": float(poll_interval), "retry_timeout": float(retry_timeout),
-                               "idempotent": idempotent}
+                               "idempotent": idempotent, "pooler": check_pooler(pooler)}
+    listen = check_listen_dsn(listen_dsn)
     dsns = resolve_dsns(dsn)
     if len(dsns) == 1:
-        return Client(dsns[0], **options)
+        return Client(dsns[0], **options, listen_dsn=listen)
+    if listen is not None:
+        raise InvalidArgument(f"listen_dsn names one server, but {len(dsns)} DSNs (the shards of a cluster) "
+                              "were given: the shards' consumers poll behind a transaction pooler")
     return ClusterClient(dsns, **options)

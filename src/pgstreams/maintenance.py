@@ -7,7 +7,8 @@ of the publishers (two empty ones, so no publish pays a ``CREATE TABLE``), give 
 column statistics, seal the segments every read fence has passed (their per-partition figures, which
 keep lag and counts off the log), apply retention by removing whole segments (see
 :mod:`pgstreams.topicconfig`), then expire group members that missed their session timeout. One pass of
-a schema runs at a time (an advisory lock; the SQL function ``maintain()`` takes the same one).
+a schema runs at a time (an advisory lock; the SQL function ``maintain()`` takes the same one; behind a
+transaction pooler the same lock for one transaction, held open for the pass on a connection of its own).
 
 Retention detaches a segment with ``DETACH PARTITION ... CONCURRENTLY`` (a ``SHARE UPDATE EXCLUSIVE``
 lock: publishers and readers go on); its events were marked as removed first, so readers behind
@@ -20,8 +21,9 @@ segments (detached ones first) with a short lock timeout instead.
 
 Where pg_cron is loaded, :func:`schedule_maintenance` registers a job running ``maintain()`` in the
 database (``pgstreams maintain --schedule``); elsewhere :class:`MaintenanceService` runs the pass on
-workers: every worker starts one, and exactly one of them per database (the holder of an advisory lock)
-runs passes, every :data:`DEFAULT_MAINTENANCE_INTERVAL` seconds.
+workers: every worker starts one, and exactly one of them per database (the holder of an advisory lock,
+or behind a transaction pooler of a lease that it renews) runs passes, every
+:data:`DEFAULT_MAINTENANCE_INTERVAL` seconds.
 
 Retention does not wait for share groups either: marking segments for removal counts, per share group
 and partition, the events past its frontier and its released or waiting events in them as lost (moving
@@ -34,9 +36,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import re
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +61,10 @@ log = logging.getLogger("pgstreams.maintenance")
 
 #: Seconds between two passes of the maintenance service (and between a follower's tries to lead).
 DEFAULT_MAINTENANCE_INTERVAL = 60.0
+#: Behind a transaction pooler, a leader's lease lasts this many of its service's intervals unless renewed
+#: (at every tick): a pass may take longer than an interval, and a leader that died is replaced within
+#: this many intervals and one more.
+LEADER_LEASE_INTERVALS = 3
 #: How often a pg_cron job runs the pass unless ``every`` says otherwise.
 DEFAULT_SCHEDULE_EVERY = "1m"
 #: Longest wait of a segment's detach for its lock, in seconds (it is retried at the next pass).
@@ -123,7 +132,7 @@ class Maintenance:
         with self.session.raw_connection() as conn:
             self._groups.prepare_member_connection(conn, DETACH_LOCK_TIMEOUT)
             ops.prepare_pass(conn)
-            ops.lock_pass(conn)
+            unlock = ops.lock_pass(conn)
             try:
                 for topic in ops.topics_to_check(conn):
                     totals["topics_checked"] += 1
@@ -141,8 +150,7 @@ class Maintenance:
                 seconds = self._clock() - start
                 ops.record_pass(conn, seconds, "python", totals)
             finally:
-                if not conn.closed:
-                    ops.unlock_pass(conn)
+                unlock()
             report = _report(totals, self._clock() - start)
             if purge:
                 begun = self._clock()
@@ -176,7 +184,8 @@ class Maintenance:
         a drop only before ``deadline`` (a time of the clock; the first drop always starts). Returns the
         segments dropped and those left."""
         ops = self._ops
-        if not ops.try_purge_lock(conn):
+        unlock = ops.try_purge_lock(conn)
+        if unlock is None:
             return 0, 0
         try:
             todo = collections.deque(ops.detached_segments(conn))
@@ -225,8 +234,7 @@ class Maintenance:
             dropped = sum(r for r in results if isinstance(r, int))
             return dropped, total - dropped
         finally:
-            if not conn.closed:
-                ops.purge_unlock(conn)
+            unlock()
 
     def _drop(self, conn: psycopg.Connection, take: Callable[[], tuple[int, int] | None]) -> int:
         dropped = 0
@@ -273,9 +281,13 @@ class MaintenanceService(Service):
     """Runs a maintenance pass every ``interval`` seconds (default :data:`DEFAULT_MAINTENANCE_INTERVAL`)
     while it leads its schema: of all the services of a database, only the one holding the schema's
     leader lock (a session advisory lock on a connection of its own) runs passes; the others try to take
-    it over every ``interval`` seconds, and do once the leader stops or its connection dies. Database
-    errors of a pass are logged and the pass retried at the next tick (with a new connection). ``client``:
-    a :class:`pgstreams.Client` or its session."""
+    it over every ``interval`` seconds, and do once the leader stops or its connection dies. Behind a
+    transaction pooler (``connect(pooler="transaction")``) the leader holds a lease instead (a row it
+    renews at every tick, for :data:`LEADER_LEASE_INTERVALS` intervals): once it stops, the others take
+    over at their next tick, and once it dies, after its lease ran out. Database errors of a pass are
+    logged and the pass retried at the next tick (with a new connection). ``client``: a
+    :class:`pgstreams.Client` or its session. :attr:`holder` names it as a leader (host, process and a
+    random part)."""
 
     def __init__(
         self, client: HasSession, interval: float = DEFAULT_MAINTENANCE_INTERVAL, *, name: str = "maintenance"
@@ -291,21 +303,28 @@ class MaintenanceService(Service):
         self.leader = False
         self.passes = 0
         self.last_report: MaintenanceReport | None = None
+        #: the name of this service as a leader
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        #: seconds a lease of this service lasts when not renewed (behind a transaction pooler)
+        self.lease = LEADER_LEASE_INTERVALS * float(interval)
         self._conn: psycopg.Connection | None = None
 
     def step(self) -> None:
-        """Lead if possible, then run a pass."""
+        """Lead if possible (or still lead), then run a pass."""
         try:
             if self._conn is None or self._conn.closed:
                 self.leader = False
                 self._conn = self.session.raw_connection()
             ops = self.session.store.operations
             if not self.leader:
-                self.leader = ops.try_lead(self._conn)
+                self.leader = ops.try_lead(self._conn, self.holder, self.lease)
                 if self.leader:
                     log.info("maintenance: this process leads schema %s", self.session.schema)
+            elif not ops.still_leads(self._conn, self.holder, self.lease):
+                self.leader = False
+                log.warning("maintenance: this process no longer leads schema %s (its lease ran out)",
+                            self.session.schema)
             if self.leader:
-                ops.ping(self._conn)  # still connected: still the leader
                 self.last_report = self.maintenance.run()
                 self.passes += 1
         except (psycopg.OperationalError, ConnectionLost, PermissionDenied) as exc:
@@ -327,7 +346,14 @@ class MaintenanceService(Service):
         self._conn = None
 
     def finish(self) -> None:
-        """Give up the leadership (closing the connection releases the lock)."""
+        """Give up the leadership (resigning; closing the connection releases a session lock anyway), so
+        that another service takes over at its next tick."""
+        if self.leader and self._conn is not None and not self._conn.closed:
+            try:
+                self.session.store.operations.resign(self._conn, self.holder)
+            except psycopg.Error as exc:  # a lease then runs out by itself
+                log.warning("maintenance: could not resign the leadership of schema %s: %s",
+                            self.session.schema, str(exc).strip())
         self._drop_connection()
 
 

@@ -29,10 +29,10 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed, PoolTimeout
+from psycopg_pool import PoolClosed, PoolTimeout
 
 from .errors import ConnectionLost, PermissionDenied
-from .storage.executor import configure_session, configure_session_async
+from .storage.libpq.pools import AsyncCheckedPool, CheckedPool
 
 log = logging.getLogger("pgstreams.reconnect")
 
@@ -182,7 +182,7 @@ class Reconnect(RetryRule):
     the connections to retry on, ``dsn`` the server (named in :class:`ConnectionLost`, without its
     password). ``clock`` and ``sleep`` default to ``time.monotonic`` and ``time.sleep``."""
 
-    def __init__(self, pool: ConnectionPool | None, dsn: str, timeout: float, *,
+    def __init__(self, pool: CheckedPool | None, dsn: str, timeout: float, *,
                  clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep
                  ) -> None:
         super().__init__(dsn, timeout, clock)
@@ -226,13 +226,8 @@ class Reconnect(RetryRule):
                 # once the server is back, a connection of this call's own gets on without waiting for it
                 exc = err
                 try:
-                    own = psycopg.connect(str(self.pool.conninfo), autocommit=True,
-                                          connect_timeout=max(1, int(self.remaining(deadline))))
-                    try:
-                        configure_session(own)  # as the pool's: its settings, its server's identity
-                    except BaseException:
-                        own.close()
-                        raise
+                    # as the pool's: its options, its settings, its server's identity
+                    own = self.pool.fresh(connect_timeout=max(1.0, self.remaining(deadline)))
                 except psycopg.Error as failed:
                     exc = failed
                     continue
@@ -267,7 +262,7 @@ class AsyncReconnect(RetryRule):
     :class:`~psycopg_pool.AsyncConnectionPool`, ``fn`` coroutine functions and the pauses awaited on the
     event loop. ``clock`` and ``sleep`` default to ``time.monotonic`` and ``asyncio.sleep``."""
 
-    def __init__(self, pool: AsyncConnectionPool | None, dsn: str, timeout: float, *,
+    def __init__(self, pool: AsyncCheckedPool | None, dsn: str, timeout: float, *,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep) -> None:
         super().__init__(dsn, timeout, clock)
@@ -311,14 +306,7 @@ class AsyncReconnect(RetryRule):
                 # back, a connection of this call's own gets on without waiting for it
                 exc = err
                 try:
-                    own = await psycopg.AsyncConnection.connect(
-                        str(self.pool.conninfo), autocommit=True,
-                        connect_timeout=max(1, int(self.remaining(deadline))))
-                    try:
-                        await configure_session_async(own)
-                    except BaseException:
-                        await own.close()
-                        raise
+                    own = await self.pool.fresh(connect_timeout=max(1.0, self.remaining(deadline)))
                 except psycopg.Error as failed:
                     exc = failed
                     continue

@@ -9,6 +9,7 @@ turns PostgreSQL's refusals into :class:`pgstreams.PermissionDenied`.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,15 +19,18 @@ import psycopg
 
 from .errors import ClientClosed, ConfigurationError, MigrationError, PermissionDenied, TopicNotFound
 from .names import check_topic
+from .pooler import DEFAULT_POOLER, Pooler, connection_options, keeps_sessions
 from .ports import TopicView
 from .reconnect import Reconnect, redact, retriable, server_label
 from .storage import CORE, Store, TopicRecord
-from .storage.executor import configure_session, session_conninfo
+from .storage.executor import keepalive_conninfo, pools_transactions, session_conninfo, session_setup
 from .storage.libpq import CheckedPool
 from .storage.libpq.pools import CLOSED
 from .storage.notifications import Listener, Notifier
 
 __all__ = ["Session", "denied"]
+
+log = logging.getLogger("pgstreams.session")
 
 T = TypeVar("T")
 StateT = TypeVar("StateT", bound=TopicView)
@@ -55,20 +59,29 @@ class Session(Generic[StateT]):
     notification arrives, ``retry_timeout`` how long a call is retried after a lost connection (see
     :mod:`pgstreams.reconnect`). ``state_of`` makes the cached state of a topic from its stored row (what
     :meth:`topic_state` returns); ``mark_window`` is how long (seconds) the waits after a consumer marked a
-    topic as waited for recheck fast (see :class:`pgstreams.storage.notifications.Listener`).
-    :class:`pgstreams.Client` makes one with its validated options; :meth:`close` closes it.
+    topic as waited for recheck fast (see :class:`pgstreams.storage.notifications.Listener`). ``pooler``
+    (default ``"session"``): the mode of a connection pooler in front of the server (see
+    :mod:`pgstreams.pooler`): in ``"transaction"`` mode no connection keeps anything in its server session
+    between transactions. ``listen_dsn`` (default ``None``): where the listener's connection goes (the
+    server straight, or a pooler in session mode: it only LISTENs); without one it LISTENs on a
+    connection like the pool's, or, in ``"transaction"`` mode, not at all (waiting loops poll every
+    ``poll_interval``). :class:`pgstreams.Client` makes one with its validated options; :meth:`close`
+    closes it.
     """
 
     def __init__(self, dsn: str, *, schema: str, migrate: bool, pool_size: int, poll_interval: float,
-                 retry_timeout: float, state_of: Callable[[TopicRecord], StateT], mark_window: float) -> None:
+                 retry_timeout: float, state_of: Callable[[TopicRecord], StateT], mark_window: float,
+                 pooler: Pooler = DEFAULT_POOLER, listen_dsn: str | None = None) -> None:
         self._dsn = dsn
         self.schema = schema
+        #: the mode of the connection pooler in front of the server (:mod:`pgstreams.pooler`)
+        self.pooler: Pooler = pooler
         self.poll_interval = float(poll_interval)
         self.retry_timeout = float(retry_timeout)
         #: the server as ``user@host:port/dbname``, never with a password
         self.server = server_label(dsn)
         try:
-            probe = psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+            probe = psycopg.connect(dsn, connect_timeout=10, **connection_options(pooler))
         except psycopg.Error as exc:
             raise ConfigurationError(
                 f"cannot connect to PostgreSQL at {self.server}: {redact(str(exc).strip(), dsn)}") from None
@@ -80,24 +93,35 @@ class Session(Generic[StateT]):
                 if pending:
                     raise MigrationError(
                         f"schema {schema!r} lacks migrations {pending}: run `pgstreams migrate`")
+            if keeps_sessions(pooler) and pools_transactions(probe, schema):
+                log.warning("the connection pooler in front of PostgreSQL at %s runs consecutive "
+                            "transactions in different server sessions (transaction pooling): connect with "
+                            "pooler=\"transaction\" (--pooler transaction), or prepared statements, session "
+                            "settings, advisory locks and LISTEN break (docs/operations.md)", self.server)
             self._conninfo = session_conninfo(dsn, probe.pgconn.info, self.retry_timeout)
             self._pool = CheckedPool(
-                self._conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True}, open=True,
+                self._conninfo, min_size=1, max_size=pool_size, kwargs=connection_options(pooler), open=True,
                 name="pgstreams",
-                configure=configure_session,
+                configure=session_setup(pooler),
                 timeout=max(self.retry_timeout, 1.0),
             )
             #: the retry after a lost connection (:class:`pgstreams.reconnect.Reconnect`)
             self.retry = Reconnect(self._pool, dsn, self.retry_timeout)
             #: the storage layer of the schema
-            self.store = Store(self._pool, schema, self.retry)
+            self.store = Store(self._pool, schema, self.retry, pooler=pooler)
         self._state_of = state_of
         self._topics: dict[str, StateT] = {}
         self._topics_lock = threading.Lock()
         #: the wake-up notifications this session sends after its publishes' commits
         self.notifier = Notifier(self.raw_connection, schema)
-        #: the notifications this session's waiting loops wait for
-        self.listener = Listener(self.raw_connection, schema, self._mark_waiting, fast_window=mark_window)
+        self._listen_conninfo = None if listen_dsn is None else keepalive_conninfo(listen_dsn)
+        listen: Callable[[], psycopg.Connection] | None = (
+            self._listen_connection if listen_dsn is not None
+            else self.raw_connection if keeps_sessions(pooler) else None)
+        #: the notifications this session's waiting loops wait for (off behind a transaction pooler without
+        #: ``listen_dsn``: they poll)
+        self.listener = Listener(listen, schema, self._mark_waiting, fast_window=mark_window,
+                                 poll_interval=self.poll_interval)
         self._closed = False
         self._released = False
 
@@ -124,17 +148,19 @@ class Session(Generic[StateT]):
 
     # -- connections ---------------------------------------------------------------------------------
     def raw_connection(self) -> psycopg.Connection:
-        """A new autocommit connection of the session's own, outside the pool (the caller closes it);
-        :class:`pgstreams.ClientClosed` once the session is closed."""
+        """A new autocommit connection of the session's own, outside the pool, made and set up as the
+        pool's are (the caller closes it); :class:`pgstreams.ClientClosed` once the session is closed."""
         if self._released:
             raise ClientClosed(CLOSED)
-        conn = psycopg.connect(self._conninfo, autocommit=True)
-        try:
-            configure_session(conn)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return self._pool.fresh()
+
+    def _listen_connection(self) -> psycopg.Connection:
+        """A new autocommit connection to ``listen_dsn`` (with TCP keepalives where it sets none), for the
+        listener only."""
+        if self._released:
+            raise ClientClosed(CLOSED)
+        assert self._listen_conninfo is not None
+        return psycopg.connect(self._listen_conninfo, autocommit=True, connect_timeout=10)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

@@ -355,6 +355,9 @@ def test_consume_stops_quietly_when_stdout_closes(dsn: str) -> None:
     ("produce", "t", "--partition", "5"),
     ("produce", "t", "--batch-size", "0"),
     ("groups", "describe", "bad group"),
+    ("topics", "list", "--pooler", "bogus"),
+    ("produce", "t", "--pooler", "statement"),
+    ("consume", "t", "--group", "g", "--pooler", "transaction", "--listen-dsn", "bogus=1"),
 ])
 def test_usage_errors_exit_2(dsn: str, args: tuple[str, ...]) -> None:
     with pgstreams.connect(dsn) as client:
@@ -374,6 +377,16 @@ def test_other_errors_exit_1(dsn: str, args: tuple[str, ...], message: str) -> N
     with pgstreams.connect(dsn) as client:
         client.create_topic("t", partitions=2)
     assert fails(dsn, 1, *args, stdin="x\n") == message
+
+
+def test_the_pooler_option_names_its_modes(dsn: str) -> None:
+    """``--pooler`` takes session or transaction; any other value is a usage error naming the option and
+    the modes, before anything is connected; ``--pooler transaction`` works."""
+    message = fails(dsn, 2, "topics", "list", "--pooler", "bogus")
+    assert message == ("error: --pooler must be one of 'session' or 'transaction' (the pooling mode of a "
+                       "connection pooler in front of PostgreSQL), got 'bogus'")
+    ok(dsn, "topics", "create", "pooled", "--pooler", "transaction")
+    assert "pooled" in ok(dsn, "topics", "list", "--pooler", "transaction")
 
 
 def test_cannot_connect_exits_1() -> None:

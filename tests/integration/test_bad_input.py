@@ -76,9 +76,17 @@ def test_connect_bad_input(empty_dsn: str, server_dsn: str) -> None:
         ({"poll_interval": 0}, "poll_interval"), ({"poll_interval": -1}, "poll_interval"),
         ({"poll_interval": float("nan")}, "poll_interval"), ({"poll_interval": "1"}, "poll_interval"),
         ({"migrate": "no"}, "migrate"), ({"migrate": 0}, "migrate"), ({"migrate": None}, "migrate"),
+        ({"pooler": "bogus"}, "pooler must be one of 'session', 'transaction' or None.*'bogus'"),
+        ({"pooler": ""}, "pooler must be one of"), ({"pooler": 1}, "pooler must be one of"),
+        ({"pooler": True}, "pooler must be one of"),
+        ({"listen_dsn": "host=x bogus=1"}, "listen_dsn is not a valid DSN"),
+        ({"listen_dsn": 5}, "listen_dsn must be a DSN string or None, not int"),
+        ({"listen_dsn": ""}, "listen_dsn must not be empty"),
     ]:
         with pytest.raises(InvalidArgument, match=match):
             pgstreams.connect(empty_dsn, **kwargs)
+    with pytest.raises(InvalidArgument, match="listen_dsn names one server, but 2 DSNs"):
+        pgstreams.connect([empty_dsn, server_dsn], listen_dsn=empty_dsn)
     with pytest.raises(MigrationError, match="migrat"):
         pgstreams.connect(empty_dsn, migrate=False)
     assert db_state(empty_dsn) == before
@@ -91,6 +99,7 @@ def test_client_constructor_bad_input(empty_dsn: str) -> None:
         ((empty_dsn,), {"schema": "a b"}, "schema"),
         ((empty_dsn,), {"migrate": "no"}, "migrate"), ((empty_dsn,), {"pool_size": 0}, "pool_size"),
         ((empty_dsn,), {"poll_interval": -1}, "poll_interval"),
+        ((empty_dsn,), {"pooler": "statement"}, "pooler must be one of 'session', 'transaction'"),
     ]:
         with pytest.raises((InvalidArgument, InvalidName), match=match):
             pgstreams.Client(*args, **kwargs)

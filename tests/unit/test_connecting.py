@@ -7,6 +7,7 @@ import pytest
 from pgstreams.cli.common import CliError, resolve, resolve_all
 from pgstreams.connecting import LIBPQ_SERVER_VARIABLES, resolve_dsn, resolve_dsns
 from pgstreams.errors import InvalidArgument
+from pgstreams.pooler import check_listen_dsn, check_pooler, connection_options
 from pgstreams.spark._options import read_options, write_options
 
 A = "postgresql://u@127.0.0.1:5432/a"
@@ -77,3 +78,36 @@ def test_the_spark_options_resolve_as_connect_does(monkeypatch: pytest.MonkeyPat
     assert read_options({"topic": "t"}).dsn.strip() == ""  # libpq's environment
     with pytest.raises(InvalidArgument, match="option 'dsn': shard 1: invalid DSN"):
         read_options({"dsn": f"{A},host='unterminated", "topic": "t"})
+
+
+def test_the_pooler_mode_is_session_or_transaction_and_anything_else_is_named_in_the_error() -> None:
+    assert check_pooler(None) == check_pooler("session") == check_pooler(" Session ") == "session"
+    assert check_pooler("transaction") == "transaction"
+    for bad in ("bogus", "statement", "", 0, True, ["transaction"]):
+        with pytest.raises(InvalidArgument, match="pooler must be one of 'session', 'transaction' or None"):
+            check_pooler(bad)
+    # behind a transaction pooler psycopg prepares nothing; otherwise its default
+    assert connection_options("transaction") == {"autocommit": True, "prepare_threshold": None}
+    assert "prepare_threshold" not in connection_options("session")
+
+
+def test_a_listen_dsn_must_be_a_dsn_and_its_password_stays_out_of_the_error() -> None:
+    assert check_listen_dsn(None) is None
+    assert check_listen_dsn(A) == A
+    with pytest.raises(InvalidArgument, match="listen_dsn must not be empty"):
+        check_listen_dsn(" ")
+    with pytest.raises(InvalidArgument, match="listen_dsn must be a DSN string or None, not int"):
+        check_listen_dsn(5)
+    with pytest.raises(InvalidArgument, match="listen_dsn is not a valid DSN") as info:
+        check_listen_dsn("host=a password=hunter2 bogus=1")
+    assert "hunter2" not in str(info.value)
+
+
+def test_the_spark_option_pooler_and_the_command_line_option_name_themselves() -> None:
+    assert read_options({"dsn": A, "topic": "t"}).pooler == "session"
+    assert read_options({"dsn": A, "topic": "t", "pooler": "transaction"}).pooler == "transaction"
+    assert write_options({"dsn": A, "topic": "t", "pooler": "TRANSACTION"}).pooler == "transaction"
+    with pytest.raises(InvalidArgument, match="option 'pooler' must be one of 'session' or 'transaction' "):
+        read_options({"dsn": A, "topic": "t", "pooler": "bogus"})
+    with pytest.raises(InvalidArgument, match="--pooler must be one of"):
+        check_pooler("bogus", "--pooler")

@@ -39,8 +39,9 @@ from ..client import (
 )
 from ..connecting import resolve_dsns
 from ..errors import InvalidArgument
+from ..pooler import Pooler, check_listen_dsn, check_pooler, connection_options
 from ..reconnect import DEFAULT_RETRY_TIMEOUT
-from ..storage.executor import configure_session_async
+from ..storage.executor import session_setup_async
 from ..storage.libpq import AsyncCheckedPool
 from .client import AsyncClient
 from .consumer import AsyncConsumer, AsyncConsumerTransaction
@@ -53,7 +54,8 @@ ADMIN_POOL_SIZE = 2
 
 async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
                   pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> AsyncClient:
+                  retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
+                  pooler: Pooler | None = None, listen_dsn: str | None = None) -> AsyncClient:
     """Connect to PostgreSQL and return an :class:`AsyncClient` (use ``async with`` or ``await
     client.close()``). The arguments and defaults are those of :func:`pgstreams.connect`: ``dsn``
     (default ``$PGSTREAMS_DSN``, else the embedded server), ``schema`` ("pgstreams"), ``migrate`` (true),
@@ -61,9 +63,13 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     (:data:`pgstreams.DEFAULT_RETRY_TIMEOUT`, 30 s; 0 turns retrying off: how long a call keeps being
     retried on fresh connections after its connection broke or the server restarted, before it raises
     :class:`pgstreams.ConnectionLost`), ``idempotent`` (true: publishes carry producer tags, so that one
-    retried after its outcome was lost is stored once); the same errors
+    retried after its outcome was lost is stored once), ``pooler`` (``None``: ``"session"``; ``"transaction"``
+    behind a transaction pooler: see :mod:`pgstreams.pooler`), ``listen_dsn`` (``None``; the LISTEN
+    connection's DSN behind a transaction pooler); the same errors
     (:class:`pgstreams.ConfigurationError` when the server cannot be reached, ...)."""
     check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
+    mode = check_pooler(pooler)
+    listen = check_listen_dsn(listen_dsn)
     dsns = await asyncio.to_thread(resolve_dsns, dsn)
     if len(dsns) > 1:
         raise InvalidArgument(f"the asyncio client connects to one server, but {len(dsns)} DSNs (the shards "
@@ -71,9 +77,10 @@ async def connect(dsn: str | None = None, *, schema: str = DEFAULT_SCHEMA, migra
     resolved = dsns[0]
     sync = await asyncio.to_thread(Client, resolved, schema=schema, migrate=migrate,
                                    pool_size=min(ADMIN_POOL_SIZE, pool_size), poll_interval=poll_interval,
-                                   retry_timeout=retry_timeout, idempotent=idempotent)
-    pool = AsyncCheckedPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs={"autocommit": True},
-                            configure=configure_session_async, timeout=max(sync.retry_timeout, 1.0),
+                                   retry_timeout=retry_timeout, idempotent=idempotent, pooler=mode,
+                                   listen_dsn=listen)
+    pool = AsyncCheckedPool(sync.conninfo, min_size=1, max_size=pool_size, kwargs=connection_options(mode),
+                            configure=session_setup_async(mode), timeout=max(sync.retry_timeout, 1.0),
                             open=False, name="pgstreams-aio")
     try:
         await pool.open(wait=True, timeout=30)

@@ -11,7 +11,6 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
 from ..client import Client
 from ..consumer.reader import TOPIC_GONE, Start, StreamReader
@@ -43,7 +42,7 @@ from ..reconnect import AsyncReconnect, retriable
 from ..storage import PARTITION, EventRow, StoredAt
 from ..storage.asyncstore import AsyncStore
 from ..storage.events import PRODUCER
-from ..storage.executor import configure_session_async
+from ..storage.libpq import AsyncCheckedPool
 from ..storage.notifications import channel
 from .consumer import AsyncConsumer, create_checkpoints
 
@@ -56,7 +55,7 @@ class AsyncClient:
     its ``retry_timeout`` and producer (id, numbering, ``idempotent``) are this client's too. ``retry`` is
     the client's :class:`~pgstreams.reconnect.AsyncReconnect`."""
 
-    def __init__(self, sync: Client, pool: AsyncConnectionPool) -> None:
+    def __init__(self, sync: Client, pool: AsyncCheckedPool) -> None:
         self.sync = sync
         self.schema = sync.schema
         self.poll_interval = sync.poll_interval
@@ -65,7 +64,7 @@ class AsyncClient:
         self.server = sync.server
         self._pool = pool
         self.retry = AsyncReconnect(pool, sync.dsn, sync.retry_timeout)
-        self.store = AsyncStore(pool, sync.schema, self.retry)
+        self.store = AsyncStore(pool, sync.schema, self.retry, pooler=sync.pooler)
         producer = sync.producer
         #: the producer tags, shared with the sync client's publishes (none with ``idempotent=False``)
         self._tags = producer.tags if producer.idempotent else None
@@ -99,6 +98,11 @@ class AsyncClient:
             self._own = None
         await self._pool.close()
         await asyncio.to_thread(self.sync.close)
+
+    async def new_connection(self) -> psycopg.AsyncConnection:
+        """A new autocommit async connection of the client's own, outside the pool, made and set up as the
+        pool's are (the caller closes it)."""
+        return await self._pool.fresh()
 
     @asynccontextmanager
     async def connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
@@ -277,8 +281,7 @@ class AsyncClient:
         c = self._own
         if c is None or c.closed:
             try:
-                c = await psycopg.AsyncConnection.connect(self.sync.conninfo, autocommit=True)
-                await configure_session_async(c)
+                c = await self.new_connection()
             except Exception as exc:
                 if not retriable(exc):
                     raise

@@ -1,5 +1,6 @@
 """What every command shares: exit codes, errors and how they map to exit codes, the ``--dsn`` /
-``--schema`` / ``--json`` options, opening the database, and parsing of ``--from`` and ``--header`` values."""
+``--schema`` / ``--pooler`` / ``--json`` options, opening the database, and parsing of ``--from`` and
+``--header`` values."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pgstreams.errors import InvalidArgument, InvalidName, PgStreamsError
 # The name rules live in the core's name module; checking a name before connecting makes a bad name a
 # usage error (exit 2) even when the database cannot be reached.
 from pgstreams.names import check_schema
+from pgstreams.pooler import check_listen_dsn, check_pooler, connection_options
 from pgstreams.reconnect import redact
 
 from .output import err_console
@@ -50,6 +52,19 @@ DsnOption = Annotated[
                  show_default=False),
 ]
 SchemaOption = Annotated[str, typer.Option("--schema", help="Schema holding the pgstreams tables.")]
+PoolerOption = Annotated[
+    str | None,
+    typer.Option("--pooler", help="The mode of a connection pooler between this command and PostgreSQL: "
+                 "session (the default: none, or one in session mode) or transaction (PgBouncer's "
+                 "pool_mode = transaction: nothing is kept in a server session between transactions; see "
+                 "docs/operations.md).", show_default=False),
+]
+ListenDsnOption = Annotated[
+    str | None,
+    typer.Option("--listen-dsn", help="With --pooler transaction: a DSN of the same database that reaches "
+                 "PostgreSQL straight or through a pooler in session mode, for the LISTEN connection that "
+                 "wakes waiting consumers (without it they poll).", show_default=False),
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 
@@ -180,12 +195,15 @@ def resolve_all(dsn: str | Sequence[str] | None) -> list[str]:
 
 
 @contextmanager
-def open_client(dsn: str | Sequence[str] | None, schema: str, *, migrate: bool = True
-                ) -> Iterator[pgstreams.Client]:
+def open_client(dsn: str | Sequence[str] | None, schema: str, *, migrate: bool = True,
+                pooler: str | None = None, listen_dsn: str | None = None) -> Iterator[pgstreams.Client]:
     """Connect to ``schema`` of one server (applying pending migrations unless ``migrate``, default true,
-    is false) and close on exit."""
+    is false; ``pooler`` and ``listen_dsn``: the ``--pooler`` and ``--listen-dsn`` values) and close on
+    exit."""
     check_schema(schema)
-    client = pgstreams.Client(resolve(dsn), schema=schema, migrate=migrate)
+    mode = check_pooler(pooler, "--pooler")
+    listen = check_listen_dsn(listen_dsn, "--listen-dsn")
+    client = pgstreams.Client(resolve(dsn), schema=schema, migrate=migrate, pooler=mode, listen_dsn=listen)
     try:
         yield client
     finally:
@@ -193,15 +211,19 @@ def open_client(dsn: str | Sequence[str] | None, schema: str, *, migrate: bool =
 
 
 @contextmanager
-def open_any(dsn: str | Sequence[str] | None, schema: str) -> Iterator[pgstreams.Client | ClusterClient]:
+def open_any(dsn: str | Sequence[str] | None, schema: str, *, pooler: str | None = None,
+             listen_dsn: str | None = None) -> Iterator[pgstreams.Client | ClusterClient]:
     """A :class:`pgstreams.Client` for one DSN, a :class:`pgstreams.ClusterClient` for several (the
-    shards of a cluster); closed on exit."""
+    shards of a cluster); closed on exit. ``pooler``, ``listen_dsn``: the ``--pooler`` and
+    ``--listen-dsn`` values."""
     check_schema(schema)
+    mode = check_pooler(pooler, "--pooler")
+    listen = check_listen_dsn(listen_dsn, "--listen-dsn")
     dsns = resolve_all(dsn)
     # one server: its DSN as resolved, which may be libpq's environment (an empty conninfo: PGSERVICE,
     # PGHOST, ... with the password from the service file or PGPASSFILE), that connect() refuses in a list
-    client = (pgstreams.Client(dsns[0], schema=schema) if len(dsns) == 1
-              else pgstreams.connect(dsns, schema=schema))
+    client = (pgstreams.Client(dsns[0], schema=schema, pooler=mode, listen_dsn=listen) if len(dsns) == 1
+              else pgstreams.connect(dsns, schema=schema, pooler=mode, listen_dsn=listen))
     try:
         yield client
     finally:
@@ -209,11 +231,14 @@ def open_any(dsn: str | Sequence[str] | None, schema: str) -> Iterator[pgstreams
 
 
 @contextmanager
-def open_connection(dsn: str | Sequence[str] | None) -> Iterator[psycopg.Connection]:
-    """A plain autocommit psycopg connection (for commands that must not migrate implicitly)."""
+def open_connection(dsn: str | Sequence[str] | None, pooler: str | None = None
+                    ) -> Iterator[psycopg.Connection]:
+    """A plain autocommit psycopg connection (for commands that must not migrate implicitly; ``pooler``:
+    the ``--pooler`` value)."""
+    options = connection_options(check_pooler(pooler, "--pooler"))
     target = resolve(dsn)
     try:
-        conn = psycopg.connect(target, autocommit=True, connect_timeout=10)
+        conn = psycopg.connect(target, connect_timeout=10, **options)
     except psycopg.Error as exc:
         raise CliError(f"cannot connect to PostgreSQL: {exc}") from None
     with conn:

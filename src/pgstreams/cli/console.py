@@ -17,7 +17,7 @@ from pgstreams.console.defaults import (
     USER_ENV,
 )
 
-from .common import DEFAULT_SCHEMA, CliError, DsnOption, SchemaOption, open_client, usage_error
+from .common import DEFAULT_SCHEMA, CliError, DsnOption, PoolerOption, SchemaOption, open_client, usage_error
 from .output import err_console
 from .serving import check_port, listening, load_extra
 
@@ -31,6 +31,7 @@ def console_command(
     refresh: Annotated[float, typer.Option("--refresh", help="Seconds between the pages' live updates.")
                        ] = DEFAULT_REFRESH,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Serve the web console (topics, events, groups, dead letters and their replay) at
@@ -52,7 +53,7 @@ def console_command(
     except CliError:
         sock.close()
         raise
-    with sock, open_client(dsn, schema) as client:
+    with sock, open_client(dsn, schema, pooler=pooler) as client:
         app = console.create_app(client, credentials=credentials, refresh=refresh)
         bound = sock.getsockname()[1]
         shown = f"[{host}]" if ":" in host else host

@@ -17,6 +17,8 @@ from .common import (
     DEFAULT_SCHEMA,
     CliError,
     DsnOption,
+    ListenDsnOption,
+    PoolerOption,
     SchemaOption,
     StdoutClosed,
     open_any,
@@ -90,6 +92,8 @@ def consume(
         "--wait", help="Without --follow: seconds to wait for events held back by open transactions.")
     ] = DEFAULT_CONSUME_WAIT,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
+    listen_dsn: ListenDsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Print events as JSON lines, committing the group's checkpoint after each printed batch.
@@ -107,7 +111,7 @@ def consume(
         raise usage_error(f"--wait must be >= 0, got {wait}")
     if partition is not None and any(p < 0 for p in partition):
         raise usage_error(f"--partition must be >= 0, got {min(partition)}")
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         consumer: Consumer | ClusterConsumer
         if isinstance(client, ClusterClient):
             if partition:

@@ -10,7 +10,7 @@ from pgstreams.admin import DEFAULT_REPLAY_GROUP
 from pgstreams.models import to_json
 from pgstreams.names import check_group, check_topic
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, PoolerOption, SchemaOption, open_client
 from .output import event_json, events_table, out_console, print_json
 
 dlt_app = typer.Typer(help="Dead-letter topics.", no_args_is_help=True)
@@ -42,6 +42,7 @@ def dlt_replay(
     ] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Publish dead letters back to their original topic (or --to) with their original key, value and
@@ -50,7 +51,7 @@ def dlt_replay(
     if to is not None:
         check_topic(to)
     check_group(group)
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         result = client.replay_dead_letters(
             dlt_topic, to=to, group=group, where_error_type=where_error_type, dry_run=dry_run
         )

@@ -10,7 +10,16 @@ import pgstreams
 from pgstreams.models import to_json
 from pgstreams.names import check_group, check_topic
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, parse_time, usage_error
+from .common import (
+    DEFAULT_SCHEMA,
+    DsnOption,
+    JsonOption,
+    PoolerOption,
+    SchemaOption,
+    open_client,
+    parse_time,
+    usage_error,
+)
 from .output import (
     group_json,
     group_partition_json,
@@ -31,10 +40,11 @@ groups_app = typer.Typer(help="Stream groups: checkpoints, heads and lag; reset 
 
 @groups_app.command("list")
 def groups_list(
-    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA,
+    pooler: PoolerOption = None,
 ) -> None:
     """List stream groups with the topics they read and their total lag."""
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         groups = client.list_groups()
     print_listing(groups, as_json, group_json, groups_table, "no groups")
 
@@ -46,6 +56,7 @@ def groups_describe(
         "--topic", "-t", help="Only this topic.", show_default=False)] = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Per topic and partition of a group: checkpoint, head and lag, and for groups run by workers the
@@ -55,7 +66,7 @@ def groups_describe(
     check_group(group)
     if topic is not None:
         check_topic(topic)
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         shares = client.store.shares.status(group, topic)
         try:
             statuses = client.describe_group(group, topic)  # one read of each partition's head and lag
@@ -105,6 +116,7 @@ def groups_reset(
                        ] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Move a group's checkpoints (kafka-consumer-groups --reset-offsets). Refused while the group has live
@@ -117,7 +129,7 @@ def groups_reset(
         raise usage_error("give exactly one of --to-earliest, --to-latest, --to-datetime, --shift-by, "
                           "--to-position")
     when = parse_time(to_datetime, "--to-datetime") if to_datetime is not None else None
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         rows = client.reset_group(group, topic, to_earliest=to_earliest, to_latest=to_latest,
                                   to_datetime=when, shift_by=shift_by, to_position=to_position,
                                   partition=partition,
@@ -134,6 +146,7 @@ def groups_delete(
     topic: Annotated[str | None, typer.Option(
         "--topic", "-t", help="Only on this topic.", show_default=False)] = None,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Delete a group's checkpoints, leases and configuration (kafka-consumer-groups --delete). Refused
@@ -141,7 +154,7 @@ def groups_delete(
     check_group(group)
     if topic is not None:
         check_topic(topic)
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         n = client.delete_group(group, topic)
     out_console().print(f"deleted group {group!r}" + (f" on topic {topic!r}" if topic else "")
                         + f" ({n} checkpoint(s))")

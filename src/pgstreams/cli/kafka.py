@@ -10,8 +10,17 @@ import typer
 
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
 from pgstreams.names import is_loopback
+from pgstreams.pooler import Pooler, check_listen_dsn, check_pooler
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve, usage_error
+from .common import (
+    DEFAULT_SCHEMA,
+    DsnOption,
+    ListenDsnOption,
+    PoolerOption,
+    SchemaOption,
+    resolve,
+    usage_error,
+)
 from .output import err_console
 from .serving import check_port, listening, load_extra
 
@@ -47,6 +56,8 @@ def kafka_serve(
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address of the metrics endpoint.")
                             ] = DEFAULT_METRICS_HOST,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
+    listen_dsn: ListenDsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Serve the Kafka protocol over the topics of one database until SIGINT/SIGTERM."""
@@ -84,15 +95,18 @@ def kafka_serve(
     if metrics_port is not None:
         check_port("--metrics-port", metrics_port)
         load_extra("pgstreams.metrics", "metrics")
+    mode = check_pooler(pooler, "--pooler")
+    listen_to = check_listen_dsn(listen_dsn, "--listen-dsn")
     server_dsn = resolve(dsn)
     with listening(host, port):
         asyncio.run(_serve(server_dsn, schema, listen, advertise, node_id, mechanisms, allow_unauthenticated,
-                           (metrics_host, metrics_port) if metrics_port is not None else None, tls))
+                           (metrics_host, metrics_port) if metrics_port is not None else None, tls, mode,
+                           listen_to))
 
 
 async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node_id: int,
                  sasl: list[str], allow_unauthenticated: bool, metrics_at: tuple[str, int] | None,
-                 tls: Any) -> None:
+                 tls: Any, pooler: Pooler, listen_dsn: str | None) -> None:
     import pgstreams.aio
     from pgstreams.kafka import Gateway
 
@@ -100,7 +114,8 @@ async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node
     loop = asyncio.get_running_loop()
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, stop.set)
-    async with await pgstreams.aio.connect(dsn, schema=schema) as client:
+    async with await pgstreams.aio.connect(dsn, schema=schema, pooler=pooler,
+                                           listen_dsn=listen_dsn) as client:
         async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,
                            allow_unauthenticated=allow_unauthenticated, tls=tls) as gateway:
             host, port = gateway.address

@@ -19,7 +19,15 @@ from pgstreams.maintenance import (
 from pgstreams.models import to_json
 from pgstreams.names import check_topic
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_client, usage_error
+from .common import (
+    DEFAULT_SCHEMA,
+    DsnOption,
+    JsonOption,
+    PoolerOption,
+    SchemaOption,
+    open_client,
+    usage_error,
+)
 from .output import out_console, print_json, print_listing, retention_table
 
 
@@ -52,6 +60,7 @@ def maintain_command(
     ] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run one maintenance pass: segments ahead of publishers and their statistics, retention (whole
@@ -64,7 +73,7 @@ def maintain_command(
         cron_schedule(every)  # a bad --every is a usage error before connecting
     if not interval > 0:
         raise usage_error(f"--interval must be a positive number of seconds, got {interval}")
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         if schedule:
             job = schedule_maintenance(client, every)
             out_console().print(f"scheduled pg_cron job {job}: {schema}.maintain() every {every}")
@@ -96,12 +105,13 @@ def retention_command(
                                                 show_default=False)] = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Retention per topic: policy, oldest retained event, size on disk, segments, when it last ran."""
     if topic is not None:
         check_topic(topic)
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         rows = client.retention_status(topic)
     print_listing(rows, as_json, to_json, retention_table, "no topics")
 

@@ -8,7 +8,7 @@ import typer
 
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST, DEFAULT_METRICS_PORT, DEFAULT_MIN_INTERVAL
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, usage_error
+from .common import DEFAULT_SCHEMA, DsnOption, PoolerOption, SchemaOption, open_client, usage_error
 from .output import err_console
 from .serving import check_port, listening, load_extra, wait_for_signal
 
@@ -24,6 +24,7 @@ def metrics_serve(
         "--min-interval", help="Seconds a status read serves further scrapes: the database is read at most "
         "once per interval however many scrapers ask.")] = DEFAULT_MIN_INTERVAL,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Export the database-wide metrics (topics, partitions, group lag, members, dead letters) at
@@ -34,7 +35,7 @@ def metrics_serve(
     metrics = load_extra("pgstreams.metrics", "metrics")
     from prometheus_client import CollectorRegistry
 
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler) as client:
         registry = CollectorRegistry()
         # the collector reads once when created, before serving (read_now): that first read of every
         # topic is paid by no scrape; a failure there is the first scrape's to report

@@ -9,7 +9,7 @@ import typer
 from pgstreams import migrate as migrations
 from pgstreams.names import check_schema
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_connection
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, PoolerOption, SchemaOption, open_connection
 from .output import err_console, migrate_json, migration_json, migrations_table, out_console, print_json
 
 
@@ -17,11 +17,12 @@ def migrate_command(
     status: Annotated[bool, typer.Option("--status", help="Only show which migrations are applied.")] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Apply pending schema migrations (or show their status with --status)."""
     check_schema(schema)
-    with open_connection(dsn) as conn:
+    with open_connection(dsn, pooler) as conn:
         if status:
             rows = migrations.status(conn, schema)
             if as_json:

@@ -11,7 +11,16 @@ import typer
 import pgstreams
 from pgstreams.names import check_topic
 
-from .common import DEFAULT_SCHEMA, CliError, DsnOption, SchemaOption, open_any, parse_headers, usage_error
+from .common import (
+    DEFAULT_SCHEMA,
+    CliError,
+    DsnOption,
+    PoolerOption,
+    SchemaOption,
+    open_any,
+    parse_headers,
+    usage_error,
+)
 from .output import err_console, plural
 
 #: Lines ``produce`` publishes per transaction (``--batch-size``).
@@ -83,6 +92,7 @@ def produce(
         "--batch-size", help="Lines published per transaction.")] = DEFAULT_PRODUCE_BATCH,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="Do not print the summary on stderr.")] = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Publish one event per line of stdin (blank lines are skipped).
@@ -99,7 +109,7 @@ def produce(
     if partition is not None and partition < 0:
         raise usage_error(f"--partition must be >= 0, got {partition}")
     base = _base_event(partition, parse_headers(header), event_type, correlation_id)
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         info = next((t for t in client.list_topics() if t.name == topic), None)
         if info is None:
             raise pgstreams.TopicNotFound(f"topic {topic!r} does not exist")

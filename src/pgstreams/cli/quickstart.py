@@ -20,8 +20,9 @@ from psycopg.conninfo import conninfo_to_dict
 
 import pgstreams
 from pgstreams.names import check_schema
+from pgstreams.pooler import Pooler, check_pooler
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, resolve
+from .common import DEFAULT_SCHEMA, DsnOption, PoolerOption, SchemaOption, resolve
 from .output import events_table, group_table, out_console, published_table
 
 if TYPE_CHECKING:  # rich is imported when the tour prints: startup stays light
@@ -88,9 +89,10 @@ def _read(consumer: pgstreams.Consumer, count: int, *, batch: int, deadline_s: f
 
 
 def run_quickstart(dsn: str, *, schema: str = DEFAULT_SCHEMA, keep: bool = False,
-                   console: Console | None = None) -> QuickstartResult:
-    """Run the tour on ``dsn`` (schema ``schema``, default ``"pgstreams"``), printing to ``console``
-    (default: a new stdout console). Deletes its topic at the end unless ``keep`` (default false)."""
+                   console: Console | None = None, pooler: Pooler | None = None) -> QuickstartResult:
+    """Run the tour on ``dsn`` (schema ``schema``, default ``"pgstreams"``; ``pooler``: see
+    :func:`pgstreams.connect`), printing to ``console`` (default: a new stdout console). Deletes its topic
+    at the end unless ``keep`` (default false)."""
     # imported when it prints, as in .output: every other command starts without rich
     from rich.console import Console
 
@@ -98,7 +100,7 @@ def run_quickstart(dsn: str, *, schema: str = DEFAULT_SCHEMA, keep: bool = False
     topic = f"quickstart-{secrets.token_hex(4)}"
     con.rule("[bold]pgstreams quickstart")
     con.print(f"Using {_where(dsn)}, schema {schema!r}.")
-    with pgstreams.connect(dsn, schema=schema) as client:
+    with pgstreams.connect(dsn, schema=schema, pooler=pooler) as client:
         try:
             result = _tour(client, topic, con)
         finally:
@@ -160,11 +162,13 @@ def quickstart(
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo topic (default: delete it at the end).")
                     ] = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """A short end-to-end tour: create a topic, publish, consume with two groups, show their status."""
     check_schema(schema)
-    run_quickstart(resolve(dsn), schema=schema, keep=keep, console=out_console())
+    mode = check_pooler(pooler, "--pooler")
+    run_quickstart(resolve(dsn), schema=schema, keep=keep, console=out_console(), pooler=mode)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, usage_error
+from .common import DEFAULT_SCHEMA, DsnOption, PoolerOption, SchemaOption, open_client, usage_error
 from .output import out_console
 
 ProduceOption = Annotated[list[str] | None, typer.Option(
@@ -38,12 +38,13 @@ def grant_command(
     topic: TopicOption = None,
     admin: AdminOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Grant ROLE the right to publish to topics (--produce), to read topics as a group (--consume GROUP
     --topic TOPIC), or everything (--admin). Enforced by PostgreSQL itself."""
     produced, topics = _names(produce), _names(topic)
-    with open_client(dsn, schema, migrate=False) as client:
+    with open_client(dsn, schema, migrate=False, pooler=pooler) as client:
         client.grant(role, produce=produced, consume=consume, topics=topics, admin=admin)
     done = [f"produce {t}" for t in produced]
     if consume:
@@ -60,10 +61,11 @@ def revoke_command(
     topic: TopicOption = None,
     admin: AdminOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Revoke what grant gave ROLE (--consume GROUP without --topic: on every topic)."""
-    with open_client(dsn, schema, migrate=False) as client:
+    with open_client(dsn, schema, migrate=False, pooler=pooler) as client:
         n = client.revoke(role, produce=_names(produce), consume=consume, topics=_names(topic), admin=admin)
     out_console().print(f"revoked {n} grant(s) of {role}")
 

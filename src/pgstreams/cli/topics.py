@@ -11,7 +11,7 @@ from pgstreams.cluster import ClusterTopicDescription
 from pgstreams.names import check_partitions, check_topic
 from pgstreams.topicconfig import TOPIC_CONFIG_DEFAULTS, check_config
 
-from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, SchemaOption, open_any, usage_error
+from .common import DEFAULT_SCHEMA, DsnOption, JsonOption, PoolerOption, SchemaOption, open_any, usage_error
 from .output import (
     config_table,
     out_console,
@@ -55,13 +55,14 @@ def topics_create(
     config: ConfigOption = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Create a topic. Succeeds if it already exists with the same partition count (and config)."""
     check_topic(name)
     check_partitions(partitions)
     settings = parse_config(config)
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         existed = any(t.name == name for t in client.list_topics())
         info = client.create_topic(name, partitions, segment_size=segment_size,
                                    config=settings if config else None)
@@ -75,10 +76,11 @@ def topics_create(
 
 @topics_app.command("list")
 def topics_list(
-    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
+    as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA,
+    pooler: PoolerOption = None,
 ) -> None:
     """List all topics."""
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         topics = client.list_topics()
     print_listing(topics, as_json, topic_json, topics_table, "no topics")
 
@@ -88,11 +90,12 @@ def topics_describe(
     name: Annotated[str, typer.Argument(metavar="NAME", help="Topic name.", show_default=False)],
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Show a topic with, per partition, its event count and head position."""
     check_topic(name)
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         found = client.describe_topic(name)
     shards = found.shards if isinstance(found, ClusterTopicDescription) else (found,)
     if as_json:
@@ -123,6 +126,7 @@ def topics_alter(
         "--partitions", "-p", help="New partition count (increase only).", show_default=False)] = None,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Change a topic's config and raise its partition count (like kafka-configs --alter and
@@ -136,7 +140,7 @@ def topics_alter(
         check_partitions(partitions)
     if not settings and not delete_config and partitions is None:
         raise usage_error("nothing to change: give --config, --delete-config or --partitions")
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         altered = client.alter_topic(name, settings, partitions=partitions, delete_config=delete_config or ())
     desc = altered.shards[0] if isinstance(altered, ClusterTopicDescription) else altered
     if as_json:
@@ -153,11 +157,12 @@ def topics_delete(
     if_exists: Annotated[bool, typer.Option(
         "--if-exists", help="Succeed when the topic does not exist.")] = False,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Delete a topic with all its events and every group checkpoint on it."""
     check_topic(name)
-    with open_any(dsn, schema) as client:
+    with open_any(dsn, schema, pooler=pooler) as client:
         try:
             client.delete_topic(name)
         except pgstreams.TopicNotFound:

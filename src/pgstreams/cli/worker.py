@@ -17,7 +17,16 @@ from pgstreams.names import check_group, check_topic
 from pgstreams.shares import DEFAULT_LOCK_TIMEOUT
 from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_handler
 
-from .common import DEFAULT_SCHEMA, DsnOption, SchemaOption, open_client, parse_start, usage_error
+from .common import (
+    DEFAULT_SCHEMA,
+    DsnOption,
+    ListenDsnOption,
+    PoolerOption,
+    SchemaOption,
+    open_client,
+    parse_start,
+    usage_error,
+)
 from .output import err_console
 from .serving import check_port, load_extra
 
@@ -89,6 +98,8 @@ def worker_command(
     metrics_host: Annotated[str, typer.Option("--metrics-host", help="Address of the metrics endpoint.")
                             ] = DEFAULT_METRICS_HOST,
     dsn: DsnOption = None,
+    pooler: PoolerOption = None,
+    listen_dsn: ListenDsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Run a handler as a member of a group until SIGINT/SIGTERM: it gets its share of the partitions,
@@ -125,7 +136,7 @@ def worker_command(
     logging.basicConfig(level=level, stream=sys.stderr, format="%(asctime)s %(levelname)s %(message)s")
     # the embedded server's start-up and shut-down lines only with --log-level debug
     logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
-    with open_client(dsn, schema) as client:
+    with open_client(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         worker = Worker(client, member_id=member_id,
                         maintenance=None if no_maintenance else maintenance_interval)
         worker.add_subscription(topic, name, fn, SubscriptionOptions(

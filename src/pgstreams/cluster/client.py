@@ -54,6 +54,7 @@ from ..models import (
 )
 from ..names import check_topic
 from ..partitioner import murmur2
+from ..pooler import Pooler, check_pooler
 from .consumer import ClusterConsumer
 from .layout import ClusterLayout, check_dsns, check_layout, shard_label
 
@@ -127,16 +128,18 @@ class ClusterClient:
 
     def __init__(self, dsns: Sequence[str], *, schema: str = DEFAULT_SCHEMA, migrate: bool = True,
                  pool_size: int = DEFAULT_POOL_SIZE, poll_interval: float = DEFAULT_POLL_INTERVAL,
-                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True) -> None:
+                 retry_timeout: float = DEFAULT_RETRY_TIMEOUT, idempotent: bool = True,
+                 pooler: Pooler | None = None) -> None:
         dsns = check_dsns(list(dsns) if not isinstance(dsns, str) else dsns)
         check_connect_options(schema, migrate, pool_size, poll_interval, retry_timeout, idempotent)
+        mode = check_pooler(pooler)
         self._dsns = tuple(dsns)
         self.schema = schema
         self.poll_interval = float(poll_interval)
         clients = _open_all(dsns, lambda dsn: Client(dsn, schema=schema, migrate=migrate, pool_size=pool_size,
                                                      poll_interval=float(poll_interval),
                                                      retry_timeout=float(retry_timeout),
-                                                     idempotent=idempotent))
+                                                     idempotent=idempotent, pooler=mode))
         try:
             self.layout: ClusterLayout = check_layout(dsns, [c.store.cluster.layout() for c in clients])
         except BaseException:

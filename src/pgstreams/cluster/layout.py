@@ -124,7 +124,9 @@ def _parallel(fns: Sequence[Callable[[], T]]) -> list[T]:
 
 def _connect(index: int, dsn: str) -> psycopg.Connection:
     try:
-        return psycopg.connect(dsn, autocommit=True, connect_timeout=10)
+        # prepares nothing (a statement prepared by name would not survive a transaction pooler), runs
+        # few statements: the check and set-up of a cluster, once
+        return psycopg.connect(dsn, autocommit=True, connect_timeout=10, prepare_threshold=None)
     except psycopg.Error as exc:
         raise ShardUnavailable(f"cannot connect to {shard_label(index, dsn)}: "
                                f"{redact(str(exc).strip(), dsn)}") from None
@@ -199,27 +201,27 @@ def init_cluster(dsns: Sequence[str], *, schema: str = "pgstreams") -> ClusterIn
     labels = [server_label(d) for d in dsns]
     store = Store(None, schema)
     with _connections(dsns) as conns:
-        key = random.getrandbits(62)
-        held: list[psycopg.Connection] = []
-        try:
-            for i, conn in enumerate(conns):
-                if not store.cluster.try_lock(conn, key):
-                    raise InvalidArgument(f"{shard_label(i, dsns[i])} is the same database as an earlier "
-                                          "shard: each shard must be a database of its own")
-                held.append(conn)
-            for i, conn in enumerate(conns):
-                try:
-                    CORE.migrate(conn, schema)
-                except psycopg.Error as exc:
-                    raise ConfigurationError(f"cannot prepare {shard_label(i, dsns[i])}: "
-                                             f"{redact(str(exc).strip(), dsns[i])}") from None
-            return _init(store, dsns, labels, conns)
-        finally:
-            for conn in held:
-                try:
-                    store.cluster.unlock(conn, key)
-                except psycopg.Error:  # pragma: no cover - the connection is closed next anyway
-                    pass
+        _check_distinct(store, dsns, conns)
+        for i, conn in enumerate(conns):
+            try:
+                CORE.migrate(conn, schema)
+            except psycopg.Error as exc:
+                raise ConfigurationError(f"cannot prepare {shard_label(i, dsns[i])}: "
+                                         f"{redact(str(exc).strip(), dsns[i])}") from None
+        return _init(store, dsns, labels, conns)
+
+
+def _check_distinct(store: Store, dsns: list[str], conns: list[psycopg.Connection]) -> None:
+    """:class:`InvalidArgument` if two of ``conns`` reach the same database: each takes the same (random)
+    advisory lock in a transaction held open until all have (a transaction-level lock: nothing stays in a
+    server session, behind a transaction pooler too), and a second one on the same database is refused."""
+    key = random.getrandbits(62)
+    with ExitStack() as held:
+        for i, conn in enumerate(conns):
+            held.enter_context(conn.transaction(force_rollback=True))
+            if not store.cluster.try_lock(conn, key):
+                raise InvalidArgument(f"{shard_label(i, dsns[i])} is the same database as an earlier "
+                                      "shard: each shard must be a database of its own")
 
 
 def _init(store: Store, dsns: list[str], labels: list[str], conns: list[psycopg.Connection]) -> ClusterInit:

@@ -28,7 +28,6 @@ from typing import Any
 import psycopg
 from kio.schema.errors import ErrorCode
 
-from ..storage.executor import configure_session_async
 from ..storage.notifications import channel
 from .codec import Request
 from .handlers import Context, topic_record
@@ -134,8 +133,7 @@ class Transactions:
             assert txn.conn is not None
             return txn.conn
         if txn.conn is None or txn.conn.closed:
-            txn.conn = await psycopg.AsyncConnection.connect(ctx.client.sync.conninfo, autocommit=True)
-            await configure_session_async(txn.conn)
+            txn.conn = await ctx.client.new_connection()
         conn = txn.conn
         await conn.execute("BEGIN")
         row = await ctx.client.store.ex.one("kafka_txn_hold", (txn.producer_id,), conn=conn)

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-#: The session of a publish on a connection whose server process is not known (not set up by pgstreams):
+#: The session of a publish on a connection whose server process is not known (not set up by pgstreams, or
+#: behind a transaction pooler, where each transaction may run in another server process):
 #: its outcome can never be settled, so it is never published again (see :func:`settled`).
 UNIDENTIFIED: Final = 0
 #: The low bits of a producer tag: the publish's number mod 2^32.
@@ -199,7 +200,9 @@ def settled(unknown: Unknown, waits: Callable[[int], Iterator[float]]) -> Proced
     for pid in unknown.sessions():
         if pid == UNIDENTIFIED:
             raise Unsettled("the outcome of a publish is unknown: its connection was lost, and the server "
-                            "session it ran on is not known (a connection not set up by pgstreams)")
+                            "session it ran on is not known (a connection not set up by pgstreams, or one "
+                            "behind a transaction pooler): it is not published again, which could store it "
+                            "twice")
         pauses = waits(pid)
         while (yield session_busy_call(pid)):
             yield Pause(next(pauses))

@@ -208,7 +208,7 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list[InputPartition]:
         """Plan the input partitions (at least one per topic partition that has events to read)."""
         opts = self.opts
-        with _db.connect(opts.dsn) as conn:
+        with _db.connect(opts.dsn, pooler=opts.pooler) as conn:
             _db.check_server(conn)
             metas = [m for m in _db.topics(conn, opts.schema, opts.topics, "topics")
                      if self.pushed.keeps_topic(m.name)]
@@ -398,7 +398,7 @@ def read_split(opts: ReadOptions, schema: StructType, split: Split,
     chunks = _Chunks(opts, "chunk_ordered", split.topic_id, filters)
     limit = max(1, opts.batch_size // FIRST_CHUNK_SHARE)
     # a connection kept by the Python worker: a streaming query reads a few small splits per micro-batch
-    with _db.reused(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
+    with _db.reused(opts.dsn, _db.RUNTIME_CONNECT_WAIT, opts.pooler) as conn:
         cur = conn.cursor(binary=True)
         cursor = split.start
         tries = 0
@@ -447,7 +447,7 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         bounds = SCAN_LOWER_BOUND
         params["starts"] = list(split.starts)
     chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, bounds)
-    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
+    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT, opts.pooler) as conn:
         cur = conn.cursor(binary=True)
         tries = 0
         for r in split.pages:

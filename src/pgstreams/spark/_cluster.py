@@ -33,6 +33,7 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 from ..cluster.client import shard_for_key
 from ..cluster.layout import check_layout, split_dsns
 from ..errors import InvalidArgument, TopicConflict, TopicNotFound
+from ..pooler import DEFAULT_POOLER, Pooler
 from ..storage import Store, TopicRecord
 from . import _db
 from ._batch import BatchReader
@@ -55,12 +56,12 @@ def cluster_schema(schema: StructType) -> StructType:
     return StructType([*schema.fields, StructField(SHARD_COLUMN, IntegerType(), False)])
 
 
-def check_cluster(dsns: Sequence[str], schema: str) -> None:
+def check_cluster(dsns: Sequence[str], schema: str, pooler: Pooler = DEFAULT_POOLER) -> None:
     """The layout check of :func:`pgstreams.connect` (``LayoutMismatch`` naming a difference)."""
     store = Store(None, schema)
     layouts = []
     for dsn in dsns:
-        with _db.connect(dsn) as conn:
+        with _db.connect(dsn, pooler=pooler) as conn:
             _db.ensure_migrated(conn, schema)
             layouts.append(store.cluster.layout(conn))
     check_layout(dsns, layouts)
@@ -265,11 +266,12 @@ class ClusterStreamWriter(DataSourceStreamArrowWriter):
             w.abort(self.router.parts(messages, s), batchId)
 
 
-def topic_span(dsns: Sequence[str], schema: str, topic: str) -> tuple[list[TopicRecord], int]:
+def topic_span(dsns: Sequence[str], schema: str, topic: str, pooler: Pooler = DEFAULT_POOLER
+               ) -> tuple[list[TopicRecord], int]:
     """The topic's record on each shard of its span, and its span (``TopicConflict`` for a topic created
     without the cluster)."""
     store = Store(None, schema)
-    with _db.connect(dsns[0]) as conn:
+    with _db.connect(dsns[0], pooler=pooler) as conn:
         span = store.cluster.span(topic, conn)
     if span is None:
         raise TopicNotFound(f"option 'topic': topic {topic!r} does not exist")
@@ -277,7 +279,7 @@ def topic_span(dsns: Sequence[str], schema: str, topic: str) -> tuple[list[Topic
         raise TopicConflict(f"topic {topic!r} was created on shard 0 without the cluster")
     metas = []
     for dsn in dsns[: span[1]]:
-        with _db.connect(dsn) as conn:
+        with _db.connect(dsn, pooler=pooler) as conn:
             metas.append(_db.topics(conn, schema, [topic])[0])
     return metas, span[1]
 

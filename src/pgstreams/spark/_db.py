@@ -13,6 +13,7 @@ from datetime import datetime
 import psycopg
 
 from ..errors import ConfigurationError, MigrationError, TopicNotFound
+from ..pooler import DEFAULT_POOLER, Pooler, connection_options, keeps_sessions
 from ..reconnect import DEFAULT_RETRY_TIMEOUT, FIRST_BACKOFF, MAX_BACKOFF, retriable
 from ..storage import CORE, Store, TopicRecord
 from ._options import Cursor
@@ -20,10 +21,10 @@ from ._sql import query, topic_query
 
 
 @functools.lru_cache(maxsize=64)
-def store(schema: str) -> Store:
+def store(schema: str, pooler: Pooler = DEFAULT_POOLER) -> Store:
     """The storage operations of ``schema``, over the connections the caller passes (Spark's processes
-    hold plain connections, no pool)."""
-    return Store(None, schema)
+    hold plain connections, no pool), for connections in mode ``pooler``."""
+    return Store(None, schema, pooler=pooler)
 
 
 #: Seconds the work of a running query (read and write tasks, the stream's offsets and commits on the
@@ -32,15 +33,19 @@ def store(schema: str) -> Store:
 RUNTIME_CONNECT_WAIT = DEFAULT_RETRY_TIMEOUT
 
 
-def connect(dsn: str, wait: float = 0.0) -> psycopg.Connection:
+def connect(dsn: str, wait: float = 0.0, pooler: Pooler = DEFAULT_POOLER) -> psycopg.Connection:
     """An autocommit connection tuned for bulk reads (no JIT compilation, no parallel workers). ``wait``
     (seconds, default 0): how long to keep trying while the server refuses connections (see
-    :func:`pgstreams.reconnect.retriable`), pausing 50 ms doubling up to 1 s between attempts."""
+    :func:`pgstreams.reconnect.retriable`), pausing 50 ms doubling up to 1 s between attempts. ``pooler``
+    (option ``pooler``, see :mod:`pgstreams.pooler`): behind a transaction pooler the connection prepares
+    no statement and changes no session setting (a server session serves other clients between
+    transactions: set ``jit = off`` for the role instead)."""
     deadline = time.monotonic() + wait
     pause = FIRST_BACKOFF
+    options = connection_options(pooler)
     while True:
         try:
-            conn = psycopg.connect(dsn, autocommit=True, connect_timeout=15)
+            conn = psycopg.connect(dsn, connect_timeout=15, **options)
             break
         except psycopg.Error as exc:
             if not retriable(exc) or time.monotonic() + pause > deadline:
@@ -48,26 +53,27 @@ def connect(dsn: str, wait: float = 0.0) -> psycopg.Connection:
                     f"option 'dsn': cannot connect to PostgreSQL: {str(exc).strip()}") from exc
         time.sleep(pause)
         pause = min(pause * 2, MAX_BACKOFF)
-    conn.execute(query("bulk_read_settings", "pgstreams"))
+    if keeps_sessions(pooler):
+        conn.execute(query("bulk_read_settings", "pgstreams"))
     return conn
 
 
-#: Idle connections of :func:`reused`, per DSN, kept by this process.
-_IDLE: dict[str, list[psycopg.Connection]] = {}
+#: Idle connections of :func:`reused`, per DSN and pooler mode, kept by this process.
+_IDLE: dict[tuple[str, Pooler], list[psycopg.Connection]] = {}
 #: How many idle connections :func:`reused` keeps per DSN and process (a write task uses two, a read
 #: task chained before it in the same worker one more).
 IDLE_KEPT = 3
 
 
 @contextlib.contextmanager
-def reused(dsn: str, wait: float = 0.0) -> Iterator[psycopg.Connection]:
+def reused(dsn: str, wait: float = 0.0, pooler: Pooler = DEFAULT_POOLER) -> Iterator[psycopg.Connection]:
     """A connection of :func:`connect` that this process keeps for its later tasks: Spark reuses its
     Python workers, so a read or write task of a streaming query's next micro-batch does not pay for a new
     session.
     An idle connection of ``dsn`` is taken if one answers (one round trip; else a new one is made), handed
     back when the block ends and closed instead when the block raises (or is not idle then). Nothing of
     the driver's process is used: only ``dsn``."""
-    idle = _IDLE.setdefault(dsn, [])
+    idle = _IDLE.setdefault((dsn, pooler), [])
     conn: psycopg.Connection | None = None
     while idle and conn is None:
         candidate = idle.pop()
@@ -77,7 +83,7 @@ def reused(dsn: str, wait: float = 0.0) -> Iterator[psycopg.Connection]:
         except psycopg.Error:
             candidate.close()
     if conn is None:
-        conn = connect(dsn, wait)
+        conn = connect(dsn, wait, pooler)
     try:
         yield conn
     except BaseException:

@@ -15,6 +15,7 @@ from typing import Union
 from ..connecting import resolve_dsns
 from ..errors import InvalidArgument, InvalidName
 from ..names import check_group, check_schema, check_topic
+from ..pooler import DEFAULT_POOLER, Pooler, check_pooler
 from ..storage import Cursor
 
 #: Offsets JSON value meaning "before the first event" (as in Kafka's source).
@@ -314,6 +315,13 @@ class ReadOptions:
     batch_size: int
     fail_on_data_loss: bool = FAIL_ON_DATA_LOSS
     max_wait_ms: int = MAX_WAIT_MS
+    pooler: Pooler = DEFAULT_POOLER
+
+
+def pooler_option(options: Mapping[str, str]) -> Pooler:
+    """Option ``pooler``: the mode of a connection pooler in front of PostgreSQL (``session``, the default,
+    or ``transaction``; see :mod:`pgstreams.pooler`)."""
+    return check_pooler(_get(options, "pooler"), "option 'pooler'")
 
 
 def read_options(options: Mapping[str, str]) -> ReadOptions:
@@ -337,6 +345,7 @@ def read_options(options: Mapping[str, str]) -> ReadOptions:
         batch_size=positive_int_option(options, "arrowBatchSize") or 32768,
         fail_on_data_loss=bool_option(options, "failOnDataLoss", FAIL_ON_DATA_LOSS),
         max_wait_ms=non_negative_int_option(options, "maxWaitMs", MAX_WAIT_MS),
+        pooler=pooler_option(options),
     )
 
 
@@ -347,6 +356,7 @@ class WriteOptions:
     dsn: str
     schema: str
     topic: str
+    pooler: Pooler = DEFAULT_POOLER
 
 
 def write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -354,4 +364,4 @@ def write_options(options: Mapping[str, str]) -> WriteOptions:
     dsn = resolve_dsn(options)
     schema = schema_option(options)
     topic = topics_option(options, single=True)[0]
-    return WriteOptions(dsn, schema, topic)
+    return WriteOptions(dsn, schema, topic, pooler_option(options))

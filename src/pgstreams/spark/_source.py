@@ -79,9 +79,9 @@ class PgStreamsDataSource(DataSource):
         opts = read_options(self.options)
         dsns = self._dsns(opts.dsn)
         if len(dsns) > 1:
-            _cluster.check_cluster(dsns, opts.schema)
+            _cluster.check_cluster(dsns, opts.schema, opts.pooler)
         for dsn in dsns:
-            with _db.connect(dsn) as conn:
+            with _db.connect(dsn, pooler=opts.pooler) as conn:
                 _db.ensure_migrated(conn, opts.schema)
                 _db.check_server(conn)
                 _db.topics(conn, opts.schema, opts.topics, "topics" if "topics" in self.options else "topic")
@@ -125,7 +125,7 @@ class PgStreamsDataSource(DataSource):
             raise InvalidArgument("topics are append-only: write with mode('append')")
         opts = write_options(self.options)
         used = check_schema(schema)
-        with _db.connect(opts.dsn) as conn:
+        with _db.connect(opts.dsn, pooler=opts.pooler) as conn:
             _db.ensure_migrated(conn, opts.schema)
             _db.check_server(conn)
             meta = _db.topics(conn, opts.schema, [opts.topic])[0]
@@ -141,8 +141,8 @@ class PgStreamsDataSource(DataSource):
         if len(dsns) == 1:
             return None
         used = check_schema(schema)
-        _cluster.check_cluster(dsns, opts.schema)
-        metas, span = _cluster.topic_span(dsns, opts.schema, opts.topic)
+        _cluster.check_cluster(dsns, opts.schema, opts.pooler)
+        metas, span = _cluster.topic_span(dsns, opts.schema, opts.topic, opts.pooler)
         return [(o, m, used) for o, m in zip(_cluster.writer_options(opts, dsns), metas, strict=False)], span
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:

@@ -35,7 +35,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ..client import DEFAULT_POLL_INTERVAL
 from ..errors import InvalidArgument
+from ..pooler import keeps_sessions
 from ..producer.state import MARK_WINDOW
 from ..storage import TopicRecord
 from ..storage.notifications import Listener
@@ -109,7 +111,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- plumbing -------------------------------------------------------------------------------------
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed or self._conn.broken:
-            self._conn = _db.connect(self.opts.dsn, _db.RUNTIME_CONNECT_WAIT)
+            self._conn = _db.connect(self.opts.dsn, _db.RUNTIME_CONNECT_WAIT, self.opts.pooler)
         return self._conn
 
     def _run(self, fn: Any) -> Any:
@@ -224,8 +226,11 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The LISTEN connection (a thread of this process) that wakes :meth:`latestOffset`'s wait."""
         if self._listen is None:
             opts = self.opts
-            self._listen = Listener(lambda: _db.connect(opts.dsn), opts.schema, self._mark_waiting,
-                                    fast_window=MARK_WINDOW)
+            # behind a transaction pooler a LISTEN would stay with a server session that serves others:
+            # no listener then, the wait polls
+            connect = (lambda: _db.connect(opts.dsn)) if keeps_sessions(opts.pooler) else None
+            self._listen = Listener(connect, opts.schema, self._mark_waiting, fast_window=MARK_WINDOW,
+                                    poll_interval=DEFAULT_POLL_INTERVAL)
         return self._listen
 
     def _mark_waiting(self, topic_id: int, ttl: float) -> None:

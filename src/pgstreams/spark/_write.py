@@ -131,11 +131,11 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
     :class:`pgstreams.storage.Segments`).
     """
     has_ids = "event_id" in used
-    storage = _db.store(opts.schema)
+    storage = _db.store(opts.schema, opts.pooler)
     ex, events_store = storage.executor, storage.events
     segments = Segments(meta.id, meta.segment_size, covered=meta.segments_end)
     wait = _db.RUNTIME_CONNECT_WAIT
-    with _db.reused(opts.dsn, wait) as conn, _db.reused(opts.dsn, wait) as side:
+    with _db.reused(opts.dsn, wait, opts.pooler) as conn, _db.reused(opts.dsn, wait, opts.pooler) as side:
         first = -1  # the last position handed out before the task's first row: every row comes after it
         with conn.transaction():
             cur = conn.cursor()
@@ -193,7 +193,7 @@ def task_identity() -> tuple[int, str | None, str | None]:
 def _forget(opts: WriteOptions, sink_id: str, before_batch: int | None = None) -> None:
     """Drop a sink's task rows: all of them, or those of batches before ``before_batch``."""
     sinks = _db.store(opts.schema).sinks
-    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT) as conn:
+    with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT, opts.pooler) as conn:
         if before_batch is None:
             sinks.forget(conn, sink_id)
         else:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from psycopg_pool import ConnectionPool
 
+from ..pooler import DEFAULT_POOLER, Pooler
 from .checkpoints import CheckpointStore
 from .cluster import ClusterStore, CreatedTopic, ShardLayout
 from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
@@ -77,10 +78,11 @@ __all__ = [
 
 class Store:
     """Every typed operation on one schema, over one executor (``pool`` may be ``None`` when every call
-    passes its connection; ``retry``: see :class:`Executor`)."""
+    passes its connection; ``retry``, ``pooler``: see :class:`Executor`)."""
 
-    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None) -> None:
-        self.executor = Executor(pool, schema, retry)
+    def __init__(self, pool: ConnectionPool | None, schema: str, retry: Reconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
+        self.executor = Executor(pool, schema, retry, pooler=pooler)
         self.schema = schema
         self.topics = TopicStore(self.executor)
         self.events = EventStore(self.executor)

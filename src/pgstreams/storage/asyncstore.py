@@ -25,6 +25,7 @@ from psycopg.types.string import BytesBinaryDumper
 from psycopg_pool import AsyncConnectionPool
 
 from ..models import CommitOutcome
+from ..pooler import DEFAULT_POOLER, Pooler
 from .calls import ALL, ONE, Call, Steps
 from .checkpoints import (
     init_checkpoints_call,
@@ -52,6 +53,7 @@ from .events import (
     count_produced_call,
     existing_event_call,
     fences_call,
+    fences_query,
     idle_autocommit,
     insert_params,
     insert_statement,
@@ -62,6 +64,7 @@ from .events import (
     produced_call,
     session_busy_call,
     split_trailer,
+    staging_table,
     time_cursors_call,
     topic_version_call,
 )
@@ -90,12 +93,14 @@ class AsyncExecutor:
     """Runs core queries of ``schema`` on connections of ``pool`` (autocommit) or on one the caller
     passes (possibly inside its transaction): the async twin of :class:`~pgstreams.storage.Executor`.
     With ``retry`` (a :class:`pgstreams.reconnect.AsyncReconnect`), a call on a pooled connection that
-    fails with a retriable error runs again on a fresh one."""
+    fails with a retriable error runs again on a fresh one. ``pooler``: as for the sync executor."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
         self.pool = pool
         self.schema = schema
         self.retry = retry
+        self.pooler: Pooler = pooler
 
     def query(self, name: str, topic_id: int | None = None) -> sql.Composed:
         """Core query ``name`` rendered for this schema (and topic)."""
@@ -194,10 +199,11 @@ class AsyncExecutor:
 
 class AsyncStore:
     """The async operations of one schema over one :class:`AsyncExecutor` (``retry``: its retry rule on
-    pooled connections)."""
+    pooled connections; ``pooler``: see :class:`AsyncExecutor`)."""
 
-    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None) -> None:
-        self.executor = self.ex = AsyncExecutor(pool, schema, retry)
+    def __init__(self, pool: AsyncConnectionPool, schema: str, retry: AsyncReconnect | None = None, *,
+                 pooler: Pooler = DEFAULT_POOLER) -> None:
+        self.executor = self.ex = AsyncExecutor(pool, schema, retry, pooler=pooler)
         self.schema = schema
         self._direct = AsyncDirect()
 
@@ -291,7 +297,7 @@ class AsyncStore:
                     for r in rows:
                         await cp.write_row(r)
                 return len(rows)
-            await cur.execute(self.ex.query("staging_table"))
+            await cur.execute(self.ex.query(staging_table(self.ex.pooler)))
             async with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     await cp.write_row((i, *r))
@@ -392,7 +398,8 @@ class AsyncStore:
         fences: list[int] = []
         if _direct_ok(conn):
             # straight through libpq: the generic-plan setting, the fences and the read in one round trip
-            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, queries))
+            results = await self._direct.run(conn, poll_steps(self.schema, topic_id, params, queries,
+                                                              self.ex.pooler))
             got = self._direct.rows(conn, results[2])
             if len(queries) > 2:
                 loaded = results[3].get_value(0, 0) or b"{}"
@@ -402,7 +409,8 @@ class AsyncStore:
         async with conn.pipeline():
             for q in queries:
                 cur = conn.cursor(binary=q in BINARY_QUERIES)
-                await cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                name = fences_query(self.ex.pooler) if q == "load_fences" else q
+                await cur.execute(self.ex.query(name, topic_id), params, prepare=True)
                 curs.append(cur)
         got = await curs[1].fetchall()
         if len(queries) > 2:

@@ -53,13 +53,10 @@ class ClusterStore:
         self.ex.one("lock_cluster_layout", {"schema": self.ex.schema}, conn=conn)
 
     def try_lock(self, conn: psycopg.Connection, key: int) -> bool:
-        """Take session-level advisory lock ``key`` on ``conn``'s database; false if it is held."""
+        """Take advisory lock ``key`` on ``conn``'s database for the transaction open on ``conn`` (it lasts
+        no longer, also behind a transaction pooler); false if another transaction holds it."""
         row = self.ex.one("try_lock_shard", (key,), conn=conn)
         return bool(row and row[0])
-
-    def unlock(self, conn: psycopg.Connection, key: int) -> None:
-        """Give back what :meth:`try_lock` took."""
-        self.ex.one("unlock_shard", (key,), conn=conn)
 
     def record(self, conn: psycopg.Connection, cluster_id: uuid.UUID, shard: int, shards: list[str]) -> None:
         """Record that this shard is shard ``shard`` of ``cluster_id`` with ``shards``."""

@@ -26,6 +26,7 @@ from psycopg import pq
 from psycopg.types.json import Jsonb
 from psycopg.types.string import BytesBinaryDumper
 
+from ..pooler import DEFAULT_POOLER, Pooler, keeps_sessions
 from .calls import ALL, RUN, Call, first_bool, first_int, nothing, perform
 from .executor import Executor, core_query
 from .libpq import Direct, Statement, int_array, statement, usable
@@ -80,6 +81,13 @@ _LEAN_FORMATS = (0, 0, 0, 1, 0, 0)
 
 
 @functools.lru_cache(maxsize=1024)
+
+def staging_table(pooler: Pooler) -> str:
+    """The query creating the staging table of batches with event ids in mode ``pooler``: a temporary
+    table of the session whose rows vanish at commit, or behind a transaction pooler one dropped at commit
+    (a table kept would stay with a server session that serves other clients)."""
+    return "staging_table" if keeps_sessions(pooler) else "staging_table_dropped"
+
 def _insert_sql(schema: str, topic_id: int) -> bytes:
     """The single-event insert of a topic, rendered once (psycopg re-renders a Composed every time)."""
     return core_query("insert_event", schema, topic_id).as_bytes(None)
@@ -194,15 +202,24 @@ BINARY_QUERIES = frozenset({"poll", "poll_checked"})
 PollSteps = list[tuple[Statement, list[bytes], int]]
 
 
-def poll_steps(schema: str, topic_id: int, params: Mapping[str, Any], queries: Sequence[str]) -> PollSteps:
+def fences_query(pooler: Pooler) -> str:
+    """The query that loads a poll's fences for the read sent with it, in mode ``pooler``: ``load_fences``,
+    which keeps them (and whether they were clean, for the next poll) in settings of the session, or behind
+    a transaction pooler ``load_fences_local``, in settings of the poll's transaction only."""
+    return "load_fences" if keeps_sessions(pooler) else "load_fences_local"
+
+
+def poll_steps(schema: str, topic_id: int, params: Mapping[str, Any], queries: Sequence[str],
+               pooler: Pooler = DEFAULT_POOLER) -> PollSteps:
     """The statements of a poll straight through libpq, in one round trip: the generic-plan setting, then
     ``queries`` (:data:`POLL_CHECKED`, ...) with ``params`` (``partitions``, ``positions``: the cursors,
-    ``limit`` per partition, ``total``) in text form; event rows come in binary form."""
+    ``limit`` per partition, ``total``) in text form; event rows come in binary form. ``load_fences`` is
+    the query of :func:`fences_query` for ``pooler``."""
     text = {"partitions": int_array(params["partitions"]), "positions": int_array(params["positions"]),
             "limit": b"%d" % params["limit"], "total": b"%d" % params["total"]}
     steps = []
     for q in ("generic_plans", *queries):
-        st = statement(q, schema, topic_id)
+        st = statement(fences_query(pooler) if q == "load_fences" else q, schema, topic_id)
         steps.append((st, [text[n] for n in st.params], 1 if q in BINARY_QUERIES else 0))
     return steps
 
@@ -405,7 +422,7 @@ class EventStore:
                     for r in rows:
                         cp.write_row(r)
                 return len(rows)
-            cur.execute(self.ex.query("staging_table"))
+            cur.execute(self.ex.query(staging_table(self.ex.pooler)))
             with cur.copy(self.ex.query("copy_staging_tagged")) as cp:
                 for i, r in enumerate(rows):
                     cp.write_row((i, *r))
@@ -439,8 +456,9 @@ class EventStore:
         perform(self.ex, join_fence_call(topic_id, partitions), conn)
 
     def create_staging(self, conn: psycopg.Connection) -> None:
-        """Create the session's staging table for batches with event ids (rows vanish at commit)."""
-        self.ex.run("staging_table", conn=conn)
+        """Create the session's staging table for batches with event ids (rows vanish at commit; behind a
+        transaction pooler the table too)."""
+        self.ex.run(staging_table(self.ex.pooler), conn=conn)
 
     def insert_staged(self, conn: psycopg.Connection, topic_id: int) -> int:
         """Move the staged rows into the topic, dropping known event ids; return how many were stored.
@@ -493,9 +511,11 @@ class EventStore:
                 curs = []
                 for q in queries:
                     cur = conn.cursor(binary=q in BINARY_QUERIES)
-                    cur.execute(self.ex.query(q, topic_id), params, prepare=True)
+                    name = fences_query(self.ex.pooler) if q == "load_fences" else q
+                    cur.execute(self.ex.query(name, topic_id), params, prepare=True)
                     curs.append(cur)
             return [cur.fetchall() for cur in curs]
         # straight through libpq (see storage.libpq): psycopg's query layer cost most of the client CPU
         # of a poll that finds a few events
-        return self._direct.pipeline(conn, poll_steps(self.ex.schema, topic_id, params, queries))[1:]
+        return self._direct.pipeline(conn, poll_steps(self.ex.schema, topic_id, params, queries,
+                                                      self.ex.pooler))[1:]

@@ -41,8 +41,10 @@ class GroupStore:
 
     # -- membership ------------------------------------------------------------------------------------
     def prepare_member_connection(self, conn: psycopg.Connection, lock_timeout: float) -> None:
-        """Set up a member's own connection: waits for lease locks give up after ``lock_timeout`` s."""
-        self.ex.one("set_lock_timeout", (str(round(lock_timeout * 1000)),), conn=conn)
+        """Set up a member's own connection: waits for lease locks give up after ``lock_timeout`` s (a
+        setting of its session, or of each of its transactions behind a transaction pooler: see
+        :meth:`Executor.configure`)."""
+        self.ex.configure(conn, {"lock_timeout": str(round(lock_timeout * 1000))})
 
     def register(self, conn: psycopg.Connection | None, group: str, topic_id: int, member_id: str, host: str,
                  pid: int, heartbeat_interval: float, session_timeout: float) -> None:

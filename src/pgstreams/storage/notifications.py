@@ -170,12 +170,20 @@ class Listener(Service):
     Each step holds a connection and hands out its notifications until it fails or the service stops.
     A lost connection wakes every waiter (so each polls while disconnected) and is opened again after
     0.1 s, doubling up to 5 s while it keeps failing. :attr:`connected` is set while listening.
+
+    Without ``connect`` (``None``: a client behind a transaction pooler with no ``listen_dsn``, where a
+    LISTEN would stay with a server session that serves other clients and its notifications would never
+    reach this client) the listener is off (:attr:`enabled` false): it starts no thread, no notification
+    comes, every wait lasts its whole timeout and :meth:`wait_for_events` waits ``poll_interval`` seconds at
+    most: waiters poll.
     """
 
-    def __init__(self, connect: Callable[[], psycopg.Connection], schema: str,
-                 mark: Callable[[int, float], None] | None = None, fast_window: float = 0.0) -> None:
+    def __init__(self, connect: Callable[[], psycopg.Connection] | None, schema: str,
+                 mark: Callable[[int, float], None] | None = None, fast_window: float = 0.0, *,
+                 poll_interval: float = 0.25) -> None:
         super().__init__("listener", interval=self._delay)
         self._connect = connect
+        self._poll_interval = poll_interval
         self._channel = channel(schema)
         self._cond = threading.Condition()
         self._gens: dict[int, int] = {}
@@ -189,14 +197,25 @@ class Listener(Service):
         self._fast: dict[int, float] = {}  # topic id -> recheck fast until this time.monotonic()
         self._mark_lock = threading.Lock()
 
+    @property
+    def enabled(self) -> bool:
+        """Whether notifications can come (false: no LISTEN connection, waiters poll)."""
+        return self._connect is not None
+
+    def start(self) -> None:
+        """Start listening (once; nothing when the listener is off)."""
+        if self._connect is not None:
+            super().start()
+
     def waiting(self, topic_id: int) -> bool:
         """A consumer of this client is about to wait for ``topic_id``'s events: mark the topic as waited
         for (with ``mark(topic_id, WAITING_TTL)``, when this client's last mark is :data:`WAITING_REFRESH`
         s old or more), so that publishers notify. True while the waiter should read again after
         :data:`FAST_RECHECK` s instead of waiting for a notification: publishers may not have seen a mark
         that followed a lapse yet (they read it with the topic's row, within ``fast_window`` s), or marking
-        failed. Cheap when nothing is due: two dictionary reads."""
-        if self._mark is None:
+        failed. Cheap when nothing is due: two dictionary reads. Nothing is marked when the listener is off
+        (no notification could wake the waiter)."""
+        if self._mark is None or self._connect is None:
             return False
         now = time.monotonic()
         last = self._marked.get(topic_id)
@@ -262,8 +281,11 @@ class Listener(Service):
         ``left`` s for a notification about any of them, marking each as waited for; return the cap of the
         next wait (``recheck``: this one's, 0 for none). After a notification whose events the read did
         not find (still behind the read fence of an open transaction, or announced a little before their
-        commit) it reads again after 2 ms, then 4 ms, ... up to 0.1 s."""
+        commit) it reads again after 2 ms, then 4 ms, ... up to 0.1 s. When the listener is off, each wait
+        lasts ``poll_interval`` at most (the reader polls)."""
         wait = min(left, recheck) if recheck else left
+        if self._connect is None:
+            wait = min(wait, self._poll_interval)
         if any([self.waiting(tid) for tid in generations]):  # publishers may not know of the waiter yet
             wait = min(wait, FAST_RECHECK)
         if self.wait_any(generations, wait):
@@ -294,6 +316,7 @@ class Listener(Service):
 
     def step(self) -> None:
         self._retry_in = 0.0
+        assert self._connect is not None  # an enabled listener's thread only
         try:
             conn = self._connect()
             self._conn = conn

@@ -5,7 +5,8 @@ pg_cron jobs. The SQL is in ``sql/queries/operations.sql`` and ``0008_operations
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -16,7 +17,11 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from ..models import RetentionStatus
+from ..pooler import keeps_sessions
 from .executor import CORE_QUERIES, Executor
+
+#: What releases a lock a maintenance step holds.
+Release = Callable[[], None]
 
 
 @dataclass(frozen=True)
@@ -87,29 +92,91 @@ class OperationsStore:
     # -- maintenance ---------------------------------------------------------------------------------
     def prepare_pass(self, conn: psycopg.Connection) -> None:
         """Set up ``conn`` (a connection of its own) for a maintenance pass: its commits do not wait for
-        their WAL flush (see the query ``maintenance_session``)."""
-        self.ex.run("maintenance_session", conn=conn)
+        their WAL flush. A pass commits many small transactions (per topic: segments ahead, sealing,
+        retention marks, each step of a detach); WAL stays in order, so a mark is durable before the
+        detach and drop that follow it, and a transaction that drops a table flushes WAL anyway. (A setting
+        of the session, or behind a transaction pooler of each transaction: see
+        :meth:`Executor.configure`.)"""
+        self.ex.configure(conn, {"synchronous_commit": "off"})
 
-    def lock_pass(self, conn: psycopg.Connection) -> None:
-        """Wait for and take the schema's maintenance lock on ``conn`` (a session lock)."""
+    def lock_pass(self, conn: psycopg.Connection) -> Release:
+        """Wait for and take the schema's maintenance lock for a pass on ``conn``; the call that releases
+        it. Straight to the server (or behind a session pooler) a session lock of ``conn``; behind a
+        transaction pooler, where ``conn``'s statements may each run in another server session, the same
+        lock for one transaction, held open for the pass on a connection of its own (:meth:`_held`)."""
+        if not keeps_sessions(self.ex.pooler):
+            held = self._held("maintenance_xact_lock")
+            assert held is not None  # the lock is waited for
+            return held
         self.ex.one("maintenance_lock", (self.ex.schema,), conn=conn)
 
-    def unlock_pass(self, conn: psycopg.Connection) -> None:
-        """Release the schema's maintenance lock held by ``conn``."""
-        self.ex.one("maintenance_unlock", (self.ex.schema,), conn=conn)
+        def release() -> None:
+            if not conn.closed:
+                self.ex.one("maintenance_unlock", (self.ex.schema,), conn=conn)
+        return release
 
-    def try_lead(self, conn: psycopg.Connection) -> bool:
-        """Try to become the schema's maintenance leader on ``conn`` (a session lock held until released
-        or the connection ends)."""
+    def _held(self, query: str) -> Release | None:
+        """Run lock query ``query`` (a transaction-level advisory lock of the schema: waited for, or tried)
+        in a transaction of a connection of its own, kept open while the lock is held: the call that ends
+        that transaction (releasing the lock) and closes the connection, or ``None`` when the lock was
+        tried and is taken. The transaction takes no snapshot between its statements and writes nothing:
+        it holds back neither vacuum nor a read fence."""
+        conn = self.ex.new_connection()
+        try:
+            conn.autocommit = False  # the lock query begins the transaction that holds the lock
+            row = self.ex.one(query, (self.ex.schema,), conn=conn)
+            if row is not None and row[0] is False:
+                conn.close()
+                return None
+        except BaseException:
+            conn.close()
+            raise
+
+        def release() -> None:
+            try:
+                if not conn.closed:
+                    conn.rollback()
+            except psycopg.Error:  # pragma: no cover - closing ends the transaction anyway
+                pass
+            finally:
+                conn.close()
+        return release
+
+    def try_lead(self, conn: psycopg.Connection, holder: str, ttl: float) -> bool:
+        """Try to become the schema's maintenance leader (``holder`` names the candidate): straight to the
+        server, a session lock of ``conn`` held until :meth:`resign` or the connection ends (``ttl`` is
+        not used); behind a transaction pooler, the schema's maintenance lease for ``ttl`` seconds
+        (renewed by :meth:`still_leads`, lost if not renewed in time)."""
+        if not keeps_sessions(self.ex.pooler):
+            return self.still_leads(conn, holder, ttl)
         row = self.ex.one("maintenance_leader_lock", (self.ex.schema,), conn=conn)
         return bool(row and row[0])
 
-    def resign(self, conn: psycopg.Connection) -> None:
-        """Give up the leadership held by ``conn``."""
-        self.ex.one("maintenance_leader_unlock", (self.ex.schema,), conn=conn)
+    def still_leads(self, conn: psycopg.Connection, holder: str, ttl: float) -> bool:
+        """Whether ``holder``, which leads, still does: straight to the server its session lock lasts as
+        long as ``conn`` (this raises if ``conn`` broke); behind a transaction pooler its lease is renewed
+        for ``ttl`` seconds (false if it ran out and another took it meanwhile)."""
+        if keeps_sessions(self.ex.pooler):
+            self.ex.one("ping", conn=conn)
+            return True
+        row = self.ex.one("maintenance_lead", {"holder": holder, "ttl_ms": round(ttl * 1000)}, conn=conn)
+        return row is not None
+
+    def resign(self, conn: psycopg.Connection, holder: str) -> None:
+        """Give up the leadership ``holder`` holds (its session lock on ``conn``, or its lease)."""
+        if keeps_sessions(self.ex.pooler):
+            self.ex.one("maintenance_leader_unlock", (self.ex.schema,), conn=conn)
+        else:
+            self.ex.run("maintenance_resign", (holder,), conn=conn)
+
+    def maintenance_leader(self) -> str | None:
+        """The holder of the schema's maintenance lease (behind a transaction pooler), ``None`` when nobody
+        holds it or it ran out."""
+        row = self.ex.one("maintenance_leader")
+        return None if row is None else str(row[0])
 
     def ping(self, conn: psycopg.Connection) -> None:
-        """Raise if ``conn`` is broken (a leader checks it still holds its session lock)."""
+        """Raise if ``conn`` is broken."""
         self.ex.one("ping", conn=conn)
 
     def topic_ids(self, conn: psycopg.Connection) -> list[int]:
@@ -172,8 +239,44 @@ class OperationsStore:
         row = self.ex.one("segment_detach_state", (segment_name, tables.table_regclass), conn=conn)
         if row is not None:
             name = "finalize_detach" if row[0] else "detach_segment"
-            conn.execute(self._segment_query(name, topic_id, segment))
+            self._detach(conn, self._segment_query(name, topic_id, segment))
         self.ex.run("segment_detached", (topic_id, segment), conn=conn)
+
+    def _detach(self, conn: psycopg.Connection, query: sql.Composed) -> None:
+        """Run a detach (``DETACH PARTITION ... CONCURRENTLY`` or ``FINALIZE``) on ``conn``. Such a
+        statement runs outside any transaction block, so behind a transaction pooler no setting of one
+        transaction reaches it: there its waits are bounded by cancelling it once it ran longer than the
+        ``lock_timeout`` given to ``conn`` (:meth:`Executor.configure`), raised as
+        :class:`psycopg.errors.LockNotAvailable` as PostgreSQL's own lock timeout is (the detach is
+        finished by the next pass)."""
+        limit = self.ex.settings(conn).get("lock_timeout")
+        if keeps_sessions(self.ex.pooler) or not limit or int(limit) <= 0:
+            conn.execute(query)
+            return
+        guard = threading.Lock()
+        state = {"running": True, "cancelled": False}
+
+        def cancel() -> None:
+            with guard:  # never once the statement returned: the cancel would reach the next one
+                if state["running"]:
+                    state["cancelled"] = True
+                    conn.cancel_safe()
+
+        timer = threading.Timer(int(limit) / 1000, cancel)
+        timer.daemon = True
+        timer.start()
+        try:
+            conn.execute(query)
+        except psycopg.errors.QueryCanceled:
+            if state["cancelled"]:
+                raise psycopg.errors.LockNotAvailable(
+                    f"canceling statement due to lock timeout (the detach ran longer than {int(limit)} ms)"
+                ) from None
+            raise
+        finally:
+            with guard:
+                state["running"] = False
+            timer.cancel()
 
     def remove_segment(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
         """Detach a marked segment (:meth:`detach_segment`), drop it and forget it. ``conn`` must be in
@@ -187,17 +290,23 @@ class OperationsStore:
 
     def drop_detached(self, conn: psycopg.Connection, topic_id: int, segment: int) -> None:
         """Drop a detached segment's table (it locks nothing the topic's users touch) and forget it."""
-        conn.execute(self._segment_query("drop_segment_table", topic_id, segment))
+        self.ex.execute(conn, self._segment_query("drop_segment_table", topic_id, segment))
         self.ex.run("forget_segment", (topic_id, segment), conn=conn)
 
-    def try_purge_lock(self, conn: psycopg.Connection) -> bool:
-        """Take the schema's purge lock on ``conn`` (a session lock) if free."""
+    def try_purge_lock(self, conn: psycopg.Connection) -> Release | None:
+        """Take the schema's purge lock if free: the call that releases it, ``None`` when another purge
+        holds it. A session lock of ``conn``, or behind a transaction pooler the same lock for a
+        transaction held open on a connection of its own (as :meth:`lock_pass`)."""
+        if not keeps_sessions(self.ex.pooler):
+            return self._held("purge_xact_lock")
         row = self.ex.one("purge_lock", (self.ex.schema,), conn=conn)
-        return bool(row and row[0])
+        if not (row and row[0]):
+            return None
 
-    def purge_unlock(self, conn: psycopg.Connection) -> None:
-        """Release the purge lock held by ``conn``."""
-        self.ex.one("purge_unlock", (self.ex.schema,), conn=conn)
+        def release() -> None:
+            if not conn.closed:
+                self.ex.one("purge_unlock", (self.ex.schema,), conn=conn)
+        return release
 
     def expire_members(self, conn: psycopg.Connection) -> int:
         """Expire the members of every group that missed their session timeout; return how many."""

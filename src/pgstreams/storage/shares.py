@@ -17,6 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from ..models import ShareGroupStatus
+from .events import fences_query
 from .executor import Executor
 from .libpq import Direct, Statement, Step, statement, statement_of, text_params, usable
 from .naming import TopicTables
@@ -131,7 +132,7 @@ class ShareStore:
             if not wait:
                 due = conn.cursor(binary=True)
                 due.execute(self.ex.query("share_take_due", topic_id), params, prepare=True)
-            conn.execute(self.ex.query("load_fences", topic_id), params, prepare=True)
+            conn.execute(self.ex.query(fences_query(self.ex.pooler), topic_id), params, prepare=True)
             new = conn.cursor(binary=True)
             new.execute(_advance(self.ex.schema, topic_id, wait), params, prepare=True)
         rows: list[AcquiredRow] = due.fetchall() if due is not None else []
@@ -148,7 +149,7 @@ class ShareStore:
         if not wait:
             due = statement("share_take_due", schema, topic_id)
             steps.append((due, text_params(due, params, enc), 1))
-        fences = statement("load_fences", schema, topic_id)
+        fences = statement(fences_query(self.ex.pooler), schema, topic_id)
         steps.append((fences, text_params(fences, params, enc), 0))
         adv = _advance_statement(schema, topic_id, wait)
         steps.append((adv, text_params(adv, params, enc), 1))

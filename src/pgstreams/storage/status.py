@@ -21,7 +21,7 @@ from ..models import (
     StatusSnapshot,
     TopicStatus,
 )
-from .executor import Executor, configure_session
+from .executor import Executor
 from .libpq import collect_statements, send_statements, statement, text_params, usable
 
 #: Topics to read again (plus topics whose lag to read again) from which a status read splits its work
@@ -113,9 +113,7 @@ class StatusStore:
         try:
             conns = [c for c in self._conns if not c.closed]
             while len(conns) < 2:
-                conn = psycopg.connect(str(self.ex.pool.conninfo), autocommit=True)
-                conns.append(conn)
-                configure_session(conn)
+                conns.append(self.ex.new_connection())
             self._conns = conns
             try:
                 yield conns[0], lambda: nullcontext(conns[1])

@@ -23,9 +23,10 @@ Send = Callable[[pq.abc.PGconn], None]
 
 class AsyncDirect:
     """The asyncio twin of :class:`Direct`: :class:`Statement` pipelines on psycopg async connections,
-    each statement prepared once per connection, waiting for the server on the event loop (one wake-up
-    per round trip, without psycopg's query layer and its waiting generators). Use it only on a
-    connection the caller holds alone (a pooled one), idle in autocommit mode."""
+    each statement prepared once per connection (or unnamed, on a connection that prepares nothing),
+    waiting for the server on the event loop (one wake-up per round trip, without psycopg's query layer and
+    its waiting generators). Use it only on a connection the caller holds alone (a pooled one), idle in
+    autocommit mode."""
 
     def __init__(self) -> None:
         self._sessions: weakref.WeakKeyDictionary[psycopg.AsyncConnection[Any], ConnectionStatements] = (
@@ -34,7 +35,7 @@ class AsyncDirect:
     def _session(self, conn: psycopg.AsyncConnection[Any]) -> ConnectionStatements:
         s = self._sessions.get(conn)
         if s is None:
-            s = self._sessions[conn] = ConnectionStatements(conn)  # type: ignore[arg-type]
+            s = self._sessions[conn] = ConnectionStatements(conn)
         return s
 
     def forget(self, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -135,6 +136,8 @@ class AsyncDirect:
     def _prepares(self, conn: psycopg.AsyncConnection[Any], statements: Sequence[Statement],
                   types: Sequence[int] | None) -> tuple[list[Send], list[bytes]]:
         s = self._session(conn)
+        if not s.named:  # a connection that prepares nothing (behind a transaction pooler)
+            return [], []
         names = [st.name for st in statements if st.name not in s.prepared]
         sends: list[Send] = [functools.partial(_send_prepare, st.name, st.text, types)
                              for st in statements if st.name in names]
@@ -147,14 +150,16 @@ class AsyncDirect:
         for statements prepared now; ``formats``: the parameters' formats, default text); with
         ``notify`` (channel, payload), then ``pg_notify`` in a transaction of its own (after the steps
         committed; its result is dropped: a wake-up hint).
-        Statements not prepared on ``conn`` yet are prepared in the same round trip. The results of the
-        steps; the first error is raised after every result was read. Statements the server no longer
+        Statements not prepared on ``conn`` yet are prepared in the same round trip; on a connection that
+        prepares nothing (:func:`~.statements.prepares`) each runs as an unnamed statement. The results of
+        the steps; the first error is raised after every result was read. Statements the server no longer
         holds are prepared again and the steps run once more."""
         s = self._session(conn)
         for attempt in (0, 1):
             prepares, names = self._prepares(conn, [st for st, _, _ in steps], types)
             batches: list[list[Send]] = [prepares] if prepares else []
-            batches.append([functools.partial(_send_prepared, st.name, params, formats, fmt)
+            batches.append([functools.partial(_send_prepared, st.name, params, formats, fmt) if s.named
+                            else functools.partial(_send_unnamed, st.text, params, types, formats, fmt)
                             for st, params, fmt in steps])
             if notify is not None:
                 batches.append([functools.partial(_send_notify, notify)])
@@ -193,6 +198,11 @@ def _send_prepare(name: bytes, text: bytes, types: Sequence[int] | None, pg: pq.
 def _send_prepared(name: bytes, params: Sequence[bytes | None], formats: Sequence[int] | None, fmt: int,
                    pg: pq.abc.PGconn) -> None:
     pg.send_query_prepared(name, params, formats, fmt)
+
+
+def _send_unnamed(text: bytes, params: Sequence[bytes | None], types: Sequence[int] | None,
+                  formats: Sequence[int] | None, fmt: int, pg: pq.abc.PGconn) -> None:
+    pg.send_query_params(text, params, types, formats, fmt)
 
 
 def _send_notify(notify: tuple[bytes, bytes], pg: pq.abc.PGconn) -> None:

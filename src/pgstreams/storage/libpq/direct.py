@@ -26,7 +26,9 @@ def usable(conn: psycopg.Connection) -> bool:
 
 
 class Direct:
-    """Runs :class:`Statement` pipelines on connections, preparing each statement once per connection."""
+    """Runs :class:`Statement` pipelines on connections, preparing each statement once per connection, or,
+    on a connection that prepares nothing (:func:`~.statements.prepares`: behind a transaction pooler),
+    running each as an unnamed statement (parsed with every execution)."""
 
     def __init__(self) -> None:
         self._sessions: weakref.WeakKeyDictionary[psycopg.Connection, ConnectionStatements] = (
@@ -42,8 +44,12 @@ class Direct:
 
     def prepare(self, conn: psycopg.Connection, st: Statement, types: Sequence[int] | None = None) -> str:
         """Prepare ``st`` on ``conn`` unless done already (``types``: parameter type oids); the
-        connection's encoding."""
+        connection's encoding. On a connection that prepares nothing, only its ``types`` are recorded, for
+        its unnamed executions."""
         s = self._session(conn)
+        if not s.named:
+            s.types[st.name] = types
+            return s.encoding
         if st.name not in s.prepared:
             res = self.exec_prepare(conn.pgconn, st, types)
             # "already exists": the server kept it while this registry forgot it (after a statement that
@@ -60,11 +66,21 @@ class Direct:
         pg.send_prepare(st.name, st.text, types)
         return last_result(pg)
 
-    @staticmethod
-    def exec_prepared(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+    def send(self, conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+             formats: Sequence[int] | None = None, result_format: int = 0) -> None:
+        """Send the execution of ``st`` (prepared by :meth:`prepare`): by its name, or as an unnamed
+        statement on a connection that prepares nothing."""
+        s = self._session(conn)
+        if s.named:
+            conn.pgconn.send_query_prepared(st.name, params, formats, result_format)
+        else:
+            conn.pgconn.send_query_params(st.text, params, s.types.get(st.name), formats, result_format)
+
+    def exec_prepared(self, conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                       formats: Sequence[int] | None = None, result_format: int = 0) -> pq.abc.PGresult:
-        """Run prepared ``st`` (as ``PQexecPrepared``, waiting through :func:`await_input`); its result."""
-        conn.pgconn.send_query_prepared(st.name, params, formats, result_format)
+        """Run ``st`` (prepared by :meth:`prepare`; as ``PQexecPrepared``, waiting through
+        :func:`await_input`); its result."""
+        self.send(conn, st, params, formats, result_format)
         return last_result(conn.pgconn)
 
     def forget(self, conn: psycopg.Connection) -> None:
@@ -81,7 +97,7 @@ class Direct:
             enc = ""
             for st, _params, _fmt in steps:
                 enc = self.prepare(conn, st)
-            results = self._run(conn.pgconn, steps)
+            results = self._run(conn, steps)
             failed = next((r for r in results if r.status not in OK), None)
             if failed is None:
                 break
@@ -122,27 +138,26 @@ class Direct:
             raise psycopg.errors.error_from_result(results[1], encoding=conn.info.encoding)
         return [tuple(first.get_value(r, c) for c in range(first.nfields)) for r in range(first.ntuples)]
 
-    @staticmethod
-    def exec_then_notify(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+    def exec_then_notify(self, conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                          formats: Sequence[int], notify: tuple[bytes, bytes]) -> pq.abc.PGresult:
-        """Run prepared ``st`` (its own transaction, on an autocommit connection), then
+        """Run ``st`` (prepared by :meth:`prepare`; its own transaction, on an autocommit connection), then
         ``pg_notify(*notify)`` in a transaction of its own, after the first committed: one round trip (a
         libpq pipeline with a sync after each). Returns the statement's result; the notification's is
         dropped (a wake-up hint: consumers poll anyway)."""
-        return Direct.exec_then(conn, st, params, formats, [(NOTIFY, notify)])[0]
+        return self.exec_then(conn, st, params, formats, [(NOTIFY, notify)])[0]
 
-    @staticmethod
-    def exec_then(conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
+    def exec_then(self, conn: psycopg.Connection, st: Statement, params: Sequence[bytes | None],
                   formats: Sequence[int], after: Sequence[tuple[bytes, Sequence[bytes | None]]]
                   ) -> list[pq.abc.PGresult]:
-        """Run prepared ``st`` (its own transaction, on an autocommit connection), then each query of
-        ``after`` (text with ``$n`` placeholders, text parameters) in a transaction of its own, each after
-        the one before committed: one round trip (a libpq pipeline with a sync after each). Returns the
-        first result of each, ``st``'s first (a failed one's error result: the caller raises it)."""
+        """Run ``st`` (prepared by :meth:`prepare`; its own transaction, on an autocommit connection), then
+        each query of ``after`` (text with ``$n`` placeholders, text parameters) in a transaction of its
+        own, each after the one before committed: one round trip (a libpq pipeline with a sync after each).
+        Returns the first result of each, ``st``'s first (a failed one's error result: the caller raises
+        it)."""
         pg = conn.pgconn
         pg.enter_pipeline_mode()
         try:
-            pg.send_query_prepared(st.name, params, formats)
+            self.send(conn, st, params, formats)
             pg.pipeline_sync()
             for query, values in after:
                 pg.send_query_params(query, values)
@@ -193,12 +208,12 @@ class Direct:
             while pg.status == pq.ConnStatus.OK and next_result(pg) is not None:
                 pass
 
-    @staticmethod
-    def _run(pg: pq.abc.PGconn, steps: Sequence[Step]) -> list[pq.abc.PGresult]:
+    def _run(self, conn: psycopg.Connection, steps: Sequence[Step]) -> list[pq.abc.PGresult]:
+        pg = conn.pgconn
         pg.enter_pipeline_mode()
         try:
             for st, params, fmt in steps:
-                pg.send_query_prepared(st.name, params, None, fmt)
+                self.send(conn, st, params, None, fmt)
             pg.pipeline_sync()
             results = until_sync(pg)
         finally:

@@ -74,6 +74,22 @@ class CheckedPool(ConnectionPool):
         # psycopg's own, with the capped backoff (the attempt is handed on to the next try)
         super()._add_connection(attempt or _CappedAttempt(timeout=self.reconnect_timeout), growing)
 
+    def fresh(self, connect_timeout: float | None = None) -> psycopg.Connection:
+        """A new connection made as the pool makes its own (its conninfo, connection options and set-up:
+        see :func:`pgstreams.pooler.connection_options`), outside the pool: the caller closes it.
+        ``connect_timeout``: seconds (at least 1) to connect, default libpq's."""
+        kwargs = dict(self._resolve_kwargs())
+        if connect_timeout is not None:
+            kwargs["connect_timeout"] = max(1, int(connect_timeout))
+        conn = psycopg.Connection.connect(self._resolve_conninfo(), **kwargs)
+        if self._configure is not None:
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
+        return conn
+
     @staticmethod
     def check_connection(conn: psycopg.Connection) -> None:
         """Raise if ``conn`` (idle, autocommit: the client's) does not answer within
@@ -96,6 +112,21 @@ class AsyncCheckedPool(AsyncConnectionPool):
 
     async def _add_connection(self, attempt: AttemptWithBackoff | None, growing: bool = False) -> None:
         await super()._add_connection(attempt or _CappedAttempt(timeout=self.reconnect_timeout), growing)
+
+    async def fresh(self, connect_timeout: float | None = None) -> psycopg.AsyncConnection[Any]:
+        """A new connection made as the pool makes its own, outside the pool (see
+        :meth:`CheckedPool.fresh`): the caller closes it."""
+        kwargs = dict(await self._resolve_kwargs())
+        if connect_timeout is not None:
+            kwargs["connect_timeout"] = max(1, int(connect_timeout))
+        conn = await psycopg.AsyncConnection.connect(await self._resolve_conninfo(), **kwargs)
+        if self._configure is not None:
+            try:
+                await self._configure(conn)
+            except BaseException:
+                await conn.close()
+                raise
+        return conn
 
     @staticmethod
     async def check_connection(conn: psycopg.AsyncConnection[Any]) -> None:

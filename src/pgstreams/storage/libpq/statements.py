@@ -94,13 +94,25 @@ NOTIFY = b"SELECT pg_notify($1, $2)"
 DUPLICATE_PREPARED = b"42P05"
 
 
+def prepares(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """Whether statements may be prepared by name on ``conn``: unless psycopg's preparation is off on it
+    (``prepare_threshold=None``: a connection behind a transaction pooler, see
+    :func:`pgstreams.pooler.connection_options`, where a named statement prepared in one transaction may be
+    missing in the next, or belong to another client)."""
+    return conn.prepare_threshold is not None
+
+
 class ConnectionStatements:
-    """What a connection has prepared, and a transformer that loads its rows."""
+    """What a connection has prepared, whether it prepares statements by name at all (:func:`prepares`;
+    else each runs as an unnamed statement, with the parameter types recorded for it in ``types``), and a
+    transformer that loads its rows."""
 
-    __slots__ = ("encoding", "prepared", "transformer")
+    __slots__ = ("encoding", "named", "prepared", "transformer", "types")
 
-    def __init__(self, conn: psycopg.Connection) -> None:
+    def __init__(self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
         self.encoding = conn.info.encoding
+        self.named = prepares(conn)
         self.prepared: set[bytes] = set()
+        self.types: dict[bytes, Sequence[int] | None] = {}
         self.transformer = Transformer(conn)
 

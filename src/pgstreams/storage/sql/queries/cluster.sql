@@ -9,12 +9,9 @@ SELECT cluster_id, shard, shards, created_at FROM {schema}.cluster;
 SELECT pg_advisory_xact_lock(hashtextextended('pgstreams.cluster:' || %(schema)s::text, 0));
 
 -- name: try_lock_shard
--- A session-level lock taken by `cluster init` on every server given: a second one on the same database
--- fails, which shows that a database was given twice.
-SELECT pg_try_advisory_lock(%s);
-
--- name: unlock_shard
-SELECT pg_advisory_unlock(%s);
+-- A transaction-level lock taken by `cluster init` in a transaction open on every server given at once: a
+-- second one on the same database fails, which shows that a database was given twice.
+SELECT pg_try_advisory_xact_lock(%s);
 
 -- name: insert_cluster_layout
 INSERT INTO {schema}.cluster (cluster_id, shard, shards) VALUES (%s, %s, %s);

@@ -63,6 +63,14 @@ CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
     event_id text, correlation_id text, causation_id text, producer bigint
 ) ON COMMIT DELETE ROWS;
 
+-- name: staging_table_dropped
+-- staging_table for one transaction only (dropped at its commit): behind a transaction pooler, where a
+-- temporary table would stay with a server session that serves other clients.
+CREATE TEMP TABLE IF NOT EXISTS pgstreams_staging (
+    ord bigint, partition integer, kind "char", key text, value bytea, headers jsonb, event_type text,
+    event_id text, correlation_id text, causation_id text, producer bigint
+) ON COMMIT DROP;
+
 -- name: join_fence_staged
 -- Register the transaction as a publisher of the staged rows' partitions before they draw positions.
 SELECT {schema}.join_fence({topic_id}, ARRAY(SELECT DISTINCT partition FROM pgstreams_staging), {seq_name}::regclass);
@@ -105,6 +113,11 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true);
 -- name: load_fences
 -- A poll's first statement: the fences of its partitions, kept in the session for the read that follows.
 SELECT {schema}.load_fences({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
+
+-- name: load_fences_local
+-- load_fences behind a transaction pooler: the fences kept in settings of the poll's transaction only
+-- (0032_transaction_fences.sql).
+SELECT {schema}.load_fences_local({topic_id}, %(partitions)s::int[], {seq_name}::regclass);
 
 -- name: loaded_fences
 -- After a poll (sent with it): the read fences load_fences loaded for it, in the order of its partitions.

@@ -88,10 +88,6 @@ SELECT m.group_name AS "group", t.name AS topic, m.member_id, m.host, m.pid, m.r
  WHERE m.group_name = %s AND (%s::text IS NULL OR t.name = %s)
  ORDER BY t.name, m.member_id;
 
--- name: set_lock_timeout
--- Session setting of a member's own connections: a balancing round waiting for lease locks gives up.
-SELECT set_config('lock_timeout', %s, false);
-
 -- name: set_idle_timeout
 -- Transaction setting of a handler's transaction: a member paused inside it must not hold locks (and
 -- the read fence) forever.

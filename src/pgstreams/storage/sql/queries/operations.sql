@@ -29,11 +29,17 @@ SELECT DISTINCT k.group_name, k.topic_id, g.p, 0::bigint
  WHERE k.topic_id = %(topic_id)s
 ON CONFLICT DO NOTHING;
 
--- name: maintenance_session
--- A maintenance pass commits many small transactions (per topic: segments ahead, sealing, retention marks,
--- each step of a detach): none waits for its WAL flush. WAL stays in order, so a mark is durable before
--- the detach and drop that follow it, and a transaction that drops a table flushes WAL anyway.
-SET synchronous_commit = off;
+-- name: apply_settings
+-- Settings of a connection of pgstreams' own (a maintenance pass's, a group member's): of its session
+-- (local false), or of the transaction (true; behind a transaction pooler, sent with every statement, see
+-- Executor.configure). Names and values as two arrays.
+SELECT set_config(s.name, s.value, %(local)s)
+  FROM unnest(%(names)s::text[], %(values)s::text[]) AS s(name, value);
+
+-- name: server_process
+-- The server process of the transaction (behind a pooler in transaction mode it may change from one to the
+-- next; see executor.pools_transactions).
+SELECT pg_backend_pid();
 
 -- name: maintenance_lock
 -- One maintenance pass of a schema at a time (SQL maintain() takes the same key per transaction).
@@ -48,6 +54,28 @@ SELECT pg_try_advisory_lock(hashtext('pgstreams.maintenance-leader'), hashtext(%
 
 -- name: maintenance_leader_unlock
 SELECT pg_advisory_unlock(hashtext('pgstreams.maintenance-leader'), hashtext(%s));
+
+-- name: maintenance_xact_lock
+-- The maintenance lock of a schema for one transaction (behind a transaction pooler: held by a transaction
+-- kept open for the pass on a connection of its own). The same key as maintenance_lock and maintain().
+SELECT pg_advisory_xact_lock(hashtext('pgstreams.maintain'), hashtext(%s));
+
+-- name: maintenance_lead
+-- Take or renew the schema's maintenance lease (0031_maintenance_leader.sql) for %(ttl_ms)s ms: true if
+-- %(holder)s leads now (it led already, nobody did, or the last leader's lease ran out).
+UPDATE {schema}.maintenance
+   SET leader = %(holder)s,
+       leader_since = CASE WHEN leader IS DISTINCT FROM %(holder)s OR leader_until < now() THEN now()
+                           ELSE leader_since END,
+       leader_until = now() + %(ttl_ms)s * interval '1 millisecond'
+ WHERE leader IS NULL OR leader = %(holder)s OR leader_until < now()
+RETURNING true;
+
+-- name: maintenance_leader
+SELECT leader FROM {schema}.maintenance WHERE leader IS NOT NULL AND leader_until >= now();
+
+-- name: maintenance_resign
+UPDATE {schema}.maintenance SET leader = NULL, leader_since = NULL, leader_until = NULL WHERE leader = %s;
 
 -- name: topic_ids
 SELECT id FROM {schema}.topics ORDER BY id;
@@ -71,6 +99,10 @@ SELECT pg_try_advisory_lock(hashtext('pgstreams.purge'), hashtext(%s));
 
 -- name: purge_unlock
 SELECT pg_advisory_unlock(hashtext('pgstreams.purge'), hashtext(%s));
+
+-- name: purge_xact_lock
+-- purge_lock for one transaction (behind a transaction pooler, held by a transaction kept open for the purge).
+SELECT pg_try_advisory_xact_lock(hashtext('pgstreams.purge'), hashtext(%s));
 
 -- name: prepare_segments
 SELECT {schema}.prepare_segments(%s);

@@ -500,7 +500,9 @@ def kafka_python(bootstrap: str, prefix: str, out: Callable[[str], None]) -> Non
             c.subscribe([f"{prefix}group"], listener=Listener())
             while not self.stopping.is_set():
                 try:
-                    for records in c.poll(100).values():
+                    # a poll long enough for a rebalance round to end within it (see above): it returns as
+                    # soon as records come
+                    for records in c.poll(1000).values():
                         self.values.extend(r.value.decode() for r in records)
                         c.commit()
                 except KafkaError as exc:  # as an application would: the client reconnects, go on

@@ -107,12 +107,12 @@ class Gateway:
         self._principals = auth.Principals(client) if self._sasl else None
         self._server: asyncio.Server | None = None
         self._ctx: Context | None = None
-        self._connections: set[asyncio.Task[Any]] = set()
+        #: each connection's task and its queue of request frames (the gateway's close ends it with ``None``)
+        self._connections: dict[asyncio.Task[Any], asyncio.Queue[bytes | BaseException | None]] = {}
         self._receivers: set[asyncio.Task[Any]] = set()
-        #: each connection's queue of request frames (the gateway's close ends it with ``None``)
-        self._queues: dict[asyncio.Task[Any], asyncio.Queue[bytes | BaseException | None]] = {}
-        #: what each connection is doing (named when the gateway's close has to end it)
-        self._doing: dict[asyncio.Task[Any], tuple[str, float]] = {}
+        #: the request each connection is answering: API key, version and since when (named when the
+        #: gateway's close has to end the connection)
+        self._doing: dict[asyncio.Task[Any], tuple[int, int, float]] = {}
         #: the gateway's counters and request durations (its Prometheus metrics)
         self.stats = GatewayStats()
         self._waits: ThreadPoolExecutor | None = None
@@ -154,16 +154,17 @@ class Gateway:
             receiver.cancel()
         # no more requests: each connection answers those it has read, then ends (its receiver puts this
         # too when cancelled, but not one cancelled before it ever ran: a connection accepted just now)
-        for frames in self._queues.values():
+        for frames in self._connections.values():
             with contextlib.suppress(asyncio.QueueFull):  # full: the connection is not waiting for one
                 frames.put_nowait(None)
         if self._connections:
             _done, pending = await asyncio.wait(list(self._connections), timeout=DRAIN_TIMEOUT)
             now = time.monotonic()
             for task in pending:
-                doing, since = self._doing.get(task, ("waiting for a request", now))
-                log.warning("ending a connection whose requests were not answered within %g s "
-                            "(%s for %.1f s)", DRAIN_TIMEOUT, doing, now - since)
+                doing = self._doing.get(task)
+                log.warning("ending a connection whose requests were not answered within %g s (%s)",
+                            DRAIN_TIMEOUT, "waiting for a request" if doing is None else
+                            f"{_api_name(doing[0], doing[1])} for {now - doing[2]:.1f} s")
                 task.cancel()
             for task in pending:
                 with contextlib.suppress(BaseException):
@@ -188,11 +189,10 @@ class Gateway:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._connections.add(task)
         self.stats.connected()
         peer = writer.get_extra_info("peername")
         frames: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue(PIPELINE)
-        self._queues[task] = frames
+        self._connections[task] = frames
         gone = asyncio.Event()
         CLIENT_GONE.set(gone)  # this task's context: the handlers it awaits see it
         receiving = asyncio.get_running_loop().create_task(_receive(reader, frames, gone))
@@ -221,15 +221,15 @@ class Gateway:
                     writer.write(struct.pack(">i", len(data)) + data)
                     await writer.drain()
                     continue
-                key = codec.peek(frame)[0]
-                self._doing[task] = (_api_name(*codec.peek(frame)[:2]), time.monotonic())
+                key, version, _correlation = codec.peek(frame)
+                self._doing[task] = (key, version, time.monotonic())
                 if key in (auth.SASL_HANDSHAKE_KEY, auth.SASL_AUTHENTICATE_KEY) or ctx is None:
                     if key not in auth.BEFORE_AUTHENTICATION:
                         log.warning("closing the connection of %s: API key %d before authentication", peer,
                                     key)
                         return
                     reply: bytes | None
-                    if served(*codec.peek(frame)[:2]) is None:
+                    if served(key, version) is None:
                         reply = await self._answer(frame, self._ctx)  # not served: refused, or closed
                     elif key == auth.SASL_HANDSHAKE_KEY:
                         request = codec.decode(frame)
@@ -252,6 +252,7 @@ class Gateway:
                         return
                     writer.write(reply)
                     await writer.drain()
+                    self._doing.pop(task, None)
                     continue
                 if key == writes.PRODUCE_KEY:
                     # the produce requests that arrived meanwhile are stored with it, in one transaction
@@ -271,7 +272,6 @@ class Gateway:
                         return
                     if reply:  # a produce with acks=0 gets no reply
                         writer.write(reply)
-                self._doing[task] = ("sending replies", time.monotonic())
                 await writer.drain()
                 self._doing.pop(task, None)
         except codec.FrameError as exc:
@@ -288,9 +288,8 @@ class Gateway:
             with contextlib.suppress(BaseException):
                 await receiving
             self._receivers.discard(receiving)
-            self._connections.discard(task)
+            self._connections.pop(task, None)
             self._doing.pop(task, None)
-            self._queues.pop(task, None)
             self.stats.disconnected()
             writer.close()
             with contextlib.suppress(Exception):

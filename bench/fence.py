@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -422,7 +423,12 @@ def main(argv: list[str] | None = None) -> int:
     target = server_dsn(args.dsn)
     info = machine(target)
     with interrupt_on_sigterm():
-        results, phases, series = run(target, plan, console)
+        try:
+            results, phases, series = run(target, plan, console)
+        except RuntimeError as exc:  # a reader or the producer failed, or a wait timed out
+            console.print(f"bench.fence failed: {exc}", markup=False, highlight=False)
+            print(f"bench.fence failed: {exc}", file=sys.stderr)
+            return 2
     oks, md = report(plan, results, phases, series, console)
     console.print(f"{info['cpu']}, {info['cores']} cores, {info['ram']} RAM; "
                   f"PostgreSQL {info['postgresql']}; "

@@ -143,13 +143,19 @@ def raw_copy_out(dsn: str, tid: int, lo: int, hi: int, connections: int) -> tupl
 
 def spark_session(jar: str | None = None, app: str = "pgstreams-bench") -> Any:
     """A local SparkSession (``local[*]``, no UI, UTC) whose Python workers run this interpreter, with the
-    JDBC driver ``jar`` on its class path when given (default none)."""
+    JDBC driver ``jar`` on its class path when given (default none). Its Python processes start as
+    docs/spark.md recommends: forked from ``pgstreams.spark_daemon``, importing the installed, compiled
+    PySpark."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # the driver and its services on loopback
     from pyspark.sql import SparkSession
 
+    from pgstreams.spark_daemon import use_compiled_pyspark
+
+    use_compiled_pyspark("local[*]")
     builder = (SparkSession.builder.master("local[*]").appName(app)
                .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+               .config("spark.python.daemon.module", "pgstreams.spark_daemon")
                .config("spark.sql.shuffle.partitions", str(os.cpu_count() or 2))
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.driver.memory", "2g"))

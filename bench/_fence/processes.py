@@ -123,6 +123,7 @@ def _spark(args: ReaderArgs, tally: Tally, started: Any, stop: Any) -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable  # Spark's Python workers run this interpreter
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     import pgstreams.spark
+    from pgstreams_ml.sparkutil import QUERY_RESTARTS, is_transient
 
     from ..spark import spark_session
 
@@ -135,15 +136,26 @@ def _spark(args: ReaderArgs, tally: Tally, started: Any, stop: Any) -> None:
             tally.add([bytes(r[0]) for r in rows], time.time())
 
         with tempfile.TemporaryDirectory(prefix="pgstreams-bench-fence-") as ck:
-            stream = (spark.readStream.format("pgstreams").option("dsn", args.dsn).option("topic", args.topic)
-                      .option("group", args.group).load())
-            q = (stream.writeStream.foreachBatch(on_batch).option("checkpointLocation", ck)
-                 .trigger(processingTime=args.trigger).start())
+            def start() -> Any:
+                stream = (spark.readStream.format("pgstreams").option("dsn", args.dsn)
+                          .option("topic", args.topic).option("group", args.group).load())
+                return (stream.writeStream.foreachBatch(on_batch).option("checkpointLocation", ck)
+                        .trigger(processingTime=args.trigger).start())
+
+            q = start()
+            restarts = 0
             try:
                 started.set()
                 while not stop.wait(0.2):
                     if not q.isActive:
-                        raise RuntimeError(f"the streaming query stopped: {q.exception()}")
+                        exc = q.exception()
+                        # Spark gives its Python processes 10 s to connect back, which a loaded machine can
+                        # miss: the query goes on from its checkpoint, as pgstreams_ml's queries do
+                        if restarts < QUERY_RESTARTS and is_transient(exc):
+                            restarts += 1
+                            q = start()
+                            continue
+                        raise RuntimeError(f"the streaming query stopped: {exc}")
             finally:
                 q.stop()
     finally:

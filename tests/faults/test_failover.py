@@ -2,91 +2,34 @@
 consumer in a group and a worker group: every acknowledged event is stored once, and the consumer and the
 worker see each one once, nothing skipped or repeated.
 
-Both servers are the test's own (``restartable_server`` for the primary; the standby a ``pg_basebackup`` of
-it, started with the same binaries); clients use a multi-host DSN with ``target_session_attrs=read-write``,
-as docs/operations.md says.
+Both servers are the test's own (:func:`bench._servers.standby_pair`: the standby a ``pg_basebackup`` of
+the primary, started with the same binaries); clients use a multi-host DSN with
+``target_session_attrs=read-write``, as docs/operations.md says.
 """
 
 from __future__ import annotations
 
-import os
-import pwd
-import shutil
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from bench._servers import StandbyPair, standby_pair
 
 import pgstreams
 from _core_helpers import running, until
-from pgstreams.embedded import TemporaryServer, restartable_server
 
 pytestmark = pytest.mark.timeout(300)
 
-STANDBY = "standby1"
-
-
-def _port(dsn: str) -> int:
-    return int(conninfo_to_dict(dsn)["port"] or 5432)
-
 
 @pytest.fixture
-def pair() -> Iterator[tuple[TemporaryServer, TemporaryServer, str]]:
-    """A primary and its synchronous standby (``synchronous_standby_names`` names it once it streams), and
-    the multi-host DSN of a database ``app`` on them (pgstreams migrated before the base backup)."""
-    from pgserver import _commands
-    from pgserver.utils import find_suitable_port
-
-    commands: Any = _commands
-    with restartable_server({"fsync": "off", "wal_keep_size": "64MB"}) as primary:
-        with psycopg.connect(primary.dsn, autocommit=True) as conn:
-            conn.execute("CREATE DATABASE app")
-        with pgstreams.connect(make_conninfo(primary.dsn, dbname="app")):
-            pass  # migrated
-        user = "pgserver" if os.geteuid() == 0 else None
-        root = Path(tempfile.mkdtemp(prefix="pgstreams-standby-"))
-        try:
-            if user is not None:
-                entry = pwd.getpwnam(user)
-                os.chown(root, entry.pw_uid, entry.pw_gid)
-            data, log = root / "data", root / "server.log"
-            p1 = _port(primary.dsn)
-            source = f"host=127.0.0.1 port={p1} user=postgres application_name={STANDBY}"
-            backup = ["-D", str(data), "-R", "-X", "stream", "-c", "fast", "-d", source]
-            commands.pg_basebackup(backup, user=user, timeout=120)
-            port = find_suitable_port("127.0.0.1")
-            standby = TemporaryServer(commands, data, log, f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off",
-                                      user, f"postgresql://postgres@127.0.0.1:{port}/postgres")
-            standby.start()
-            try:
-                with psycopg.connect(primary.dsn, autocommit=True) as conn:
-                    def state() -> tuple[str, str] | None:
-                        row = conn.execute("SELECT state, sync_state FROM pg_stat_replication "
-                                           "WHERE application_name = %s", (STANDBY,)).fetchone()
-                        return None if row is None else (row[0], row[1])
-
-                    until(lambda: state() is not None and state()[0] == "streaming", 60,  # type: ignore[index]
-                          "the standby to stream")
-                    conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'")
-                    conn.execute("SELECT pg_reload_conf()")
-                    until(lambda: state() == ("streaming", "sync"), 60, "the standby to be synchronous")
-                dsn = (f"postgresql://postgres@127.0.0.1:{p1},127.0.0.1:{port}/app"
-                       "?target_session_attrs=read-write")
-                yield primary, standby, dsn
-            finally:
-                try:
-                    standby.stop("immediate")
-                except Exception:  # noqa: BLE001 - already stopped
-                    pass
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
+def pair() -> Iterator[StandbyPair]:
+    """A primary and its synchronous standby (:func:`bench._servers.standby_pair`), fsync off (the machine
+    does not crash; an immediate stop loses nothing committed)."""
+    with standby_pair({"fsync": "off"}) as p:
+        yield p
 
 
 class _Publisher(threading.Thread):
@@ -136,8 +79,8 @@ class _Reader(threading.Thread):
 
 
 def test_a_synchronous_standby_promoted_under_load_keeps_every_acknowledged_event_exactly_once(
-        pair: tuple[TemporaryServer, TemporaryServer, str]) -> None:
-    primary, standby, dsn = pair
+        pair: StandbyPair) -> None:
+    dsn = pair.dsn
     with pgstreams.connect(dsn, retry_timeout=60) as client:
         client.create_topic("t", 2)
         with client.connection() as conn:
@@ -168,10 +111,9 @@ def test_a_synchronous_standby_promoted_under_load_keeps_every_acknowledged_even
                         raise AssertionError(f"{exc} (published {publisher.acked}, handled {len(handled())}, "
                                              f"read {len(reader.seen)}; {publisher.errors} {reader.errors} "
                                              f"{worker.failure})") from None
-                    primary.stop("immediate")  # the primary dies: nothing flushed after this
+                    pair.primary.stop("immediate")  # the primary dies: nothing flushed after this
                     killed = time.monotonic()
-                    standby._commands.pg_ctl(["-w", "promote"], pgdata=standby._data, user=standby._user,
-                                             timeout=60)
+                    pair.promote()
                     promoted = time.monotonic() - killed
                     before = publisher.acked
                     until(lambda: publisher.acked >= before + 100 or bool(publisher.errors), 90,

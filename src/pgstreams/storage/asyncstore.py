@@ -26,6 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from ..models import CommitOutcome
 from ..pooler import DEFAULT_POOLER, Pooler
+from .arrays import column_arrays
 from .calls import ALL, ONE, Call, Steps
 from .checkpoints import (
     init_checkpoints_call,
@@ -42,6 +43,7 @@ from .events import (
     COPY_TYPES,
     EVENT_COLUMNS,
     EVENT_ID,
+    INSERT_MANY_TYPES,
     PARTITION,
     POLL_CHECKED,
     POLL_FENCED,
@@ -324,7 +326,7 @@ class AsyncStore:
             for topic_id, rows in batches:
                 partitions = sorted({r[PARTITION] for r in rows})
                 await conn.execute(self.ex.query("join_fence", topic_id), (partitions,), prepare=True)
-                columns = {name: [r[i] for r in rows] for i, name in enumerate(EVENT_COLUMNS)}
+                columns = column_arrays(rows, EVENT_COLUMNS, INSERT_MANY_TYPES, conn.info.encoding)
                 cursors.append(await conn.execute(self.ex.query("insert_many_returning", topic_id), columns,
                                                    binary=True))
             for statement_text in finish:

@@ -68,6 +68,8 @@ class StoredAt(NamedTuple):
 #: Binary COPY types per column. kind is a one-byte ASCII "char", whose binary form is that byte: the
 #: text dumper writes exactly it.
 COPY_TYPES = ("int4", "text", "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
+#: The element types of the arrays of ``insert_many_returning``, in :data:`EVENT_COLUMNS` order.
+INSERT_MANY_TYPES = ("int4", '"char"', "text", "bytea", "jsonb", "text", "text", "text", "text", "int8")
 # Parameter types and formats of the single-event insert: int4 (the partition, twice), "char", text, bytea
 # (binary), jsonb, text x 4, int8 (the producer tag). insert_event_own takes the single key's high bits
 # (int8) last instead of the second partition; insert_event_own_lean binds partition, kind, key, value,

@@ -42,17 +42,23 @@ def _wait(cond: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 @contextmanager
-def pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 20) -> Iterator[Callable[[str], str]]:
-    """PgBouncer (``/usr/sbin/pgbouncer``) in ``pool_mode`` in front of the TCP server of ``server_dsn``
-    (every database, trust authentication, a free loopback port, ``pool_size`` server connections per
-    database); yields the map from a database's DSN to the same database through the pooler. As root, it
-    runs as ``postgres`` (PgBouncer refuses root)."""
+def pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 20, round_robin: bool = False
+              ) -> Iterator[Callable[[str], str]]:
+    """PgBouncer (``/usr/sbin/pgbouncer``) in ``pool_mode`` in front of the server of ``server_dsn``
+    (every database, trust authentication, a free loopback port, at most ``pool_size`` server connections
+    per database; with ``round_robin`` handing out its idle server connections in turn instead of the last
+    one released first); yields the map from a database's DSN to the same database through the pooler. As
+    root it runs as another user (PgBouncer refuses root): the owner of the server's socket directory when
+    ``server_dsn`` names one, else ``postgres``."""
     if not PGBOUNCER.exists():
         raise RuntimeError(f"{PGBOUNCER} is missing: install PgBouncer (apt-get install pgbouncer)")
     server = conninfo_to_dict(server_dsn)
     host, port = str(server.get("host") or "127.0.0.1"), str(server.get("port") or 5432)
     user = str(server.get("user") or "postgres")
-    runner = "postgres" if os.geteuid() == 0 else None
+    runner = None
+    if os.geteuid() == 0:
+        owner = os.stat(host).st_uid if host.startswith("/") and os.path.isdir(host) else 0
+        runner = pwd.getpwuid(owner).pw_name if owner != 0 else "postgres"
     root = Path(tempfile.mkdtemp(prefix="pgstreams-pgbouncer-"))
     listen = _free_port()
     (root / "users.txt").write_text(f'"{user}" ""\n')
@@ -60,20 +66,23 @@ def pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 20) -> Iterator[
         f"[databases]\n* = host={host} port={port}\n[pgbouncer]\nlisten_addr = 127.0.0.1\n"
         f"listen_port = {listen}\nunix_socket_dir =\nauth_type = trust\nauth_file = {root / 'users.txt'}\n"
         f"pool_mode = {pool_mode}\nmax_client_conn = 200\ndefault_pool_size = {pool_size}\n"
+        f"server_round_robin = {int(round_robin)}\n"
         f"logfile = {root / 'pgbouncer.log'}\nignore_startup_parameters = extra_float_digits\n")
     if runner:
         for f in [root, *root.iterdir()]:
             shutil.chown(f, runner)
     prefix = ["runuser", "-u", runner, "--"] if runner else []
     proc = subprocess.Popen([*prefix, str(PGBOUNCER), str(root / "pgbouncer.ini")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
     def through(dsn: str) -> str:
         return make_conninfo(dsn, host="127.0.0.1", port=str(listen))
 
     def answers() -> bool:
         if proc.poll() is not None:
-            raise RuntimeError(f"pgbouncer exited ({proc.returncode})")
+            out = proc.stdout.read().decode() if proc.stdout else ""
+            log = (root / "pgbouncer.log").read_text() if (root / "pgbouncer.log").exists() else ""
+            raise RuntimeError(f"pgbouncer exited ({proc.returncode}): {out}\n{log}")
         try:
             psycopg.connect(through(server_dsn), connect_timeout=2).close()
         except psycopg.OperationalError:
@@ -103,8 +112,7 @@ class StandbyPair:
 
     def promote(self) -> None:
         """Promote the standby (``pg_ctl promote``, waiting until it takes writes)."""
-        s: Any = self.standby
-        s._commands.pg_ctl(["-w", "promote"], pgdata=s._data, user=s._user, timeout=60)
+        self.standby.promote()
 
 
 def _port(dsn: str) -> int:

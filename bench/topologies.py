@@ -151,45 +151,46 @@ def measure_route(route: Route, events: int, seconds: float) -> dict[str, float]
     return out
 
 
+def _failover_once() -> tuple[float, float]:
+    """One failover under a publisher: (promotion seconds, kill to the first acknowledged publish)."""
+    with standby_pair() as pair, pgstreams.connect(pair.dsn, retry_timeout=60) as client:
+        client.create_topic("t", partitions=2)
+        acks: list[float] = []
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def publish() -> None:
+            try:
+                while not stop.is_set():
+                    client.publish("t", b"x")
+                    acks.append(time.monotonic())
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        thread = threading.Thread(target=publish, daemon=True)
+        thread.start()
+        while len(acks) < 200 and not errors:
+            time.sleep(0.01)
+        pair.primary.stop("immediate")
+        killed = time.monotonic()
+        pair.promote()
+        promoted = time.monotonic() - killed
+        deadline = time.monotonic() + 60
+        while not any(t > killed for t in acks) and time.monotonic() < deadline and not errors:
+            time.sleep(0.01)
+        stop.set()
+        thread.join(60)
+    if errors:
+        raise RuntimeError(f"a publish failed across the failover: {errors[0]}")
+    after = [t for t in acks if t > killed]
+    if not after:
+        raise RuntimeError("no publish was acknowledged within 60 s of the failover")
+    return promoted, after[0] - killed
+
+
 def failover(rounds: int) -> list[tuple[float, float]]:
     """``rounds`` times: (promotion seconds, kill to the first acknowledged publish in seconds)."""
-    out = []
-    for _ in range(rounds):
-        with standby_pair() as pair, pgstreams.connect(pair.dsn, retry_timeout=60) as client:
-            client.create_topic("t", partitions=2)
-            acks: list[float] = []
-            stop = threading.Event()
-            errors: list[BaseException] = []
-
-            def publish(c: pgstreams.Client = client, a: list[float] = acks, s: threading.Event = stop,
-                        e: list[BaseException] = errors) -> None:
-                try:
-                    while not s.is_set():
-                        c.publish("t", b"x")
-                        a.append(time.monotonic())
-                except BaseException as exc:  # noqa: BLE001 - reported below
-                    e.append(exc)
-
-            thread = threading.Thread(target=publish, daemon=True)
-            thread.start()
-            while len(acks) < 200 and not errors:
-                time.sleep(0.01)
-            pair.primary.stop("immediate")
-            killed = time.monotonic()
-            pair.promote()
-            promoted = time.monotonic() - killed
-            deadline = time.monotonic() + 60
-            while not any(t > killed for t in acks) and time.monotonic() < deadline and not errors:
-                time.sleep(0.01)
-            stop.set()
-            thread.join(60)
-            if errors:
-                raise RuntimeError(f"a publish failed across the failover: {errors[0]}")
-            after = [t for t in acks if t > killed]
-            if not after:
-                raise RuntimeError("no publish was acknowledged within 60 s of the failover")
-            out.append((promoted, after[0] - killed))
-    return out
+    return [_failover_once() for _ in range(rounds)]
 
 
 @contextmanager

@@ -88,7 +88,8 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
 
 class TemporaryServer:
     """A throw-away PostgreSQL of :func:`restartable_server`: :attr:`dsn` of its ``postgres`` database,
-    and :meth:`stop`, :meth:`start` and :meth:`restart` (same port and data)."""
+    and :meth:`stop`, :meth:`start` and :meth:`restart` (same port and data), and :meth:`promote` for one
+    started as a standby."""
 
     def __init__(self, commands: Any, data: Path, log: Path, options: str, user: str | None, dsn: str
                  ) -> None:
@@ -110,6 +111,10 @@ class TemporaryServer:
         if mode not in ("fast", "immediate", "smart"):
             raise ValueError(f"unknown shutdown mode {mode!r}")
         self._commands.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self._data, user=self._user, timeout=60)
+
+    def promote(self) -> None:
+        """Promote a server started as a standby (``pg_ctl promote``) and wait until it takes writes."""
+        self._commands.pg_ctl(["-w", "promote"], pgdata=self._data, user=self._user, timeout=60)
 
     def restart(self, mode: str = "fast", down: float = 0.0) -> None:
         """:meth:`stop` with ``mode``, stay down ``down`` seconds (default 0), :meth:`start`."""

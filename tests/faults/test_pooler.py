@@ -16,93 +16,33 @@ connection was lost must wait for the server's session of its attempt to end: st
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from bench._servers import PGBOUNCER, pgbouncer
 
 import pgstreams
 import pgstreams.aio
 from _core_helpers import Background, run_async, wait_until
 from _proxy import CuttingProxy, local_port
-from _system import as_user, debian_package, free_port, service_user
+from _system import debian_package
 from pgstreams.maintenance import MaintenanceService
 from pgstreams.storage import identity
 from pgstreams.storage.libpq import SILENCE_PROBE
 
-PGBOUNCER = Path("/usr/sbin/pgbouncer")
-
 
 def _pgbouncer(server_dsn: str, pool_mode: str, pool_size: int = 50, round_robin: bool = False
                ) -> Iterator[Callable[[str], str]]:
-    """PgBouncer in ``pool_mode`` in front of the server of ``server_dsn`` (every database, trust
-    authentication, listening on a free loopback port, at most ``pool_size`` server connections per
-    database; with ``round_robin`` handing out its idle server connections in turn instead of the last one
-    released first); yields the map from a database's DSN to the same database through the pooler."""
+    """PgBouncer (Debian's, installed when missing) in ``pool_mode`` in front of the server of
+    ``server_dsn`` (:func:`bench._servers.pgbouncer`); yields the map from a database's DSN to the same
+    database through the pooler."""
     debian_package("pgbouncer", PGBOUNCER)
-    server = conninfo_to_dict(server_dsn)
-    host = str(server.get("host") or "127.0.0.1")
-    port = str(server.get("port") or 5432)
-    user = str(server.get("user") or "postgres")
-    runner = service_user(host if host.startswith("/") else None)
-    root = Path(tempfile.mkdtemp(prefix="pgstreams-pgbouncer-"))
-    listen = free_port()
-    (root / "users.txt").write_text(f'"{user}" ""\n')
-    (root / "pgbouncer.ini").write_text(
-        "[databases]\n"
-        f"* = host={host} port={port}\n"
-        "[pgbouncer]\n"
-        "listen_addr = 127.0.0.1\n"
-        f"listen_port = {listen}\n"
-        "unix_socket_dir =\n"
-        "auth_type = trust\n"
-        f"auth_file = {root / 'users.txt'}\n"
-        f"pool_mode = {pool_mode}\n"
-        "max_client_conn = 200\n"
-        f"default_pool_size = {pool_size}\n"
-        f"server_round_robin = {int(round_robin)}\n"
-        f"logfile = {root / 'pgbouncer.log'}\n"
-        "ignore_startup_parameters = extra_float_digits\n")
-    if runner:
-        shutil.chown(root, runner)
-        for f in root.iterdir():
-            shutil.chown(f, runner)
-    proc = subprocess.Popen([*as_user(runner), str(PGBOUNCER), str(root / "pgbouncer.ini")],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-    def through(dsn: str) -> str:
-        return make_conninfo(dsn, host="127.0.0.1", port=str(listen))
-
-    def answers() -> bool:
-        if proc.poll() is not None:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            log = (root / "pgbouncer.log").read_text() if (root / "pgbouncer.log").exists() else ""
-            raise AssertionError(f"pgbouncer exited ({proc.returncode}): {out}\n{log}")
-        try:
-            psycopg.connect(through(server_dsn), connect_timeout=2).close()
-        except psycopg.OperationalError:
-            return False
-        return True
-
-    try:
-        wait_until(answers, 30, "PgBouncer accepting connections", every=0.1)
+    with pgbouncer(server_dsn, pool_mode, pool_size, round_robin) as through:
         yield through
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(15)
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

@@ -12,4 +12,6 @@ PY=${PYTHON:-python3}
 command -v java >/dev/null || { echo "demo.sh: java (17) is required for Spark" >&2; exit 1; }
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[ml]"
+# the checkout's bytecode, compiled once (the demo starts several Python processes that import pgstreams)
+.venv/bin/python -m compileall -q -j 0 src >/dev/null
 exec .venv/bin/pgstreams demo "$@"

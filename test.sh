@@ -29,4 +29,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 [ -d tests/conformance/kafkajs/node_modules/kafkajs ] \
   || npm ci --prefix tests/conformance/kafkajs --no-audit --no-fund --silent
+# Python's bytecode of the checkout (src, tests, bench), compiled once: the suite starts hundreds of Python
+# processes (CLI commands, benchmarks, Spark's Python workers) that would otherwise each compile pgstreams from
+# source when the environment sets PYTHONDONTWRITEBYTECODE; for the same reason pytest may cache its rewritten
+# test modules (in __pycache__, ignored by git) for this run.
+.venv/bin/python -m compileall -q -j 0 src tests bench >/dev/null
+unset PYTHONDONTWRITEBYTECODE
 exec .venv/bin/python -m pytest -n "${PGSTREAMS_TEST_WORKERS:-4}" --dist loadgroup "$@"

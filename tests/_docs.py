@@ -255,7 +255,9 @@ class DocRunner:
 
     def _serve(self, block: Block, argv: list[str], what: str, seconds: float,
                codes: tuple[int, ...]) -> None:
-        proc = subprocess.Popen(argv, cwd=self.workdir, env=self.env, stdout=subprocess.PIPE,
+        # faulthandler on: a process that does not stop is sent SIGABRT, and its threads' stacks are shown
+        env = dict(self.env, PYTHONFAULTHANDLER="1")
+        proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline and proc.poll() is None:
@@ -266,9 +268,14 @@ class DocRunner:
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise DocBlockFailed(block, f"{what}: did not stop within 60 s of SIGTERM", out + err) from None
+            os.killpg(proc.pid, signal.SIGABRT)  # Python's faulthandler prints every thread's stack
+            try:
+                out, err = proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            raise DocBlockFailed(block, f"{what}: did not stop within 60 s of SIGTERM (stacks at SIGABRT "
+                                 "below)", out + err) from None
         if early is not None:
             raise DocBlockFailed(block, f"{what}: exited ({early}) before it was stopped", out + err)
         if proc.returncode not in codes or "Traceback" in err:

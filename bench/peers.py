@@ -20,7 +20,8 @@ and of the whole machine (``/proc/stat``, the database server and the broker inc
   processes, ``--duration`` s (default 5) each. pgstreams ``publish``; raw prepared single-row INSERT,
   autocommit; PgQ ``SELECT pgq.insert_event(...)``, autocommit; JetStream ``publish`` awaiting the ack.
 * ``consume``: a backlog of 200,000 events read and acknowledged in batches of 1,000. pgstreams: a
-  consumer group (a new one each round), ``poll_batch(1000)`` + ``commit()`` until drained; raw: binary
+  consumer group (a new one each round), ``poll_batch(1000)`` + ``commit()`` until drained, and the same
+  with ``poll(1000)`` (a list of ``Event`` objects, their values not read); raw: binary
   COPY-out
   of the rows in read order into Python tuples; PgQ: ``next_batch`` + ``get_batch_events`` +
   ``finish_batch`` in one transaction per batch, the backlog written with a tick after every 1,000
@@ -321,6 +322,9 @@ class Workloads:
             (OURS, "consumer group (new each round): poll_batch(1000) + commit() until drained",
              lambda r: _throughput(consume_op, TopicTarget(db, "c", group=f"g{r}", expected=n, fast=True), p,
                                    expected=n)),
+            (OURS, "the same with poll(1000) (a list of Event objects) + commit()",
+             lambda r: _throughput(consume_op, TopicTarget(db, "c", group=f"e{r}", expected=n), p,
+                                   expected=n)),
             (RAW, "binary COPY-out of the rows in read order into Python tuples",
              lambda r: _throughput(raw_copy_out, RawTarget(db, "raw_c", p.partitions), p, expected=n)),
             (PGQ, "next_batch + get_batch_events + finish_batch, one transaction a batch",
@@ -500,7 +504,20 @@ def run(server: str, plan: Plan, nats_url: str, info: dict[str, str], console: C
             workloads += [build.latency(), build.latency_producers()]
         for w in workloads:
             _run_workload(w, plan.rounds, db, console)
+            if w.name == "consume":
+                _poll_note(w)
     return workloads, durability
+
+
+def _poll_note(w: Workload) -> None:
+    """The consume workload's note on ``poll()`` (Event objects) against ``poll_batch`` and PgQ."""
+    ours = [e.median("rate") for e in w.entries if e.system == OURS]
+    if len(ours) < 2 or not ours[0] or not ours[1]:
+        return
+    batch, events = ours[0], ours[1]
+    pgq = w.reference(PGQ, "rate")
+    versus_pgq = f" and {events / pgq:.2f} x PgQ's batches (bar 1.0)" if pgq else ""
+    w.notes.append(f"poll() with Event objects: {events / batch:.2f} x poll_batch (bar 0.8){versus_pgq}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,20 +9,56 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from .codec import decode_value
+
 #: Default number of positions per storage segment of a topic.
 DEFAULT_SEGMENT_SIZE = 1_000_000
 
 
-@dataclass(frozen=True)
+#: The mark of a value's stored form ``(_ENCODED, kind, payload)`` (see :mod:`pgstreams.codec`), held in the
+#: value's slot of an :class:`Event` read from a topic until the value is first read: a private object, so no
+#: value given to the constructor can look like it.
+_ENCODED = object()
+
+
+class _DecodedOnRead:
+    """The data descriptor of :attr:`Event.value`: a value given to the constructor is kept as given; the
+    stored form of an event read from a topic is decoded the first time the value is read, and kept. A
+    poll builds thousands of events that the caller may route, count or commit without reading every
+    value: JSON is decoded only for those it reads."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Any) -> None:
+        self.slot = slot  # the member descriptor of the value's slot
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = self.slot.__get__(obj)
+        if type(value) is tuple and len(value) == 3 and value[0] is _ENCODED:
+            value = decode_value(value[1], value[2])
+            self.slot.__set__(obj, value)  # a concurrent reader decodes it too: the same value
+        return value
+
+    def __set__(self, obj: object, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class Event:
     """An event read from a topic.
 
-    ``value`` has the type it was published with (bytes, str, or the decoded JSON value). ``position`` is
+    ``value`` has the type it was published with (bytes, str, or the decoded JSON value), decoded the first
+    time it is read (a poll's events cost no JSON decoding until their values are used). ``position`` is
     unique within the topic; events of a partition are delivered in position order. ``txid`` is the id of
     the transaction that published the event. ``created_at`` is aware, in UTC. ``delivery_count`` is how
     many times a share group has delivered the event, this delivery included (``0`` for stream groups,
     which have no per-event deliveries). ``shard`` is the place of the shard holding the event in a
     cluster (see :mod:`pgstreams.cluster`; ``0`` on a single server).
+
+    Events are immutable, compare equal field by field, pickle and copy (with their values decoded); they
+    have slots, not a ``__dict__``.
     """
 
     topic: str
@@ -39,6 +75,60 @@ class Event:
     txid: int = 0
     delivery_count: int = 0
     shard: int = 0
+
+
+#: The member descriptor of the slot that holds an event's value (decoded or not).
+_VALUE_SLOT: Any = Event.__dict__["value"]
+setattr(Event, "value", _DecodedOnRead(_VALUE_SLOT))  # noqa: B010 - replaces the slot's descriptor
+
+
+class _NewEvent(Event):
+    """Builds an :class:`Event` at a fraction of the constructor's cost (a frozen dataclass's ``__init__``
+    sets each field through ``object.__setattr__``): plain slot stores, then the instance becomes an
+    ``Event`` (the same slots). Used by :func:`read_event`."""
+
+    __slots__ = ()
+    # both, or the type's attribute stores go through Python (they share one slot of the type)
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
+    raw_value = _VALUE_SLOT
+
+    def __init__(self, topic: str, partition: int, position: int, key: str | None, kind: str, payload: Any,
+                 headers: Mapping[str, str], event_type: str | None, event_id: str | None,
+                 correlation_id: str | None, causation_id: str | None, created_at: datetime, txid: int,
+                 delivery_count: int, shard: int) -> None:
+        ev: Any = self  # a frozen Event's fields, as mypy sees them: set once here
+        ev.topic = topic
+        ev.partition = partition
+        ev.position = position
+        ev.key = key
+        ev.raw_value = payload if kind == "b" else (_ENCODED, kind, payload)
+        ev.headers = headers
+        ev.event_type = event_type
+        ev.event_id = event_id
+        ev.correlation_id = correlation_id
+        ev.causation_id = causation_id
+        ev.created_at = created_at
+        ev.txid = txid
+        ev.delivery_count = delivery_count
+        ev.shard = shard
+        ev.__class__ = Event
+
+
+def read_event(topic: str, partition: int, position: int, key: str | None, kind: str, payload: Any,
+               headers: Mapping[str, str], event_type: str | None, event_id: str | None,
+               correlation_id: str | None, causation_id: str | None, created_at: datetime, txid: int,
+               delivery_count: int = 0, shard: int = 0) -> Event:
+    """The :class:`Event` of a stored event whose value is ``payload`` of ``kind`` (see
+    :mod:`pgstreams.codec`): bytes kept as they are, text and JSON decoded when the value is first read.
+    Equal to ``Event(...)`` with the decoded value."""
+    return _NewEvent(topic, partition, position, key, kind, payload, headers, event_type, event_id,
+                     correlation_id, causation_id, created_at, txid, delivery_count, shard)
+
+
+def with_shard(event: Event, shard: int) -> None:
+    """Set the ``shard`` of an event just read (by a shard's reader of a cluster; never shared yet)."""
+    object.__setattr__(event, "shard", shard)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..consumer import Consumer, ConsumerTransaction
 from ..consumer.reader import check_limits
 from ..errors import ConnectionLost, InvalidArgument, ShardUnavailable
-from ..models import CommitOutcome, Event
+from ..models import CommitOutcome, Event, with_shard
 
 if TYPE_CHECKING:
     from ..consumer import Start
@@ -36,7 +36,7 @@ def tag_shard(events: Sequence[Event], shard: int) -> None:
     """Record ``shard`` in events built by a shard's reader (their instances are fresh, never shared)."""
     if shard:
         for e in events:
-            e.__dict__["shard"] = shard
+            with_shard(e, shard)
 
 
 class ClusterConsumer:

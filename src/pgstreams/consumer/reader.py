@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 
 import psycopg
 
-from ..codec import decode_value
 from ..errors import InvalidArgument, TopicNotFound
-from ..models import CommitOutcome, Event
+from ..models import CommitOutcome, Event, read_event
+from ..models import _NewEvent as _new_event
 from ..names import check_group
 from ..storage.checkpoints import ORIGIN, head_cursors
 from ._storage import ReaderStorage
@@ -37,42 +37,6 @@ _SEVERITY = {
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_EVENT_FIELDS = ("topic", "partition", "position", "key", "value", "headers", "event_type", "event_id",
-                 "correlation_id", "causation_id", "created_at", "txid", "delivery_count", "shard")
-
-
-def _event(topic: str, partition: int, position: int, key: str | None, value: object,
-           headers: object, event_type: str | None, event_id: str | None, correlation_id: str | None,
-           causation_id: str | None, created_at: datetime, txid: int, delivery_count: int = 0,
-           shard: int = 0) -> Event:
-    """``Event(...)`` at a quarter of the cost (polls build one per row; a frozen dataclass's ``__init__``
-    sets each field through ``object.__setattr__``). The result is the same as the constructor's. Filling
-    the instance's own ``__dict__`` in field order keeps it a key-sharing dict, cheaper than assigning a
-    new one."""
-    ev = _new_event(Event)
-    d = ev.__dict__
-    d["topic"] = topic
-    d["partition"] = partition
-    d["position"] = position
-    d["key"] = key
-    d["value"] = value
-    d["headers"] = headers
-    d["event_type"] = event_type
-    d["event_id"] = event_id
-    d["correlation_id"] = correlation_id
-    d["causation_id"] = causation_id
-    d["created_at"] = created_at
-    d["txid"] = txid
-    d["delivery_count"] = delivery_count
-    d["shard"] = shard
-    return ev
-
-
-_new_event = object.__new__
-if tuple(Event.__dataclass_fields__) != _EVENT_FIELDS or hasattr(Event, "__slots__") or hasattr(
-        Event, "__post_init__"):  # pragma: no cover - Event changed shape: use its constructor
-    _event = Event  # type: ignore[assignment]
-
 
 #: What each row of a poll holds (see :meth:`StreamReader.fetch_rows` and :class:`EventBatch`).
 ROW_FIELDS = ("partition", "position", "txid", "since_epoch", "kind", "key", "payload", "headers",
@@ -88,11 +52,11 @@ def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
     append = out.append
     age: object = None
     created = _EPOCH
+    new = _new_event  # pgstreams.models.read_event without its call
     for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
         if since_epoch != age:  # a batch's events share one time
             age, created = since_epoch, _EPOCH + since_epoch
-        append(_event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value),
-                      headers or {}, et, eid, cid, sid, created, x))
+        append(new(topic, p, pos, key, kind, value, headers or {}, et, eid, cid, sid, created, x, 0, 0))
     return out
 
 
@@ -100,8 +64,8 @@ def event_of_row(topic: str, row: Sequence[Any], delivery_count: int = 0) -> Eve
     """The :class:`Event` of one row in the column order of :data:`ROW_FIELDS` (a share group's
     acquisition returns its events so), delivered ``delivery_count`` times."""
     p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid = row[:12]
-    return _event(topic, p, pos, key, value if kind == "b" else decode_value(kind, value), headers or {}, et,
-                  eid, cid, sid, _EPOCH + since_epoch, x, delivery_count)
+    return read_event(topic, p, pos, key, kind, value, headers or {}, et, eid, cid, sid,
+                      _EPOCH + since_epoch, x, delivery_count)
 
 
 def check_start(start: object) -> Start:

@@ -67,11 +67,13 @@ from .common import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    TERMINATING,
     CliError,
     DsnOption,
     JsonOption,
     SchemaOption,
     StdoutClosed,
+    Terminated,
     check_dsn,
     exit_code_of,
     one_line,
@@ -210,13 +212,8 @@ def run_app(typer_app: typer.Typer, argv: Sequence[str] | None = None, prog_name
     return rv if isinstance(rv, int) else 0
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived while a command ran (outside the waits that handle it themselves): the command
-    ends as after Ctrl-C, leaving its ``with`` blocks and running the exit handlers (the embedded server
-    is released: it stops when no other process uses it), with exit code :data:`EXIT_TERMINATED`."""
-
-
 def _terminated(signum: int, frame: FrameType | None) -> None:
+    TERMINATING.set()  # kept: the exception may be lost on its way (see check_terminated)
     raise Terminated()
 
 
@@ -228,6 +225,7 @@ def _end_on_sigterm() -> Callable[[], None]:
         return lambda: None
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return lambda: None
+    TERMINATING.clear()
     signal.signal(signal.SIGTERM, _terminated)
 
     def restore() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import re
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -38,6 +39,25 @@ EXIT_FAILURE = 1
 EXIT_INTERRUPTED = 130
 #: Exit code after SIGTERM, as a shell reports it (128 + 15).
 EXIT_TERMINATED = 143
+#: Set when SIGTERM arrives while a command runs (see :func:`check_terminated`).
+TERMINATING = threading.Event()
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived while a command ran (outside the waits that handle it themselves): the command
+    ends as after Ctrl-C, leaving its ``with`` blocks and running the exit handlers (the embedded server
+    is released: it stops when no other process uses it), with exit code :data:`EXIT_TERMINATED`."""
+
+
+def check_terminated() -> None:
+    """Raise :class:`Terminated` if SIGTERM arrived during the command. The signal raises it wherever the
+    command is, and there a clean-up may replace it with an error of its own that is then handled (psycopg
+    leaving a pipeline that was busy, for one): the loops and waits of the commands that run until stopped
+    check this too, so that such a SIGTERM still stops them."""
+    if TERMINATING.is_set():
+        raise Terminated()
+
+
 #: Exit code when stdout is closed early (``pgstreams consume ... | head``), as a shell reports SIGPIPE.
 EXIT_BROKEN_PIPE = 141
 

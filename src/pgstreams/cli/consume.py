@@ -21,6 +21,7 @@ from .common import (
     PoolerOption,
     SchemaOption,
     StdoutClosed,
+    check_terminated,
     open_any,
     parse_start,
     usage_error,
@@ -141,6 +142,7 @@ def _consume_loop(consumer: Consumer | ClusterConsumer, targets: dict[Place, int
     printed = 0
     deadline = time.monotonic() + wait
     while True:
+        check_terminated()
         if targets is not None and not targets:
             return False
         want = batch_size if max_events is None else min(batch_size, max_events - printed)

@@ -14,6 +14,7 @@ from pgstreams.pooler import Pooler, check_listen_dsn, check_pooler
 
 from .common import (
     DEFAULT_SCHEMA,
+    TERMINATING,
     DsnOption,
     ListenDsnOption,
     PoolerOption,
@@ -114,6 +115,8 @@ async def _serve(dsn: str, schema: str, listen: str, advertise: str | None, node
     loop = asyncio.get_running_loop()
     for s in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(s, stop.set)
+    if TERMINATING.is_set():  # a SIGTERM before the handlers, its exception lost on the way
+        stop.set()
     async with await pgstreams.aio.connect(dsn, schema=schema, pooler=pooler,
                                            listen_dsn=listen_dsn) as client:
         async with Gateway(client, listen=listen, advertise=advertise, node_id=node_id, sasl=sasl,

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, ModuleType
 
-from .common import CliError, usage_error
+from .common import TERMINATING, CliError, usage_error
 
 
 def load_extra(module: str, extra: str) -> ModuleType:
@@ -37,7 +37,8 @@ def wait_for_signal() -> None:
 
     old = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop.wait(1.0):
+        # a SIGTERM that came before (its exception lost on the way) stops it too
+        while not TERMINATING.is_set() and not stop.wait(0.5):
             pass
     finally:
         for s, h in old.items():

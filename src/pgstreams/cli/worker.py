@@ -19,6 +19,7 @@ from pgstreams.worker import RetryPolicy, SubscriptionOptions, Worker, load_hand
 
 from .common import (
     DEFAULT_SCHEMA,
+    TERMINATING,
     DsnOption,
     ListenDsnOption,
     PoolerOption,
@@ -155,7 +156,7 @@ def worker_command(
             server = metrics.serve(registry, host=metrics_host, port=metrics_port)
             err_console().print(f"serving metrics at {server.url}", soft_wrap=True)
         try:
-            worker.run()
+            worker.run(until=TERMINATING)  # a SIGTERM whose exception was lost before run() took over
         finally:
             if server is not None:
                 server.close()

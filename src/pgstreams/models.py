@@ -15,10 +15,10 @@ from .codec import decode_value
 DEFAULT_SEGMENT_SIZE = 1_000_000
 
 
-#: The mark of a value's stored form ``(_ENCODED, kind, payload)`` (see :mod:`pgstreams.codec`), held in the
+#: The mark of a value's stored form ``(ENCODED, kind, payload)`` (see :mod:`pgstreams.codec`), held in the
 #: value's slot of an :class:`Event` read from a topic until the value is first read: a private object, so no
 #: value given to the constructor can look like it.
-_ENCODED = object()
+ENCODED = object()
 
 
 class _DecodedOnRead:
@@ -36,7 +36,7 @@ class _DecodedOnRead:
         if obj is None:
             return self
         value = self.slot.__get__(obj)
-        if type(value) is tuple and len(value) == 3 and value[0] is _ENCODED:
+        if type(value) is tuple and len(value) == 3 and value[0] is ENCODED:
             value = decode_value(value[1], value[2])
             self.slot.__set__(obj, value)  # a concurrent reader decodes it too: the same value
         return value
@@ -102,7 +102,7 @@ class _NewEvent(Event):
         ev.partition = partition
         ev.position = position
         ev.key = key
-        ev.raw_value = payload if kind == "b" else (_ENCODED, kind, payload)
+        ev.raw_value = payload if kind == "b" else (ENCODED, kind, payload)
         ev.headers = headers
         ev.event_type = event_type
         ev.event_id = event_id

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, Union
 import psycopg
 
 from ..errors import InvalidArgument, TopicNotFound
-from ..models import ENCODED, CommitOutcome, Event, _NewEvent, read_event
+from ..models import CommitOutcome, Event, read_event
 from ..names import check_group
 from ..storage.checkpoints import ORIGIN, head_cursors
 from ._storage import ReaderStorage
@@ -46,33 +46,15 @@ Polled = tuple[list[Row], list[tuple[int, ...]], int]
 
 
 def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
-    """The :class:`Event` objects of a poll's rows: each made as :func:`pgstreams.models.read_event` makes
-    one, its slots filled here without a call per event (calling a class costs more than the stores)."""
+    """The :class:`Event` objects of a poll's rows."""
     out: list[Event] = []
     append = out.append
     age: object = None
     created = _EPOCH
-    new = object.__new__
     for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
         if since_epoch != age:  # a batch's events share one time
             age, created = since_epoch, _EPOCH + since_epoch
-        ev: Any = new(_NewEvent)
-        ev.topic = topic
-        ev.partition = p
-        ev.position = pos
-        ev.key = key
-        ev.raw_value = value if kind == "b" else (ENCODED, kind, value)
-        ev.headers = headers or {}
-        ev.event_type = et
-        ev.event_id = eid
-        ev.correlation_id = cid
-        ev.causation_id = sid
-        ev.created_at = created
-        ev.txid = x
-        ev.delivery_count = 0
-        ev.shard = 0
-        ev.__class__ = Event
-        append(ev)
+        append(read_event(topic, p, pos, key, kind, value, headers or {}, et, eid, cid, sid, created, x))
     return out
 
 

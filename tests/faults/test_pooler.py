@@ -329,22 +329,31 @@ def _pooled_sessions(dsn: str, via: str
     """What every server connection the pooler holds to the database of ``dsn`` keeps of the sessions it
     served (:data:`SESSION_STATE`, without the pooler's own parameters). Each is reached through the pooler
     by a transaction of its own, all held open at once, so the pooler hands each a different server
-    connection; the server then runs no session of the database besides them and the asking one."""
+    connection; the server then runs no session of the database besides them and the asking one.
+
+    The pooler may open a server connection while this walks them (one it launched for a client that was
+    then served by a connection freed meanwhile): the walk goes on, a transaction more while a server session
+    is not yet reached, until every server session of the database is one of those reached."""
     with psycopg.connect(dsn, autocommit=True) as direct, ExitStack() as stack:
         others = ("SELECT pid FROM pg_stat_activity"
                   " WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        count = len(direct.execute(others).fetchall())
-        seen = []
-        for _ in range(count):
+        seen: list[tuple[int, list[str], list[str], list[str], list[str]]] = []
+        deadline = time.monotonic() + 60
+        while True:
+            servers = {int(r[0]) for r in direct.execute(others).fetchall()}
+            unreached = servers - {s[0] for s in seen}
+            if not unreached:
+                return seen
+            assert time.monotonic() < deadline, ("server sessions never reached through the pooler",
+                                                 unreached, seen)
+            # one at a time, asking again after each: a session that was ending is not chased
             # not autocommit: its transaction holds its server connection until the block ends
             conn = stack.enter_context(psycopg.connect(via, prepare_threshold=None))
             pid, settings, prepared, channels, temporary = conn.execute(  # type: ignore[misc]
                 SESSION_STATE).fetchone()
             settings = [s for s in settings if s not in POOLER_TRACKED]
+            assert pid not in {s[0] for s in seen}, (pid, seen)  # each held: a different one
             seen.append((pid, settings, prepared, channels, temporary))
-        servers = {int(r[0]) for r in direct.execute(others).fetchall()}
-        assert servers == {s[0] for s in seen}, (servers, seen)  # each seen, no other one
-        return seen
 
 
 def _two_clients(dsn: str, via: str, options: dict[str, Any] | None = None,

@@ -76,25 +76,6 @@ def from_json(data: Mapping[str, Any]) -> RawOffsets:
     return out
 
 
-def allocate(limit: int, available: dict[int, int]) -> dict[int, int]:
-    """Split ``limit`` events over partitions in proportion to what each has available (as Kafka's
-    source does for ``maxOffsetsPerTrigger``); every partition with events gets at least one when the
-    limit allows, and no partition gets more than it has."""
-    total = sum(available.values())
-    if total <= limit:
-        return dict(available)
-    share = {p: min(n, (n * limit) // total) for p, n in available.items()}
-    left = limit - sum(share.values())
-    # hand out the remainder one by one, largest remaining backlog first (deterministic order)
-    for p in sorted(available, key=lambda q: (-(available[q] - share[q]), q)):
-        if left <= 0:
-            break
-        if share[p] < available[p]:
-            share[p] += 1
-            left -= 1
-    return share
-
-
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The stream reader of ``spark.readStream.format("pgstreams")`` (one instance per query, on the
     driver)."""
@@ -240,27 +221,43 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _limit(self, conn: psycopg.Connection, metas: dict[str, TopicRecord], starts: Offsets,
                ends: Offsets, max_rows: int) -> Offsets:
-        available: dict[tuple[str, int], int] = {}
-        for t, meta in metas.items():
-            moving = {p: starts[t][p] for p in starts[t] if ends[t][p] > starts[t][p]}
-            if moving:
-                counts = _db.count_between(conn, self.opts.schema, meta, moving,
-                                           {p: ends[t][p] for p in moving}, max_rows + 1)
-                available.update({(t, p): n for p, n in counts.items() if n})
-        keys = sorted(available)
-        index = {k: i for i, k in enumerate(keys)}
-        share = allocate(max_rows, {index[k]: available[k] for k in keys})
+        """The ends of a micro-batch of at most ``max_rows`` events (``maxEventsPerTrigger``): every
+        partition with new events gets an equal part of the cap (by one more for the first ones, in topic
+        and partition order, when it does not divide); a partition with fewer new events than its part
+        is read to its end and leaves the rest to the others, part by part again.
+
+        Each round asks the index for the cursor of each partition's part-th new event (one query per
+        topic); only the partitions that have fewer are counted. So planning a batch reads about as many
+        index entries as the batch has events, however long the backlog."""
+        schema = self.opts.schema
         out: Offsets = {t: dict(parts) for t, parts in starts.items()}
-        for t, meta in metas.items():
-            nth = {p: share[index[(t, p)]] for p in starts[t] if (t, p) in index}
-            partial = {p: n for p, n in nth.items() if 0 < n < available[(t, p)]}
-            for p, n in nth.items():
-                if n and n >= available[(t, p)]:
+        live = sorted((t, p) for t in metas for p in starts[t] if ends[t][p] > starts[t][p])
+        budget = max_rows
+        while budget > 0 and live:
+            share, rem = divmod(budget, len(live))
+            want = {k: share + (1 if i < rem else 0) for i, k in enumerate(live)}
+            want = {k: n for k, n in want.items() if n > 0}
+            found: dict[tuple[str, int], Cursor | None] = {}
+            for t in sorted({k[0] for k in want}):
+                nth = {p: n for (tt, p), n in want.items() if tt == t}
+                got = _db.nth_cursors(conn, schema, metas[t], {p: starts[t][p] for p in nth},
+                                      {p: ends[t][p] for p in nth}, nth)
+                found.update({(t, p): c for p, c in got.items()})
+            short = [k for k in want if found.get(k) is None]
+            if not short:
+                for (t, p), cursor in found.items():
+                    assert cursor is not None
+                    out[t][p] = min(cursor, ends[t][p])
+                return out
+            # fewer new events than their part: read to the end; what they leave goes to the others
+            for t in sorted({k[0] for k in short}):
+                mine = {p: starts[t][p] for (tt, p) in short if tt == t}
+                counts = _db.count_between(conn, schema, metas[t], mine, {p: ends[t][p] for p in mine},
+                                           max_rows + 1)
+                for p in mine:
+                    budget -= counts.get(p, 0)
                     out[t][p] = ends[t][p]
-            if partial:
-                found = _db.nth_cursors(conn, self.opts.schema, meta, starts[t], ends[t], partial)
-                for p, cursor in found.items():
-                    out[t][p] = cursor if cursor is not None and cursor <= ends[t][p] else ends[t][p]
+            live = [k for k in live if k not in short]
         return out
 
     # -- reading --------------------------------------------------------------------------------------

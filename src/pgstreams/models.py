@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from .codec import decode_value
+from .codec import KIND_BYTES, decode_value
 
 #: Default number of positions per storage segment of a topic.
 DEFAULT_SEGMENT_SIZE = 1_000_000
@@ -40,6 +40,29 @@ class _DecodedOnRead:
             value = decode_value(value[1], value[2])
             self.slot.__set__(obj, value)  # a concurrent reader decodes it too: the same value
         return value
+
+    def __set__(self, obj: object, value: Any) -> None:
+        self.slot.__set__(obj, value)
+
+
+class _EmptyOnRead:
+    """The data descriptor of :attr:`Event.headers`: an event read from a topic without headers holds
+    ``None`` until its headers are first read, then an empty dict of its own (most events have no headers,
+    and most callers never look: no dict is made for them)."""
+
+    __slots__ = ("slot",)
+
+    def __init__(self, slot: Any) -> None:
+        self.slot = slot  # the member descriptor of the headers' slot
+
+    def __get__(self, obj: object, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        headers = self.slot.__get__(obj)
+        if headers is None:
+            headers = {}
+            self.slot.__set__(obj, headers)
+        return headers
 
     def __set__(self, obj: object, value: Any) -> None:
         self.slot.__set__(obj, value)
@@ -77,9 +100,12 @@ class Event:
     shard: int = 0
 
 
-#: The member descriptor of the slot that holds an event's value (decoded or not).
+#: The member descriptors of the slots that hold an event's value (decoded or not) and headers (``None``
+#: or not).
 _VALUE_SLOT: Any = Event.__dict__["value"]
+_HEADERS_SLOT: Any = Event.__dict__["headers"]
 setattr(Event, "value", _DecodedOnRead(_VALUE_SLOT))  # noqa: B010 - replaces the slot's descriptor
+setattr(Event, "headers", _EmptyOnRead(_HEADERS_SLOT))  # noqa: B010 - the same
 
 
 class _NewEvent(Event):
@@ -92,26 +118,28 @@ class _NewEvent(Event):
     __setattr__ = object.__setattr__
     __delattr__ = object.__delattr__
     raw_value = _VALUE_SLOT
+    raw_headers = _HEADERS_SLOT
 
 
 _new = object.__new__
 
 
 def read_event(topic: str, partition: int, position: int, key: str | None, kind: str, payload: Any,
-               headers: Mapping[str, str], event_type: str | None, event_id: str | None,
+               headers: Mapping[str, str] | None, event_type: str | None, event_id: str | None,
                correlation_id: str | None, causation_id: str | None, created_at: datetime, txid: int,
                delivery_count: int = 0, shard: int = 0) -> Event:
     """The :class:`Event` of a stored event whose value is ``payload`` of ``kind`` (see
-    :mod:`pgstreams.codec`): bytes kept as they are, text and JSON decoded when the value is first read.
-    Equal to ``Event(...)`` with the decoded value, at a fraction of its cost: a plain function (calling a
-    class costs more than its fifteen stores) filling the slots of a :class:`_NewEvent`."""
+    :mod:`pgstreams.codec`): bytes kept as they are, text and JSON decoded when the value is first read;
+    ``headers`` ``None`` for none (an empty dict made when they are first read). Equal to ``Event(...)``
+    with the decoded value, at a fraction of its cost: a plain function (calling a class costs more than
+    its fifteen stores) filling the slots of a :class:`_NewEvent`."""
     ev: Any = _new(_NewEvent)  # a frozen Event's fields, as mypy sees them: set once here
     ev.topic = topic
     ev.partition = partition
     ev.position = position
     ev.key = key
-    ev.raw_value = payload if kind == "b" else (ENCODED, kind, payload)
-    ev.headers = headers
+    ev.raw_value = payload if kind == KIND_BYTES else (ENCODED, kind, payload)
+    ev.raw_headers = headers
     ev.event_type = event_type
     ev.event_id = event_id
     ev.correlation_id = correlation_id

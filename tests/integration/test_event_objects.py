@@ -102,3 +102,21 @@ def test_events_built_by_hand_keep_any_value_as_given() -> None:
     assert ev.value is marker
     assert pickle.loads(pickle.dumps(ev)).value == marker
     assert Event("t", 0, 1, None, b"x", {}, None, None, None, None, at) != ev
+
+
+def test_events_without_headers_each_have_an_empty_dict_of_their_own(client: pgstreams.Client) -> None:
+    events = [ev for ev in _published(client, "noheaders") if int(ev.key or 0) % 2 == 0]
+    assert len(events) >= 2
+    first, second = events[0], events[1]
+    assert first.headers == {} and type(first.headers) is dict and first.headers is first.headers
+    assert first.headers is not second.headers
+    # what a caller does to one event's dict stays with that event, as with events built by hand
+    first.headers["mine"] = "1"  # type: ignore[index]
+    assert second.headers == {} and first.headers == {"mine": "1"}
+    for ev in events[1:]:
+        clone = pickle.loads(pickle.dumps(ev))
+        assert clone.headers == {} and clone == _by_hand(ev)
+    # an event built by hand keeps the mapping it was given, even an empty one
+    given: dict[str, str] = {}
+    at = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert Event("t", 0, 1, None, b"x", given, None, None, None, None, at).headers is given

@@ -54,7 +54,7 @@ def events_of(topic: str, rows: Sequence[Row]) -> list[Event]:
     for p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid in rows:
         if since_epoch != age:  # a batch's events share one time
             age, created = since_epoch, _EPOCH + since_epoch
-        append(read_event(topic, p, pos, key, kind, value, headers or {}, et, eid, cid, sid, created, x))
+        append(read_event(topic, p, pos, key, kind, value, headers, et, eid, cid, sid, created, x))
     return out
 
 
@@ -62,7 +62,7 @@ def event_of_row(topic: str, row: Sequence[Any], delivery_count: int = 0) -> Eve
     """The :class:`Event` of one row in the column order of :data:`ROW_FIELDS` (a share group's
     acquisition returns its events so), delivered ``delivery_count`` times."""
     p, pos, x, since_epoch, kind, key, value, headers, et, eid, cid, sid = row[:12]
-    return read_event(topic, p, pos, key, kind, value, headers or {}, et, eid, cid, sid,
+    return read_event(topic, p, pos, key, kind, value, headers, et, eid, cid, sid,
                       _EPOCH + since_epoch, x, delivery_count)
 
 

@@ -13,8 +13,11 @@ KIND_TEXT = "s"
 KIND_JSON = "j"
 
 
-def encode_value(value: Any) -> tuple[str, bytes]:
-    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, anything else as JSON."""
+def encode_value(value: Any) -> tuple[str, bytes | None]:
+    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, ``None`` as no value at all (a
+    *tombstone*: stored as NULL, read back as ``None``), anything else as JSON."""
+    if value is None:
+        return KIND_BYTES, None
     if isinstance(value, (bytes, bytearray, memoryview)):
         return KIND_BYTES, bytes(value)
     if isinstance(value, str):
@@ -26,8 +29,10 @@ def encode_value(value: Any) -> tuple[str, bytes]:
     return KIND_JSON, text.encode("utf-8")
 
 
-def decode_value(kind: str, payload: bytes) -> Any:
-    """Inverse of :func:`encode_value`."""
+def decode_value(kind: str, payload: bytes | None) -> Any:
+    """Inverse of :func:`encode_value` (no payload: ``None``, a tombstone)."""
+    if payload is None:
+        return None
     if kind == KIND_BYTES:
         return bytes(payload)
     if kind == KIND_TEXT:

@@ -188,7 +188,7 @@ class ConfigEntry:
     """One configuration key of a topic: its ``value`` and whether it is the default (``is_default``)."""
 
     name: str
-    value: int | str
+    value: int | str | float
     is_default: bool
 
 
@@ -200,9 +200,11 @@ class TopicDescription:
     topic: TopicInfo
     partition_info: tuple[PartitionInfo, ...]
     config_entries: tuple[ConfigEntry, ...] = ()
+    #: compaction's figures (dirty ratio, last compaction, what it removed); ``None`` when not read
+    compaction: CompactionStatus | None = None
 
     @property
-    def config(self) -> dict[str, int | str]:
+    def config(self) -> dict[str, int | str | float]:
         """Every configuration key's value, defaults included."""
         return {e.name: e.value for e in self.config_entries}
 
@@ -520,6 +522,32 @@ class RetentionStatus:
     segments_removed: int
     events_removed: int
     bytes_removed: int
+    #: compaction (compacted topics): the share of mapped events superseded by a newer event of their key
+    #: (``None``: nothing mapped), the last segment rewrite, and what rewrites removed so far
+    dirty_ratio: float | None = None
+    compacted_at: datetime | None = None
+    segments_compacted: int = 0
+    events_compacted: int = 0
+    tombstones_removed: int = 0
+    bytes_compacted: int = 0
+
+
+@dataclass(frozen=True)
+class CompactionStatus:
+    """Compaction's figures of a topic (see :mod:`pgstreams.compaction`): its ``dirty_ratio`` (the share of
+    the events of its mapped segments that a newer event of their key superseded; ``None``: nothing
+    mapped yet), when compaction last looked at it (``ran_at``) and last rewrote a segment
+    (``compacted_at``; ``None``: never), the segments rewritten, the events and tombstones removed and the
+    bytes freed so far. Times are aware, in UTC."""
+
+    topic: str
+    dirty_ratio: float | None
+    ran_at: datetime | None
+    compacted_at: datetime | None
+    segments_rewritten: int
+    events_removed: int
+    tombstones_removed: int
+    bytes_removed: int
 
 
 @dataclass(frozen=True)
@@ -530,7 +558,8 @@ class MaintenanceReport:
     was running (nothing done). ``segments_dropped`` and ``purge_duration`` (seconds) are those of the
     purge that followed the pass (dropping detached segments, which frees their space; 0 without one);
     ``segments_to_purge``: the detached segments it left for the next call (its time budget was spent).
-    ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped)."""
+    ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped).
+    Compaction's figures: see the fields' comments."""
 
     segments_created: int = 0
     segments_sealed: int = 0
@@ -543,6 +572,12 @@ class MaintenanceReport:
     purge_duration: float = 0.0
     topics_checked: int = 0
     segments_to_purge: int = 0
+    #: compaction: sealed segments mapped into their topics' key maps, segments rewritten, events removed
+    segments_mapped: int = 0
+    segments_compacted: int = 0
+    events_compacted: int = 0
+    #: compacted segments left for the next pass (the pass's compaction budget was spent)
+    segments_to_compact: int = 0
 
 
 @dataclass(frozen=True)

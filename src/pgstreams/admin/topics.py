@@ -36,6 +36,7 @@ def topic_definition(name: object, partitions: object, segment_size: object,
         if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
             raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
         segment_size = events
+    topicconfig.check_consistent(settings)
     return segment_size, settings
 
 
@@ -159,6 +160,8 @@ class TopicAdmin:
                 raise InvalidConfig(f"{key} cannot be changed after the topic is created "
                                     f"(it is {current.segment_size})")
             settings.pop(key)
+        topicconfig.check_consistent(
+            {**{k: v for k, v in current.config.items() if k not in deleted}, **settings})
         if partitions is not None:
             check_partitions(partitions)
             if partitions < current.partitions:

@@ -13,11 +13,10 @@ KIND_TEXT = "s"
 KIND_JSON = "j"
 
 
-def encode_value(value: Any) -> tuple[str, bytes | None]:
-    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, ``None`` as no value at all (a
-    *tombstone*: stored as NULL, read back as ``None``), anything else as JSON."""
-    if value is None:
-        return KIND_BYTES, None
+def encode_value(value: Any) -> tuple[str, bytes]:
+    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, anything else as JSON. (An event
+    with a key and the value ``None`` is a *tombstone*, stored without a value: see
+    :func:`pgstreams.producer.rows.encode_row`.)"""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return KIND_BYTES, bytes(value)
     if isinstance(value, str):

@@ -606,8 +606,9 @@ class ReplayResult:
 @dataclass(frozen=True)
 class TopicStatus:
     """A topic in the database-wide status (:class:`StatusSnapshot`): its partition count, size on disk in
-    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited) and whether it is
-    a dead-letter topic (``<topic>.dlt`` or a group's configured dead-letter topic)."""
+    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited), whether it is
+    a dead-letter topic (``<topic>.dlt`` or a group's configured dead-letter topic), and compaction's
+    figures."""
 
     topic: str
     partitions: int
@@ -618,6 +619,12 @@ class TopicStatus:
     retention_bytes: int | None
     dead_letter: bool
     created_at: datetime
+    #: compaction (compacted topics, see :class:`CompactionStatus`): the dirty ratio (``None``: nothing
+    #: mapped, or not compacted), the last segment rewrite, the events and bytes it removed so far
+    dirty_ratio: float | None = None
+    compacted_at: datetime | None = None
+    events_compacted: int = 0
+    bytes_compacted: int = 0
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def test_bad_input_exits_2_and_changes_nothing(dsn: str) -> None:
     for args in (
         ("topics", "alter", "t", "--config", "retention.ms=soon"),
         ("topics", "alter", "t", "--config", "nokey=1"),
-        ("topics", "alter", "t", "--config", "cleanup.policy=compact"),
+        ("topics", "alter", "t", "--config", "cleanup.policy=compacted"),
         ("topics", "alter", "t", "--partitions", "0"),
         ("topics", "alter", "t", "--delete-config", "bogus"),
         ("topics", "create", "u", "--config", "max.message.bytes=-3"),

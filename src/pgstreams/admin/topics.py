@@ -57,8 +57,10 @@ def describe_topic(session: SessionPort, name: str) -> TopicDescription:
     """Topic ``name`` with its per-partition figures and every configuration key (see
     :meth:`pgstreams.Client.describe_topic`)."""
     record = session.topic_state(name, refresh=True).record
+    compaction = session.store.compaction.status(name)
     return TopicDescription(record.info(), tuple(session.store.topics.partition_figures(record)),
-                            topicconfig.effective(record.config, record.segment_size))
+                            topicconfig.effective(record.config, record.segment_size),
+                            compaction[0] if compaction else None)
 
 
 def _position(name: str, value: Any) -> None:

@@ -84,7 +84,8 @@ def route(state: TopicState, key: object, partition: object) -> int:
 def encode_row(p: int, value: Any, key: str | None, headers: object, event_type: object, event_id: object,
                correlation_id: object, causation_id: object, producer: int | None = None) -> EventRow:
     """Validate and encode the fields of an event routed to partition ``p`` (its key checked by
-    :func:`route`)."""
+    :func:`route`). ``None`` with a key is a tombstone (stored without a value, read as ``None``); without
+    a key, a JSON null."""
     # runs once per event in publish_many: the checks of absent fields are skipped inline
     hdrs = None if headers is None else check_headers(headers)
     if hdrs:
@@ -105,6 +106,8 @@ def encode_row(p: int, value: Any, key: str | None, headers: object, event_type:
     payload: bytes | None
     if type(value) is bytes:
         kind, payload = KIND_BYTES, value
+    elif value is None and key is not None:
+        kind, payload = KIND_BYTES, None  # a tombstone: no value at all (without a key: a JSON null)
     else:
         try:
             kind, payload = encode_value(value)

@@ -2,7 +2,8 @@
 -- compaction by rewriting whole sealed segments.
 --
 -- Tombstones. An event's value may now be NULL: a tombstone (a key without a value). The Python producer
--- stores None as one, the SQL publish() a NULL value. A compacted topic refuses events without a key.
+-- stores the value None of an event with a key as one, the SQL publish() a NULL value with a key. A
+-- compacted topic refuses events without a key.
 --
 -- The key map. Once a segment is sealed (no event can appear in it any more), compaction *maps* it, once in
 -- its life, oldest first: compaction_keys keeps per (topic, partition, key) the position of the key's latest
@@ -82,6 +83,18 @@ CREATE TABLE {schema}.compaction_keys (
     PRIMARY KEY (topic_id, partition, key)
 );
 
+-- Per partition: the events compaction removed so far (the status's count of events published adds them,
+-- as it adds those retention removed).
+CREATE TABLE {schema}.partition_compaction (
+    topic_id       integer NOT NULL REFERENCES {schema}.topics (id) ON DELETE CASCADE,
+    partition      integer NOT NULL,
+    events_removed bigint  NOT NULL DEFAULT 0,
+    PRIMARY KEY (topic_id, partition)
+);
+
+-- Compaction's figures are read by every role that reads the status (counts per topic id only).
+GRANT SELECT ON {schema}.partition_compaction TO PUBLIC;
+
 -- Per topic: when compaction last rewrote a segment of it and what it removed so far.
 CREATE TABLE {schema}.topic_compaction (
     topic_id           integer     PRIMARY KEY REFERENCES {schema}.topics (id) ON DELETE CASCADE,
@@ -92,6 +105,7 @@ CREATE TABLE {schema}.topic_compaction (
     tombstones_removed bigint      NOT NULL DEFAULT 0,
     bytes_removed      bigint      NOT NULL DEFAULT 0
 );
+GRANT SELECT ON {schema}.topic_compaction TO PUBLIC;
 
 -- Whether a topic's configuration compacts it (cleanup.policy compact or compact,delete), and whether it
 -- applies retention (delete or compact,delete).
@@ -332,8 +346,13 @@ BEGIN
     EXECUTE format('ALTER TABLE %I.%I RENAME TO %I', '{schema_raw}', v_seg || '_c', v_seg);
     EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%s) TO (%s)',
                    '{schema_raw}', v_table, '{schema_raw}', v_seg, v_lo, v_hi);
-    -- the segment's figures, as sealing records them
-    DELETE FROM {schema}.segment_partitions WHERE topic_id = p_topic_id AND segment = p_segment;
+    -- the segment's figures, as sealing records them; the events removed per partition are counted
+    WITH old AS (
+        DELETE FROM {schema}.segment_partitions WHERE topic_id = p_topic_id AND segment = p_segment
+        RETURNING partition, events)
+    INSERT INTO {schema}.partition_compaction AS c (topic_id, partition, events_removed)
+    SELECT p_topic_id, old.partition, old.events FROM old
+    ON CONFLICT (topic_id, partition) DO UPDATE SET events_removed = c.events_removed + excluded.events_removed;
     EXECUTE format(
         'INSERT INTO %1$I.segment_partitions (topic_id, segment, partition, lo, hi, events, first_position,'
         '                                     last_position, newest_at, bucket_width, buckets, bucket_events)'
@@ -345,6 +364,10 @@ BEGIN
         '  GROUP BY b.partition',
         '{schema_raw}', v_seg)
       USING p_topic_id, p_segment, v_lo, v_hi, {schema}.bucket_width(v_lo, v_hi);
+    UPDATE {schema}.partition_compaction c SET events_removed = c.events_removed - sp.events
+      FROM {schema}.segment_partitions sp
+     WHERE sp.topic_id = p_topic_id AND sp.segment = p_segment AND c.topic_id = p_topic_id
+       AND c.partition = sp.partition;
     -- the removed tombstones' keys are gone from the topic (no older event of theirs remains)
     IF p_tombstones > 0 THEN
         EXECUTE format(
@@ -603,8 +626,8 @@ SELECT t.name AS topic, t.id AS topic_id,
   LEFT JOIN {schema}.topic_compaction c ON c.topic_id = t.id
  CROSS JOIN LATERAL {schema}.oldest_event(t.id) o;
 
--- The SQL publish(): a NULL value is a tombstone; a compacted topic refuses an event without a key
--- (null_value_not_allowed) and stores nothing.
+-- The SQL publish(): a NULL value with a key is a tombstone (without a key it is refused, as before); a
+-- compacted topic refuses an event without a key (null_value_not_allowed) and stores nothing.
 CREATE OR REPLACE FUNCTION {schema}.publish_encoded(
     p_topic text, p_kind "char", p_payload bytea, p_key text, p_headers jsonb, p_event_type text,
     p_partition integer, p_event_id text, p_correlation_id text, p_causation_id text, p_notify boolean
@@ -646,6 +669,10 @@ BEGIN
             USING ERRCODE = 'null_value_not_allowed';
     END IF;
     IF p_payload IS NULL THEN
+        IF p_key IS NULL THEN
+            RAISE EXCEPTION 'value must not be NULL without a key (a tombstone has a key; a JSON null is ''null''::jsonb)'
+                USING ERRCODE = 'null_value_not_allowed';
+        END IF;
         p_kind := 'b';  -- a tombstone: no value (stored as NULL, read as None)
     END IF;
     IF v_headers IS NOT NULL THEN

@@ -216,8 +216,8 @@ class Batch:
                 else:
                     f = _fields(ev)
                     p = route(state, f.get("key"), f.get("partition"))
-            except InvalidArgument as exc:
-                raise InvalidArgument(f"event {i}: {exc}") from None
+            except InvalidArgument as exc:  # KeyRequired stays what it is
+                raise type(exc)(f"event {i}: {exc}") from None
             partitions.append(p)
             self._covered.add(p)
 

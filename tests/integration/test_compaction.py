@@ -24,7 +24,8 @@ def _table(client: pgstreams.Client, topic: str) -> str:
 
 def _rows(client: pgstreams.Client, topic: str) -> list[tuple[int, str | None, bytes | None]]:
     with client.connection() as conn:
-        return conn.execute(f"SELECT position, key, value FROM {_table(client, topic)} ORDER BY position").fetchall()
+        return conn.execute(f"SELECT position, key, value FROM {_table(client, topic)}"
+                            " ORDER BY position").fetchall()
 
 
 def _read(client: pgstreams.Client, topic: str, group: str) -> list[pgstreams.Event]:
@@ -70,7 +71,8 @@ def test_keyless_events_on_a_compacted_topic_are_refused_and_nothing_is_stored(c
     assert len(_rows(client, "c")) == 2
 
 
-def test_a_tombstone_has_a_key_and_no_value_wherever_it_comes_from(client: pgstreams.Client, dsn: str) -> None:
+def test_a_tombstone_has_a_key_and_no_value_wherever_it_comes_from(client: pgstreams.Client,
+                                                                    dsn: str) -> None:
     client.create_topic("c", 1, config={"cleanup.policy": "compact"})
     client.publish("c", None, key="a")
     client.publish_many("c", [{"value": None, "key": "b"}, pgstreams.Message(None, key="c")])

@@ -55,7 +55,11 @@ def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Cli
             "retention.bytes": 10_000_000,
             "max.message.bytes": 2048,
             "segment.events": 2000,
-            "cleanup.policy": "delete",
+            "cleanup.policy": "compact,delete",
+            "min.compaction.lag.ms": 1000,
+            "max.compaction.lag.ms": 2000,
+            "delete.retention.ms": 3000,
+            "min.cleanable.dirty.ratio": 0.2,
         },
     )
     desc = client.describe_topic("cfg")
@@ -65,10 +69,14 @@ def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Cli
         "retention.bytes": 10_000_000,
         "max.message.bytes": 2048,
         "segment.events": 2000,
-        "cleanup.policy": "delete",
+        "cleanup.policy": "compact,delete",
+        "min.compaction.lag.ms": 1000,
+        "max.compaction.lag.ms": 2000,
+        "delete.retention.ms": 3000,
+        "min.cleanable.dirty.ratio": 0.2,
     }
     assert desc.topic.segment_size == 2000
-    assert not any(e.is_default for e in desc.config_entries if e.name != "cleanup.policy")
+    assert not any(e.is_default for e in desc.config_entries)
     desc = client.alter_topic(
         "cfg",
         {"retention.ms": 60_000, "max.message.bytes": 4096},

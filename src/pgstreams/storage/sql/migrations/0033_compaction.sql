@@ -131,21 +131,24 @@ $$;
 CREATE FUNCTION {schema}.compaction_map(p_topic_id integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_n integer := 0;
-    r   record;
-    x   record;
+    v_n    integer := 0;
+    v_tomb timestamptz;
+    r      record;
+    x      record;
 BEGIN
     FOR r IN SELECT s.segment, s.lo, s.hi FROM {schema}.segments s
               WHERE s.topic_id = p_topic_id AND s.sealed_at IS NOT NULL AND s.mapped_at IS NULL
                 AND s.removing_at IS NULL
               ORDER BY s.segment LOOP
+        -- one hash aggregate of the segment by key (no sort): each key's latest position and whether
+        -- it is a tombstone (the lowest bit of 2 * position + tombstone), its events, the oldest time
         EXECUTE format(
-            'WITH seg AS MATERIALIZED ('
-            '    SELECT e.partition, e.key, e.position, e.value IS NULL AS tomb, e.created_at'
-            '      FROM %1$I.%2$I e WHERE e.key IS NOT NULL'
+            'WITH agg AS MATERIALIZED ('
+            '    SELECT e.partition, e.key, max(e.position * 2 + (e.value IS NULL)::int) AS m, count(*) AS n,'
+            '           min(e.created_at) AS oldest'
+            '      FROM %1$I.%2$I e GROUP BY e.partition, e.key'
             '), latest AS MATERIALIZED ('
-            '    SELECT DISTINCT ON (partition, key) partition, key, position, tomb, created_at'
-            '      FROM seg ORDER BY partition, key, position DESC'
+            '    SELECT partition, key, m / 2 AS position, m %% 2 = 1 AS tomb, n FROM agg WHERE key IS NOT NULL'
             '), prev AS MATERIALIZED ('
             '    SELECT k.position FROM latest l JOIN %1$I.compaction_keys k'
             '        ON k.topic_id = $1 AND k.partition = l.partition AND k.key = l.key AND k.position < l.position'
@@ -161,14 +164,22 @@ BEGIN
             '             GROUP BY o.segment) b'
             '     WHERE s.topic_id = $1 AND s.segment = b.segment'
             ')'
-            ' SELECT (SELECT count(*) FROM seg) - (SELECT count(*) FROM latest) AS inside,'
-            '        (SELECT min(created_at) FROM %1$I.%2$I) AS oldest,'
-            '        (SELECT min(created_at) FROM latest WHERE tomb) AS tomb_at',
+            ' SELECT (SELECT coalesce(sum(n - 1), 0) FROM latest) AS inside,'
+            '        (SELECT min(oldest) FROM agg) AS oldest,'
+            '        (SELECT EXISTS (SELECT 1 FROM latest WHERE tomb)) AS tombs',
             '{schema_raw}', 'topic_' || p_topic_id || '_s' || r.segment)
           INTO x USING p_topic_id;
+        v_tomb := NULL;
+        IF x.tombs THEN  -- the oldest of the latest tombstones (few rows: the segment's tombstones)
+            EXECUTE format(
+                'SELECT min(e.created_at) FROM %1$I.%2$I e JOIN %1$I.compaction_keys k'
+                '    ON k.topic_id = $1 AND k.partition = e.partition AND k.key = e.key AND k.position = e.position'
+                ' WHERE e.value IS NULL', '{schema_raw}', 'topic_' || p_topic_id || '_s' || r.segment)
+              INTO v_tomb USING p_topic_id;
+        END IF;
         UPDATE {schema}.segments s
            SET mapped_at = now(), superseded = s.superseded + x.inside, oldest_at = x.oldest,
-               tombstone_at = x.tomb_at
+               tombstone_at = v_tomb
          WHERE s.topic_id = p_topic_id AND s.segment = r.segment;
         v_n := v_n + 1;
     END LOOP;
@@ -251,12 +262,13 @@ DECLARE
     v_hi     bigint;
     v_events bigint;
     v_expire timestamptz;
+    v_tomb_at timestamptz;
     v_cols   text;
     v_seg    text := 'topic_' || p_topic_id || '_s' || p_segment;
     v_new    text := 'topic_' || p_topic_id || '_s' || p_segment || '_c';
 BEGIN
     SELECT t.config INTO v_config FROM {schema}.topics t WHERE t.id = p_topic_id;
-    SELECT s.lo, s.hi INTO v_lo, v_hi FROM {schema}.segments s
+    SELECT s.lo, s.hi, s.events, s.tombstone_at INTO v_lo, v_hi, v_events, v_tomb_at FROM {schema}.segments s
      WHERE s.topic_id = p_topic_id AND s.segment = p_segment AND s.mapped_at IS NOT NULL
        AND s.removing_at IS NULL;
     IF v_lo IS NULL OR v_config IS NULL OR NOT {schema}.compacts(v_config) THEN
@@ -288,13 +300,18 @@ BEGIN
         '            AND NOT (e.value IS NULL AND $2::timestamptz IS NOT NULL AND e.created_at < $2))'
         '     ORDER BY e.position'
         '    RETURNING 1)'
-        ' SELECT (SELECT count(*) FROM ins), (SELECT count(*) FROM %1$I.%2$I),'
-        '        (SELECT count(*) FROM %1$I.%2$I e JOIN %1$I.compaction_keys k'
-        '           ON k.topic_id = $1 AND k.partition = e.partition AND k.key = e.key AND k.position = e.position'
-        '         WHERE e.value IS NULL AND $2::timestamptz IS NOT NULL AND e.created_at < $2)',
+        ' SELECT count(*) FROM ins',
         '{schema_raw}', v_seg, v_new, v_cols,
         (SELECT string_agg('e.' || c, ', ') FROM unnest(string_to_array(v_cols, ', ')) AS c))
-      INTO kept, v_events, tombstones USING p_topic_id, v_expire;
+      INTO kept USING p_topic_id, v_expire;
+    tombstones := 0;
+    IF v_expire IS NOT NULL AND v_tomb_at < v_expire THEN  -- tombstones may have expired: count them
+        EXECUTE format(
+            'SELECT count(*) FROM %1$I.%2$I e JOIN %1$I.compaction_keys k'
+            '    ON k.topic_id = $1 AND k.partition = e.partition AND k.key = e.key AND k.position = e.position'
+            ' WHERE e.value IS NULL AND e.created_at < $2', '{schema_raw}', v_seg)
+          INTO tombstones USING p_topic_id, v_expire;
+    END IF;
     removed := v_events - kept;
     IF removed = 0 THEN
         EXECUTE format('DROP TABLE %I.%I', '{schema_raw}', v_new);

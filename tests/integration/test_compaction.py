@@ -151,6 +151,19 @@ def test_a_pass_spends_its_budget_and_the_next_passes_resume(client: pgstreams.C
     assert len(_rows(client, "c")) == 5 + 2
 
 
+def test_a_pinned_segment_is_not_rewritten_until_its_pin_runs_out(client: pgstreams.Client) -> None:
+    client.create_topic("c", 1, segment_size=SEG, config=COMPACT)
+    client.publish_many("c", [{"value": i, "key": f"k{i % 5}"} for i in range(SEG + 1)])
+    tid = client.topic_record("c").id
+    with client.connection() as conn:  # what a reader of pages (Spark's batch reads) does first
+        client.store.compaction.pin(conn, tid, None)
+    before = _rows(client, "c")
+    assert Maintenance(client).run().segments_compacted == 0 and _rows(client, "c") == before
+    with client.connection() as conn:
+        conn.execute("UPDATE pgstreams.segment_pins SET until = now() - interval '1 second'")
+    assert Maintenance(client).run().segments_compacted == 1 and len(_rows(client, "c")) == 5 + 2
+
+
 def test_sql_maintain_compacts_in_one_transaction(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("c", 1, segment_size=SEG, config=COMPACT)
     client.publish_many("c", [{"value": i, "key": f"k{i % 3}"} for i in range(2 * SEG + 1)])

@@ -1,6 +1,7 @@
 """Typed operations of compaction (compacted topics, ``0033_compaction.sql``): the key map, the plan of a
 pass, the rewrite of a segment (a copy of its survivors built without locking the topic, then swapped in
-by a short transaction), leftovers of an interrupted rewrite, and the figures per topic. The SQL is in
+by a short transaction), leftovers of an interrupted rewrite, pins of segments read by page, and the
+figures per topic. The SQL is in
 ``sql/queries/compaction.sql`` and the migration."""
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import psycopg
 
 from ..models import CompactionStatus
 from .executor import Executor
+
+#: Seconds a reader's pin keeps compaction off the segments it reads by page (renewed by each task).
+PIN_SECONDS = 3600.0
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,14 @@ class CompactionStore:
     def ran(self, conn: psycopg.Connection, topic_id: int) -> None:
         """Record that compaction looked at the topic."""
         self.ex.one("compaction_ran", (topic_id,), conn=conn)
+
+    def pin(self, conn: psycopg.Connection, topic_id: int, los: list[int] | None,
+            seconds: float = PIN_SECONDS) -> None:
+        """Pin segments of the topic (by first position; ``None``: all of them) for ``seconds`` (default
+        :data:`PIN_SECONDS`): compaction does not rewrite them meanwhile. Then waits for a rewrite being
+        swapped in now, so that the segments read afterwards stay as they are while pinned."""
+        self.ex.one("pin_segments", (topic_id, los, seconds), conn=conn)
+        self.ex.all("pinned_barrier", topic_id=topic_id, conn=conn)
 
     def status(self, topic: str | None = None) -> list[CompactionStatus]:
         """Compaction's figures of every topic (or of ``topic``), by name."""

@@ -126,6 +126,28 @@ LANGUAGE sql IMMUTABLE AS $$
     SELECT least(coalesce((p_config ->> p_key)::bigint, p_default), 3155760000000) * interval '1 millisecond';
 $$;
 
+-- Segments a reader scans by heap page (the Spark data source's batch reads split each segment's pages among
+-- tasks, planned before they run): while pinned, a segment is not rewritten (compaction_plan() leaves it out,
+-- and compact_swap() gives up), so every task reads the table that was planned.
+CREATE TABLE {schema}.segment_pins (
+    topic_id integer     NOT NULL REFERENCES {schema}.topics (id) ON DELETE CASCADE,
+    lo       bigint      NOT NULL,
+    until    timestamptz NOT NULL,
+    PRIMARY KEY (topic_id, lo)
+);
+
+-- Pin segments of a topic (by their first position; NULL: every segment) for p_seconds from now (a pin
+-- only ever grows). Any role that reads may pin (SECURITY DEFINER).
+CREATE FUNCTION {schema}.pin_segments(p_topic_id integer, p_los bigint[], p_seconds double precision)
+RETURNS void
+LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    INSERT INTO {schema}.segment_pins AS p (topic_id, lo, until)
+    SELECT p_topic_id, s.lo, clock_timestamp() + p_seconds * interval '1 second'
+      FROM {schema}.segments s
+     WHERE s.topic_id = p_topic_id AND s.removing_at IS NULL AND (p_los IS NULL OR s.lo = ANY (p_los))
+    ON CONFLICT (topic_id, lo) DO UPDATE SET until = greatest(p.until, excluded.until);
+$$;
+
 -- Map the sealed segments of a compacted topic not mapped yet, oldest first (see above); returns how many.
 -- Segments sealed while the topic was not compacted are mapped too once it is.
 CREATE FUNCTION {schema}.compaction_map(p_topic_id integer) RETURNS integer
@@ -223,6 +245,8 @@ BEGIN
       FROM {schema}.segments s
      WHERE s.topic_id = p_topic_id AND s.mapped_at IS NOT NULL AND s.removing_at IS NULL
        AND s.newest_at < p_now - v_min
+       AND NOT EXISTS (SELECT 1 FROM {schema}.segment_pins p
+                        WHERE p.topic_id = p_topic_id AND p.lo = s.lo AND p.until > clock_timestamp())
        AND ((s.superseded > 0 AND (s.superseded >= v_ratio * greatest(s.events, 1)
                                    OR s.oldest_at < p_now - v_max OR s.segment < v_tomb))
             OR s.tombstone_at < p_now - v_del)
@@ -231,13 +255,14 @@ END;
 $$;
 
 -- Drop what an interrupted compaction left: copies never attached (<segment>_c) and replaced segments not
--- dropped yet (<segment>_x). Returns how many tables it dropped.
+-- dropped yet (<segment>_x); forget the topic's pins that ran out. Returns how many tables it dropped.
 CREATE FUNCTION {schema}.compaction_leftovers(p_topic_id integer) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE
     v_n integer := 0;
     r   record;
 BEGIN
+    DELETE FROM {schema}.segment_pins p WHERE p.topic_id = p_topic_id AND p.until < clock_timestamp();
     FOR r IN SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
               WHERE n.nspname = '{schema_raw}' AND c.relkind = 'r' AND NOT c.relispartition
                 AND c.relname ~ ('^topic_' || p_topic_id || '_s[0-9]+_[cx]$') LOOP
@@ -356,6 +381,10 @@ BEGIN
         RETURN false;
     END;
     PERFORM set_config('lock_timeout', v_old, true);
+    IF EXISTS (SELECT 1 FROM {schema}.segment_pins p
+                WHERE p.topic_id = p_topic_id AND p.lo = v_lo AND p.until > clock_timestamp()) THEN
+        RETURN false;  -- a reader pinned it meanwhile: the copy waits (and is made again) for a later pass
+    END IF;
     v_before := pg_total_relation_size(format('%I.%I', '{schema_raw}', v_seg)::regclass);
     v_after := pg_total_relation_size(format('%I.%I', '{schema_raw}', v_seg || '_c')::regclass);
     EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I', '{schema_raw}', v_table, '{schema_raw}', v_seg);

@@ -31,3 +31,12 @@ SELECT t.name, {schema}.dirty_ratio(t.id), c.ran_at, c.compacted_at, coalesce(c.
   FROM {schema}.topics t LEFT JOIN {schema}.topic_compaction c ON c.topic_id = t.id
  WHERE %s::text IS NULL OR t.name = %s
  ORDER BY t.name;
+
+-- name: pin_segments
+-- Pin segments of a topic for some seconds (0033_compaction.sql): compaction leaves them as they are.
+SELECT {schema}.pin_segments(%s, %s::bigint[], %s);
+
+-- name: pinned_barrier
+-- After pin_segments: wait for a rewrite of the topic being swapped in now (it holds the topic table's lock;
+-- one that had not checked the pins yet gives up), so that what is read next is what stays.
+SELECT 1 FROM {table} LIMIT 0;

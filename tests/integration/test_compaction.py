@@ -138,6 +138,17 @@ def test_the_lag_and_tombstone_rules_follow_the_clock(client: pgstreams.Client) 
     assert status.tombstones_removed == 1 and status.events_compacted > 0 and status.compacted_at is not None
 
 
+def test_max_compaction_lag_compacts_a_segment_below_the_dirty_ratio_once_its_oldest_event_passed_it(
+        client: pgstreams.Client) -> None:
+    client.create_topic("c", 1, segment_size=SEG, config={
+        "cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.9, "max.compaction.lag.ms": 60_000})
+    client.publish_many("c", [{"value": i, "key": f"k{i % 500}"} for i in range(SEG + 1)])  # 499 of 999
+    start = datetime.now(timezone.utc)
+    assert Maintenance(client, wall_clock=lambda: start).run().segments_compacted == 0
+    later = start + timedelta(seconds=61)
+    assert Maintenance(client, wall_clock=lambda: later).run().events_compacted == 499
+
+
 def test_a_pass_spends_its_budget_and_the_next_passes_resume(client: pgstreams.Client) -> None:
     client.create_topic("c", 1, segment_size=SEG, config=COMPACT)
     client.publish_many("c", [{"value": i, "key": f"k{i % 5}"} for i in range(4 * SEG + 1)])

@@ -331,3 +331,19 @@ def test_dlt_replay_bad_input_exits_2_and_changes_nothing(dsn: str) -> None:
     assert _all(dsn, "t") == [] and _all(dsn, "other") == []
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgstreams.checkpoints").fetchone() == (0,)
+
+
+def test_a_compacted_topic_on_the_command_line(dsn: str) -> None:
+    ok(dsn, "topics", "create", "c", "--config", "cleanup.policy=compact", "--config", "segment.events=1000",
+       "--config", "min.cleanable.dirty.ratio=0.2")
+    with pgstreams.connect(dsn) as client:
+        client.publish_many("c", [{"value": i, "key": f"k{i % 10}"} for i in range(1001)])
+    assert "compaction: 1 segment(s) mapped, 1 rewritten (989 events removed)" in ok(dsn, "maintain")
+    desc = json.loads(ok(dsn, "topics", "describe", "c", "--json"))
+    assert desc["compaction"]["events_removed"] == 989 and desc["compaction"]["dirty_ratio"] == 0.0
+    assert "dirty ratio 0.000" in ok(dsn, "topics", "describe", "c")
+    rows = json.loads(ok(dsn, "retention", "c", "--json"))
+    assert rows[0]["cleanup_policy"] == "compact" and rows[0]["events_compacted"] == 989
+    for bad in ("min.cleanable.dirty.ratio=2", "cleanup.policy=compacted", "min.compaction.lag.ms=-1"):
+        p = cli(dsn, "topics", "alter", "c", "--config", bad)
+        assert p.returncode == 2 and bad.split("=")[0] in p.stderr and "Traceback" not in p.stderr

@@ -148,64 +148,76 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     ON CONFLICT (topic_id, lo) DO UPDATE SET until = greatest(p.until, excluded.until);
 $$;
 
--- Map the sealed segments of a compacted topic not mapped yet, oldest first (see above); returns how many.
--- Segments sealed while the topic was not compacted are mapped too once it is.
+-- Map the sealed segments of a compacted topic not mapped yet (see above), all at once: one hash aggregate
+-- of their events by key and segment (no sort), then one upsert per key of the key map. Returns how many it
+-- mapped. Segments sealed while the topic was not compacted are mapped too once it is.
 CREATE FUNCTION {schema}.compaction_map(p_topic_id integer) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    v_n    integer := 0;
+    v_segs bigint[];
+    v_los  bigint[];
+    v_lo   bigint;
+    v_hi   bigint;
     v_tomb timestamptz;
-    r      record;
+    v_seg  bigint;
     x      record;
 BEGIN
-    FOR r IN SELECT s.segment, s.lo, s.hi FROM {schema}.segments s
-              WHERE s.topic_id = p_topic_id AND s.sealed_at IS NOT NULL AND s.mapped_at IS NULL
-                AND s.removing_at IS NULL
-              ORDER BY s.segment LOOP
-        -- one hash aggregate of the segment by key (no sort): each key's latest position and whether
-        -- it is a tombstone (the lowest bit of 2 * position + tombstone), its events, the oldest time
-        EXECUTE format(
-            'WITH agg AS MATERIALIZED ('
-            '    SELECT e.partition, e.key, max(e.position * 2 + (e.value IS NULL)::int) AS m, count(*) AS n,'
-            '           min(e.created_at) AS oldest'
-            '      FROM %1$I.%2$I e GROUP BY e.partition, e.key'
-            '), latest AS MATERIALIZED ('
-            '    SELECT partition, key, m / 2 AS position, m %% 2 = 1 AS tomb, n FROM agg WHERE key IS NOT NULL'
-            '), prev AS MATERIALIZED ('
-            '    SELECT k.position FROM latest l JOIN %1$I.compaction_keys k'
-            '        ON k.topic_id = $1 AND k.partition = l.partition AND k.key = l.key AND k.position < l.position'
-            '), up AS ('
-            '    INSERT INTO %1$I.compaction_keys AS k (topic_id, partition, key, position)'
-            '    SELECT $1, l.partition, l.key, l.position FROM latest l'
-            '    ON CONFLICT (topic_id, partition, key) DO UPDATE SET position = excluded.position'
-            '     WHERE k.position < excluded.position'
-            '), bump AS ('
-            '    UPDATE %1$I.segments s SET superseded = s.superseded + b.n'
-            '      FROM (SELECT o.segment, count(*) AS n FROM prev p JOIN %1$I.segments o'
-            '              ON o.topic_id = $1 AND p.position >= o.lo AND p.position < o.hi'
-            '             GROUP BY o.segment) b'
-            '     WHERE s.topic_id = $1 AND s.segment = b.segment'
-            ')'
-            ' SELECT (SELECT coalesce(sum(n - 1), 0) FROM latest) AS inside,'
-            '        (SELECT min(oldest) FROM agg) AS oldest,'
-            '        (SELECT EXISTS (SELECT 1 FROM latest WHERE tomb)) AS tombs',
-            '{schema_raw}', 'topic_' || p_topic_id || '_s' || r.segment)
-          INTO x USING p_topic_id;
+    SELECT array_agg(s.segment ORDER BY s.segment), array_agg(s.lo ORDER BY s.segment), min(s.lo), max(s.hi)
+      INTO v_segs, v_los, v_lo, v_hi
+      FROM {schema}.segments s
+     WHERE s.topic_id = p_topic_id AND s.sealed_at IS NOT NULL AND s.mapped_at IS NULL AND s.removing_at IS NULL;
+    IF v_segs IS NULL THEN
+        RETURN 0;
+    END IF;
+    -- per key and segment: the latest position and whether it is a tombstone (the lowest bit of
+    -- 2 * position + tombstone), the events, the oldest time; then each key's latest over the segments
+    FOR x IN EXECUTE format(
+        'WITH g AS MATERIALIZED ('
+        '    SELECT e.partition, e.key, width_bucket(e.position, $4) AS b,'
+        '           max(e.position * 2 + (e.value IS NULL)::int) AS m, count(*) AS n, min(e.created_at) AS oldest'
+        '      FROM %1$I.%2$I e WHERE e.position >= $2 AND e.position < $3'
+        '     GROUP BY 1, 2, 3'
+        '), latest AS MATERIALIZED ('
+        '    SELECT partition, key, max(m) AS m FROM g WHERE key IS NOT NULL GROUP BY partition, key'
+        '), prev AS MATERIALIZED ('
+        '    SELECT k.position FROM latest l JOIN %1$I.compaction_keys k'
+        '        ON k.topic_id = $1 AND k.partition = l.partition AND k.key = l.key AND k.position < l.m / 2'
+        '), up AS ('
+        '    INSERT INTO %1$I.compaction_keys AS k (topic_id, partition, key, position)'
+        '    SELECT $1, l.partition, l.key, l.m / 2 FROM latest l'
+        '    ON CONFLICT (topic_id, partition, key) DO UPDATE SET position = excluded.position'
+        '     WHERE k.position < excluded.position'
+        '), bump AS ('
+        '    UPDATE %1$I.segments s SET superseded = s.superseded + b.n'
+        '      FROM (SELECT o.segment, count(*) AS n FROM prev p JOIN %1$I.segments o'
+        '              ON o.topic_id = $1 AND p.position >= o.lo AND p.position < o.hi'
+        '             GROUP BY o.segment) b'
+        '     WHERE s.topic_id = $1 AND s.segment = b.segment'
+        ')'
+        ' SELECT g.b, coalesce(sum(g.n) FILTER (WHERE g.key IS NOT NULL), 0)'
+        '             - count(*) FILTER (WHERE g.m = l.m) AS inside,'
+        '        min(g.oldest) AS oldest, bool_or(g.m = l.m AND g.m %% 2 = 1) AS tombs'
+        '   FROM g LEFT JOIN latest l ON l.partition = g.partition AND l.key = g.key'
+        '  GROUP BY g.b',
+        '{schema_raw}', 'topic_' || p_topic_id)
+      USING p_topic_id, v_lo, v_hi, v_los
+    LOOP
+        v_seg := v_segs[x.b];
         v_tomb := NULL;
-        IF x.tombs THEN  -- the oldest of the latest tombstones (few rows: the segment's tombstones)
+        IF x.tombs THEN  -- the oldest of the latest tombstones (the segment's tombstones are few)
             EXECUTE format(
                 'SELECT min(e.created_at) FROM %1$I.%2$I e JOIN %1$I.compaction_keys k'
                 '    ON k.topic_id = $1 AND k.partition = e.partition AND k.key = e.key AND k.position = e.position'
-                ' WHERE e.value IS NULL', '{schema_raw}', 'topic_' || p_topic_id || '_s' || r.segment)
+                ' WHERE e.value IS NULL', '{schema_raw}', 'topic_' || p_topic_id || '_s' || v_seg)
               INTO v_tomb USING p_topic_id;
         END IF;
         UPDATE {schema}.segments s
-           SET mapped_at = now(), superseded = s.superseded + x.inside, oldest_at = x.oldest,
-               tombstone_at = v_tomb
-         WHERE s.topic_id = p_topic_id AND s.segment = r.segment;
-        v_n := v_n + 1;
+           SET superseded = s.superseded + x.inside, oldest_at = x.oldest, tombstone_at = v_tomb
+         WHERE s.topic_id = p_topic_id AND s.segment = v_seg;
     END LOOP;
-    RETURN v_n;
+    UPDATE {schema}.segments s SET mapped_at = now()
+     WHERE s.topic_id = p_topic_id AND s.segment = ANY (v_segs);
+    RETURN cardinality(v_segs);
 END;
 $$;
 

@@ -10,9 +10,12 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 import pgstreams
+from _obs_helpers import value
 from pgstreams.maintenance import Maintenance
+from pgstreams.metrics import StatusCollector
 
 SEG = 1000
 COMPACT = {"cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.0}
@@ -202,6 +205,23 @@ def test_describe_status_and_metrics_show_the_dirty_ratio_and_what_compaction_re
     assert topic.dirty_ratio == 0.0 and topic.events_compacted == 599 and topic.bytes_compacted > 0
     published = sum(p.published for p in client.status().partitions if p.topic == "c")
     assert published == SEG + 1  # stored and compacted away: the publish count never goes down
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(client, min_interval=0))
+    text = generate_latest(registry).decode()
+    assert value(text, "pgstreams_topic_dirty_ratio", topic="c") == 0.0
+    assert value(text, "pgstreams_topic_compacted_events_total", topic="c") == 599
+    assert (value(text, "pgstreams_topic_compacted_bytes_total", topic="c") or 0) > 0
+    assert (value(text, "pgstreams_topic_last_compaction_timestamp_seconds", topic="c") or 0) > 0
+    assert value(text, "pgstreams_partition_events_published_total", topic="c", partition="0") == SEG + 1
+
+
+def test_compact_delete_applies_retention_too(client: pgstreams.Client) -> None:
+    client.create_topic("c", 1, segment_size=SEG, config={
+        "cleanup.policy": "compact,delete", "retention.events": SEG, "min.cleanable.dirty.ratio": 0.0})
+    client.publish_many("c", [{"value": i, "key": f"k{i}"} for i in range(3 * SEG + 1)])  # distinct keys
+    report = Maintenance(client).run()
+    assert report.segments_removed >= 1 and report.events_compacted == 0  # nothing superseded
+    assert client.retention_status("c")[0].oldest_position >= SEG
 
 
 def test_a_group_whose_checkpoint_points_at_a_removed_event_goes_on_from_the_next_survivor(

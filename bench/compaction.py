@@ -3,7 +3,7 @@ tuples, and publish and poll throughput during it against without it, beside the
 measured in the same run.
 
     python -m bench.compaction [--dsn DSN] [--events N] [--keys N] [--backlog N] [--window SECONDS]
-                               [--producers N] [--markdown]
+                               [--producers N] [--duty D] [--markdown]
 
 * One topic of 4 partitions (``segment.events`` 1,000,000) filled server-side (untimed) with ``--events``
   (default 10,000,000) events of 100-byte values over ``--keys`` (default 100,000) keys, stamped a day
@@ -15,7 +15,8 @@ measured in the same run.
 * ``during compaction``: the topic becomes ``cleanup.policy=compact`` with ``min.compaction.lag.ms`` one
   hour (the day-old events are due, the backlog and the new events are not), and the same processes run
   again (another group) while one maintenance pass compacts (``compaction_budget=None``): every sealed
-  day-old segment is mapped and rewritten. Reported: the pass's time and events/s, the space of the
+  day-old segment is mapped and rewritten (``--duty``: the pass's ``compaction_duty``, default 1.0, no
+  pauses). Reported: the pass's time and events/s, the space of the
   topic before and after, the dead tuples of the topic's tables after it (``pg_stat_user_tables``) and of
   compaction's bookkeeping tables, and the publish and poll rates against those without compaction (the
   goal: >= 0.8 x).
@@ -156,7 +157,7 @@ def _rates(db: str, group: str, start: datetime, window: float, producers: int
     return sum(r.rate for r in got[:producers]), got[-1].rate
 
 
-def run(db: str, events: int, keys: int, backlog: int, window: float, producers: int,
+def run(db: str, events: int, keys: int, backlog: int, window: float, producers: int, duty: float,
         console: Console) -> list[Measurement]:
     """The measurements (see the module docstring)."""
     create_raw_table(db, "raw_copy_in")
@@ -198,7 +199,7 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
         def compact() -> None:
             with pgstreams.connect(db, migrate=False) as maintainer:
                 t = time.perf_counter()
-                outcome["report"] = maintainer.maintain(compaction_budget=None)
+                outcome["report"] = maintainer.maintain(compaction_budget=None, compaction_duty=duty)
                 outcome["seconds"] = time.perf_counter() - t
 
         thread = threading.Thread(target=compact, name="bench-compaction")
@@ -219,7 +220,8 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
                   f" events removed in {seconds:.1f} s")
     overlap = min(1.0, seconds / window)
     return [
-        Measurement(f"full compaction of {events:,} events / {keys:,} keys (one pass, under load)",
+        Measurement(f"full compaction of {events:,} events / {keys:,} keys (one pass, under load"
+                    + (f", duty {duty:g})" if duty < 1 else ")"),
                     seconds, "s", raw_distinct, "CREATE TABLE AS SELECT DISTINCT ON (plain copy)",
                     f"{report.segments_compacted} segments, {report.events_compacted:,} removed",
                     higher_is_better=False),
@@ -254,16 +256,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default {WINDOW:.0f})")
     ap.add_argument("--producers", type=int, default=PRODUCERS,
                     help=f"producer processes (default {PRODUCERS})")
+    ap.add_argument("--duty", type=float, default=1.0,
+                    help="compaction_duty of the compacting pass (default 1.0: no pauses)")
     ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = ap.parse_args(argv)
-    if args.events < 2 * SEGMENT or args.keys < PARTITIONS or args.keys % PARTITIONS or args.window <= 0:
-        ap.error(f"need --events >= {2 * SEGMENT:,}, --keys a multiple of {PARTITIONS} and --window > 0")
+    if args.events < 2 * SEGMENT or args.keys < PARTITIONS or args.keys % PARTITIONS or args.window <= 0 \
+            or not 0 < args.duty <= 1:
+        ap.error(f"need --events >= {2 * SEGMENT:,}, --keys a multiple of {PARTITIONS}, --window > 0 and "
+                 "0 < --duty <= 1")
     console = make_console()
     started = time.monotonic()
     target = server_dsn(args.dsn)
     info = machine(target)
     with scratch_database(target) as db:
-        rows = run(db, args.events, args.keys, args.backlog, args.window, args.producers, console)
+        rows = run(db, args.events, args.keys, args.backlog, args.window, args.producers, args.duty, console)
     print_results("pgstreams compaction benchmark", rows, console)
     console.print(
         f"{info['cpu']}, {info['cores']} cores, {info['ram']} RAM; PostgreSQL {info['postgresql']}; "

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -54,7 +55,7 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from .ports import HasSession, SessionPort
 
 log = logging.getLogger("pgstreams.maintenance")
+T = TypeVar("T")
 
 #: Seconds between two passes of the maintenance service (and between a follower's tries to lead).
 DEFAULT_MAINTENANCE_INTERVAL = 60.0
@@ -91,6 +93,11 @@ DEFAULT_PURGE_BUDGET = 0.5
 #: Seconds after the start of a pass past which it starts no further compaction rewrite (the first one of
 #: a pass always runs; the segments left wait for the next pass).
 DEFAULT_COMPACTION_BUDGET = 30.0
+#: The share of a pass's time compaction works (1.0: it never pauses). Below 1, compaction pauses after each
+#: step (mapping a segment, rewriting one) for as long as the step took times ``(1 - duty) / duty``,
+#: leaving the cores to publishers and consumers (as Kafka's cleaner throttle does), and takes that much
+#: longer.
+DEFAULT_COMPACTION_DUTY = 1.0
 #: Longest wait of a compaction's swap for the topic table's lock, in seconds (tried again a few times,
 #: then at the next pass).
 COMPACTION_LOCK_TIMEOUT = 0.5
@@ -133,10 +140,14 @@ class Maintenance:
         self._clock = clock
         self._wall_clock = wall_clock
         self._compact_until: float | None = None
+        self._duty = DEFAULT_COMPACTION_DUTY
+        #: how compaction pauses (seconds; see ``compaction_duty``)
+        self.sleep: Callable[[float], None] = time.sleep
 
     def run(
         self, *, purge: bool = True, purge_budget: float | None = DEFAULT_PURGE_BUDGET,
         compaction_budget: float | None = DEFAULT_COMPACTION_BUDGET,
+        compaction_duty: float = DEFAULT_COMPACTION_DUTY,
     ) -> MaintenanceReport:
         """One pass; waits for a pass of the schema running elsewhere to end first. Then, unless ``purge``
         is false, drops the segments retention detached (:meth:`purge`), after the pass's lock is released,
@@ -146,12 +157,19 @@ class Maintenance:
         pass's, ``purge_duration``, ``segments_dropped`` and ``segments_to_purge`` the purge's.
         Compaction starts segment rewrites only while the pass is younger than ``compaction_budget``
         seconds (default :data:`DEFAULT_COMPACTION_BUDGET`; at least one per pass; ``None``: every segment
-        due); ``segments_to_compact`` counts those left for the next pass."""
+        due); ``segments_to_compact`` counts those left for the next pass. ``compaction_duty`` (default
+        :data:`DEFAULT_COMPACTION_DUTY`; more than 0, at most 1) is the share of its time compaction works,
+        pausing between its steps otherwise."""
         for name, budget in (("purge_budget", purge_budget), ("compaction_budget", compaction_budget)):
             if budget is not None and (
                 isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0
             ):
                 raise InvalidArgument(f"{name} must be a number of seconds >= 0 or None, got {budget!r}")
+        if isinstance(compaction_duty, bool) or not isinstance(compaction_duty, (int, float)) \
+                or not 0 < compaction_duty <= 1:
+            raise InvalidArgument(f"compaction_duty must be a number more than 0 and at most 1, got "
+                                  f"{compaction_duty!r}")
+        self._duty = float(compaction_duty)
         start = self._clock()
         self._compact_until = None if compaction_budget is None else start + compaction_budget
         totals = {
@@ -321,7 +339,11 @@ class Maintenance:
         while the pass's compaction budget lasts."""
         store = self._compaction
         store.leftovers(conn, topic_id)
-        totals["segments_mapped"] += store.map_segments(conn, topic_id)
+        if self._duty >= 1:
+            totals["segments_mapped"] += store.map_segments(conn, topic_id)
+        else:  # a segment at a time, pausing in between
+            while self._paced(lambda: store.map_segments(conn, topic_id, 1)):
+                totals["segments_mapped"] += 1
         now = None if self._wall_clock is None else self._wall_clock()
         plan = store.plan(conn, topic_id, now)
         for i, (segment, _reason) in enumerate(plan):
@@ -329,7 +351,7 @@ class Maintenance:
                     and self._clock() >= self._compact_until:
                 totals["segments_to_compact"] += len(plan) - i
                 break
-            rewrite = store.build(conn, topic_id, segment, now)
+            rewrite = self._paced(functools.partial(store.build, conn, topic_id, segment, now))
             if not rewrite.removed:
                 continue
             for _ in range(COMPACTION_SWAP_TRIES):
@@ -342,6 +364,14 @@ class Maintenance:
                             segment, topic_id)
                 totals["segments_to_compact"] += 1
         store.ran(conn, topic_id)
+
+    def _paced(self, step: Callable[[], T]) -> T:
+        """Run a compaction step, then pause as ``compaction_duty`` says."""
+        began = self._clock()
+        out = step()
+        if self._duty < 1:
+            self.sleep((self._clock() - began) * (1 - self._duty) / self._duty)
+        return out
 
 
 class MaintenanceService(Service):

@@ -178,6 +178,21 @@ def test_a_pinned_segment_is_not_rewritten_until_its_pin_runs_out(client: pgstre
     assert Maintenance(client).run().segments_compacted == 1 and len(_rows(client, "c")) == 5 + 2
 
 
+def test_a_compaction_duty_below_one_pauses_after_each_step(client: pgstreams.Client) -> None:
+    client.create_topic("c", 1, segment_size=SEG, config=COMPACT)
+    client.publish_many("c", [{"value": i, "key": f"k{i % 5}"} for i in range(2 * SEG + 1)])
+    maintenance = Maintenance(client)
+    pauses: list[float] = []
+    maintenance.sleep = pauses.append
+    report = maintenance.run(compaction_duty=0.5)
+    assert report.segments_mapped == 2 and report.segments_compacted == 2
+    # a pause after each step: two maps, the map that found none left, two rewrites
+    assert len(pauses) == 5 and all(p > 0 for p in pauses)
+    assert len(_rows(client, "c")) == 5 + 2
+    with pytest.raises(pgstreams.InvalidArgument, match="compaction_duty"):
+        maintenance.run(compaction_duty=0)
+
+
 def test_sql_maintain_compacts_in_one_transaction(client: pgstreams.Client, dsn: str) -> None:
     client.create_topic("c", 1, segment_size=SEG, config=COMPACT)
     client.publish_many("c", [{"value": i, "key": f"k{i % 3}"} for i in range(2 * SEG + 1)])

@@ -45,11 +45,12 @@ class CompactionStore:
         row = self.ex.one("compaction_leftovers", (topic_id,), conn=conn)
         return int(row[0]) if row else 0
 
-    def map_segments(self, conn: psycopg.Connection, topic_id: int) -> int:
-        """Map the topic's sealed segments not mapped yet into its key map, oldest first; return how many."""
+    def map_segments(self, conn: psycopg.Connection, topic_id: int, limit: int | None = None) -> int:
+        """Map the topic's sealed segments not mapped yet into its key map, the oldest ``limit`` of them
+        (default all) in one read; return how many."""
         with conn.transaction():
             self.ex.one("compaction_settings", conn=conn)
-            row = self.ex.one("compaction_map", (topic_id,), conn=conn)
+            row = self.ex.one("compaction_map", (topic_id, limit), conn=conn)
         return int(row[0]) if row else 0
 
     def plan(self, conn: psycopg.Connection, topic_id: int, now: datetime | None) -> list[tuple[int, str]]:

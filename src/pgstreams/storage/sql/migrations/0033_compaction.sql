@@ -148,10 +148,11 @@ LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
     ON CONFLICT (topic_id, lo) DO UPDATE SET until = greatest(p.until, excluded.until);
 $$;
 
--- Map the sealed segments of a compacted topic not mapped yet (see above), all at once: one hash aggregate
--- of their events by key and segment (no sort), then one upsert per key of the key map. Returns how many it
--- mapped. Segments sealed while the topic was not compacted are mapped too once it is.
-CREATE FUNCTION {schema}.compaction_map(p_topic_id integer) RETURNS integer
+-- Map the sealed segments of a compacted topic not mapped yet (see above), the oldest p_limit of them (NULL:
+-- all) at once: one hash aggregate of their events by key and segment (no sort), then one upsert per key of
+-- the key map. Returns how many it mapped. Segments sealed while the topic was not compacted are mapped too
+-- once it is.
+CREATE FUNCTION {schema}.compaction_map(p_topic_id integer, p_limit integer DEFAULT NULL) RETURNS integer
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     v_segs bigint[];
@@ -164,8 +165,10 @@ DECLARE
 BEGIN
     SELECT array_agg(s.segment ORDER BY s.segment), array_agg(s.lo ORDER BY s.segment), min(s.lo), max(s.hi)
       INTO v_segs, v_los, v_lo, v_hi
-      FROM {schema}.segments s
-     WHERE s.topic_id = p_topic_id AND s.sealed_at IS NOT NULL AND s.mapped_at IS NULL AND s.removing_at IS NULL;
+      FROM (SELECT s.segment, s.lo, s.hi FROM {schema}.segments s
+             WHERE s.topic_id = p_topic_id AND s.sealed_at IS NOT NULL AND s.mapped_at IS NULL
+               AND s.removing_at IS NULL
+             ORDER BY s.segment LIMIT p_limit) s;
     IF v_segs IS NULL THEN
         RETURN 0;
     END IF;

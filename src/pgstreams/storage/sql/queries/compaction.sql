@@ -9,7 +9,8 @@ SELECT set_config('work_mem', '256MB', true);
 SELECT {schema}.compaction_leftovers(%s);
 
 -- name: compaction_map
-SELECT {schema}.compaction_map(%s);
+-- The oldest segments not mapped yet, at most the given number of them (NULL: all).
+SELECT {schema}.compaction_map(%s, %s);
 
 -- name: compaction_plan
 -- The time is the caller's (a test's clock), else the server's.

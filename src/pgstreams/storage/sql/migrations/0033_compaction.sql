@@ -490,6 +490,7 @@ BEGIN
             v_removed := v_removed + b.removed;
         END IF;
     END LOOP;
+    PERFORM {schema}.compaction_leftovers(p_topic_id);  -- the replaced segments (their files go at commit)
     PERFORM {schema}.compaction_ran(p_topic_id);
     RETURN v_removed;
 END;

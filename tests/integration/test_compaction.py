@@ -200,6 +200,9 @@ def test_sql_maintain_compacts_in_one_transaction(client: pgstreams.Client, dsn:
         summary = conn.execute("SELECT pgstreams.maintain()").fetchone()[0]
     assert summary["events_compacted"] == 2 * SEG - 1 - 3
     assert len(_rows(client, "c")) == 3 + 2
+    with client.connection() as conn:  # the replaced segments are dropped by the same call
+        assert conn.execute("SELECT count(*) FROM pg_class WHERE relname ~ '^topic_[0-9]+_s[0-9]+_[cx]$'"
+                            ).fetchone() == (0,)
 
 
 def test_describe_status_and_metrics_show_the_dirty_ratio_and_what_compaction_removed(

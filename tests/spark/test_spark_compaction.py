@@ -136,7 +136,8 @@ def test_tombstones_and_keys_of_spark_writes(spark: SparkSession, client: pgstre
         sorted([("a", b"1"), ("b", b"2"), ("a", None)], key=repr)
     read = spark.read.format("pgstreams").option("dsn", dsn).option("topic", "state").load()
     expected = [(e.position, e.key, None if e.value is None else bytearray(e.value)) for e in events]
-    assert sorted(((r.position, r.key, r.value) for r in read.collect()), key=repr) == sorted(expected, key=repr)
+    got = [(r.position, r.key, r.value) for r in read.collect()]
+    assert sorted(got, key=repr) == sorted(expected, key=repr)
     with pytest.raises(Exception, match=r"KeyRequired|every event needs a key"):
         spark.createDataFrame([(None, b"x")], schema).write.format("pgstreams").option("dsn", dsn) \
             .option("topic", "state").mode("append").save()

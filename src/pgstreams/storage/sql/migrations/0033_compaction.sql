@@ -13,8 +13,9 @@
 -- (superseded / events) is known without reading it again.
 --
 -- The rewrite. A mapped segment whose dirty ratio passed min.cleanable.dirty.ratio (or whose oldest event
--- passed max.compaction.lag.ms, or that holds the older events of a key whose tombstone expired), and whose
--- newest event is older than min.compaction.lag.ms, is rewritten: its survivors (the latest event of each
+-- passed max.compaction.lag.ms, or that holds tombstones older than delete.retention.ms, or the older events
+-- of a key whose tombstone expired), whose newest event is older than min.compaction.lag.ms and that no
+-- reader pinned (segment_pins), is rewritten: its survivors (the latest event of each
 -- key, events without a key, tombstones not expired yet or whose key still has older events in the
 -- topic) are copied into a fresh table <segment>_c with the segment's index and a CHECK of its range
 -- (compact_build(): no lock on the topic table), which then replaces the segment in one short transaction

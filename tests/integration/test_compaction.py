@@ -116,6 +116,9 @@ def test_compaction_keeps_the_latest_event_of_each_key_at_its_position_and_leave
     assert dead == (0, 0) and leftovers == 0
     again = Maintenance(client).run()
     assert again.segments_compacted == 0 and _rows(client, "c") == rows
+    client.delete_topic("c")  # and its key map
+    with client.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM pgstreams.compaction_keys").fetchone() == (0,)
 
 
 def test_the_lag_and_tombstone_rules_follow_the_clock(client: pgstreams.Client) -> None:

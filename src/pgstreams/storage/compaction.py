@@ -49,7 +49,6 @@ class CompactionStore:
         """Map the topic's sealed segments not mapped yet into its key map, the oldest ``limit`` of them
         (default all) in one read; return how many."""
         with conn.transaction():
-            self.ex.one("compaction_settings", conn=conn)
             row = self.ex.one("compaction_map", (topic_id, limit), conn=conn)
         return int(row[0]) if row else 0
 

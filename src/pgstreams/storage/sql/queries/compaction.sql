@@ -2,7 +2,7 @@
 -- values are always bound parameters. Literal braces are doubled.
 
 -- name: compaction_settings
--- A compaction step's transaction: room to sort a segment's keys in memory.
+-- A compaction step's transaction: room to hash or sort a segment's keys in memory.
 SELECT set_config('work_mem', '256MB', true);
 
 -- name: compaction_leftovers

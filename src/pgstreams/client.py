@@ -222,8 +222,8 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
         their statistics, sealing, retention, compaction of compacted topics, expiry of stale group
         members. Waits for a pass of the schema running elsewhere to end first. Compaction starts segment
         rewrites while the pass is younger than ``compaction_budget`` seconds (default
-        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_BUDGET`; at least one; ``None``: every segment
-        due; the rest: ``segments_to_compact``), working ``compaction_duty`` of the time (default
+        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_BUDGET`; at least one per topic; ``None``: every
+        segment due; the rest: ``segments_to_compact``), working ``compaction_duty`` of the time (default
         :data:`pgstreams.maintenance.DEFAULT_COMPACTION_DUTY`, 1.0: without pauses). Then drops detached
         segments while the call is younger than ``purge_budget`` seconds (default
         :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one; ``None``: all of them); the rest

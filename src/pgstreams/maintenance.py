@@ -91,7 +91,7 @@ PURGE_CONNECTIONS = 4
 DEFAULT_PURGE_BUDGET = 0.5
 
 #: Seconds after the start of a pass past which it starts no further compaction rewrite (the first one of
-#: a pass always runs; the segments left wait for the next pass).
+#: each topic in a pass always runs; the segments left wait for the next pass).
 DEFAULT_COMPACTION_BUDGET = 30.0
 #: The share of a pass's time compaction works (1.0: it never pauses). Below 1, compaction pauses after each
 #: step (mapping a segment, rewriting one) for as long as the step took times ``(1 - duty) / duty``,
@@ -156,7 +156,7 @@ class Maintenance:
         left wait for the next call, detached (nothing reads them). The report's ``duration`` is the
         pass's, ``purge_duration``, ``segments_dropped`` and ``segments_to_purge`` the purge's.
         Compaction starts segment rewrites only while the pass is younger than ``compaction_budget``
-        seconds (default :data:`DEFAULT_COMPACTION_BUDGET`; at least one per pass; ``None``: every segment
+        seconds (default :data:`DEFAULT_COMPACTION_BUDGET`; at least one per topic; ``None``: every segment
         due); ``segments_to_compact`` counts those left for the next pass. ``compaction_duty`` (default
         :data:`DEFAULT_COMPACTION_DUTY`; more than 0, at most 1) is the share of its time compaction works,
         pausing between its steps otherwise."""
@@ -347,8 +347,8 @@ class Maintenance:
         now = None if self._wall_clock is None else self._wall_clock()
         plan = store.plan(conn, topic_id, now)
         for i, (segment, _reason) in enumerate(plan):
-            if (totals["segments_compacted"] or i) and self._compact_until is not None \
-                    and self._clock() >= self._compact_until:
+            # the first rewrite of each topic runs whatever the budget: no topic waits for another's
+            if i and self._compact_until is not None and self._clock() >= self._compact_until:
                 totals["segments_to_compact"] += len(plan) - i
                 break
             rewrite = self._paced(functools.partial(store.build, conn, topic_id, segment, now))

@@ -166,6 +166,15 @@ def test_a_pass_spends_its_budget_and_the_next_passes_resume(client: pgstreams.C
     assert Maintenance(client).run().segments_compacted == 0
     # the latest of each key in the sealed segments (positions 1 to 3999), and the head (4000, 4001)
     assert len(_rows(client, "c")) == 5 + 2
+    # two topics with work: each gets its first rewrite in a pass whatever the budget
+    client.create_topic("d", 1, segment_size=SEG, config=COMPACT)
+    client.publish_many("c", [{"value": i, "key": f"k{i % 5}"} for i in range(2 * SEG)])
+    client.publish_many("d", [{"value": i, "key": f"k{i % 5}"} for i in range(2 * SEG + 1)])
+    report = Maintenance(client).run(compaction_budget=0)
+    assert report.segments_compacted == 2 and report.segments_to_compact >= 2
+    assert {s.topic: s.segments_compacted for s in client.retention_status()} == {"c": 5, "d": 1}
+    assert Maintenance(client).run(compaction_budget=None).segments_to_compact == 0
+    assert Maintenance(client).run().segments_compacted == 0
 
 
 def test_a_pinned_segment_is_not_rewritten_until_its_pin_runs_out(client: pgstreams.Client) -> None:

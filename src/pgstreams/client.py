@@ -19,7 +19,7 @@ import psycopg
 from .admin import DeadLetterAdmin, GrantAdmin, GroupAdmin, ShareAdmin, TopicAdmin
 from .consumer import Consumer, Start, create_checkpoints
 from .errors import InvalidArgument, PermissionDenied
-from .maintenance import DEFAULT_PURGE_BUDGET, Maintenance
+from .maintenance import DEFAULT_COMPACTION_BUDGET, DEFAULT_COMPACTION_DUTY, DEFAULT_PURGE_BUDGET, Maintenance
 from .models import (
     DEFAULT_SEGMENT_SIZE,
     MaintenanceReport,
@@ -215,13 +215,21 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
         return f"<pgstreams.Client server={self.server!r} schema={self.schema!r}>"
 
     # -- operations ----------------------------------------------------------------------------------
-    def maintain(self, *, purge_budget: float | None = DEFAULT_PURGE_BUDGET) -> MaintenanceReport:
+    def maintain(self, *, purge_budget: float | None = DEFAULT_PURGE_BUDGET,
+                 compaction_budget: float | None = DEFAULT_COMPACTION_BUDGET,
+                 compaction_duty: float = DEFAULT_COMPACTION_DUTY) -> MaintenanceReport:
         """Run one maintenance pass now (see :mod:`pgstreams.maintenance`): segments ahead of publishers and
-        their statistics, sealing, retention, expiry of stale group members. Waits for a pass of the schema
-        running elsewhere to end first. Then drops detached segments while the call is younger than
-        ``purge_budget`` seconds (default :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one;
-        ``None``: all of them); the rest are left to the next call (``segments_to_purge``)."""
-        return Maintenance(self._session).run(purge_budget=purge_budget)
+        their statistics, sealing, retention, compaction of compacted topics, expiry of stale group
+        members. Waits for a pass of the schema running elsewhere to end first. Compaction starts segment
+        rewrites while the pass is younger than ``compaction_budget`` seconds (default
+        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_BUDGET`; at least one per topic; ``None``: every
+        segment due; the rest: ``segments_to_compact``), working ``compaction_duty`` of the time (default
+        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_DUTY`, 1.0: without pauses). Then drops detached
+        segments while the call is younger than ``purge_budget`` seconds (default
+        :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one; ``None``: all of them); the rest
+        are left to the next call (``segments_to_purge``)."""
+        return Maintenance(self._session).run(purge_budget=purge_budget, compaction_budget=compaction_budget,
+                                              compaction_duty=compaction_duty)
 
     def status(self) -> StatusSnapshot:
         """The database-wide status at once: every topic (size, segments, retention), partition (head,

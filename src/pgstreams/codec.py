@@ -14,7 +14,9 @@ KIND_JSON = "j"
 
 
 def encode_value(value: Any) -> tuple[str, bytes]:
-    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, anything else as JSON."""
+    """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, anything else as JSON. (An event
+    with a key and the value ``None`` is a *tombstone*, stored without a value: see
+    :func:`pgstreams.producer.rows.encode_row`.)"""
     if isinstance(value, (bytes, bytearray, memoryview)):
         return KIND_BYTES, bytes(value)
     if isinstance(value, str):
@@ -26,8 +28,10 @@ def encode_value(value: Any) -> tuple[str, bytes]:
     return KIND_JSON, text.encode("utf-8")
 
 
-def decode_value(kind: str, payload: bytes) -> Any:
-    """Inverse of :func:`encode_value`."""
+def decode_value(kind: str, payload: bytes | None) -> Any:
+    """Inverse of :func:`encode_value` (no payload: ``None``, a tombstone)."""
+    if payload is None:
+        return None
     if kind == KIND_BYTES:
         return bytes(payload)
     if kind == KIND_TEXT:

@@ -47,6 +47,11 @@ class MessageTooLarge(InvalidArgument):
     """An event is larger than its topic's ``max.message.bytes``; nothing was stored."""
 
 
+class KeyRequired(InvalidArgument):
+    """An event without a key was published to a compacted topic (``cleanup.policy`` ``compact`` or
+    ``compact,delete``); nothing was stored."""
+
+
 class GroupActive(PgStreamsError):
     """A group administration command was refused because the group has live members."""
 

@@ -19,6 +19,16 @@ schema at a time): as Kafka deletes a removed segment's files after a delay. The
 ``maintain()``, which pg_cron runs inside one transaction where ``CONCURRENTLY`` is not allowed, drops
 segments (detached ones first) with a short lock timeout instead.
 
+Compaction (topics with ``cleanup.policy`` ``compact`` or ``compact,delete``, see docs/operations.md) is a
+step of the pass too, after retention: the topic's newly sealed segments are mapped into its key map (the
+latest position of each key), then the sealed segments due (dirty ratio past ``min.cleanable.dirty.ratio``,
+oldest event past ``max.compaction.lag.ms``, tombstones past ``delete.retention.ms``; never a segment whose
+newest event is younger than ``min.compaction.lag.ms``, never the open segment) are rewritten, oldest first:
+their survivors copied into a fresh table without locking the topic, which then replaces the segment in
+one short transaction (waiting at most :data:`COMPACTION_LOCK_TIMEOUT` for the topic table's lock). Rewrites
+start only while the pass is younger than its compaction budget (:data:`DEFAULT_COMPACTION_BUDGET`); the
+segments left are rewritten by the next passes.
+
 Where pg_cron is loaded, :func:`schedule_maintenance` registers a job running ``maintain()`` in the
 database (``pgstreams maintain --schedule``); elsewhere :class:`MaintenanceService` runs the pass on
 workers: every worker starts one, and exactly one of them per database (the holder of an advisory lock,
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import logging
 import os
 import re
@@ -43,7 +54,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from psycopg import sql
@@ -53,11 +65,13 @@ from .errors import ConfigurationError, ConnectionLost, InvalidArgument, Permiss
 from .models import MaintenanceReport
 from .services import Service
 from .storage.operations import TopicToCheck
+from .topicconfig import compacts
 
 if TYPE_CHECKING:
     from .ports import HasSession, SessionPort
 
 log = logging.getLogger("pgstreams.maintenance")
+T = TypeVar("T")
 
 #: Seconds between two passes of the maintenance service (and between a follower's tries to lead).
 DEFAULT_MAINTENANCE_INTERVAL = 60.0
@@ -76,6 +90,20 @@ PURGE_CONNECTIONS = 4
 #: however many segments retention detached at once.
 DEFAULT_PURGE_BUDGET = 0.5
 
+#: Seconds after the start of a pass past which it starts no further compaction rewrite (the first one of
+#: each topic in a pass always runs; the segments left wait for the next pass).
+DEFAULT_COMPACTION_BUDGET = 30.0
+#: The share of a pass's time compaction works (1.0: it never pauses). Below 1, compaction pauses after each
+#: step (mapping a segment, rewriting one) for as long as the step took times ``(1 - duty) / duty``,
+#: leaving the cores to publishers and consumers (as Kafka's cleaner throttle does), and takes that much
+#: longer.
+DEFAULT_COMPACTION_DUTY = 1.0
+#: Longest wait of a compaction's swap for the topic table's lock, in seconds (tried again a few times,
+#: then at the next pass).
+COMPACTION_LOCK_TIMEOUT = 0.5
+#: Tries of a compaction's swap in one pass.
+COMPACTION_SWAP_TRIES = 3
+
 _EVERY_RE = re.compile(r"(\d+)\s*([smhd])")
 
 
@@ -90,36 +118,60 @@ def _report(summary: dict[str, Any], seconds: float) -> MaintenanceReport:
         int(summary.get("members_expired", 0)),
         seconds,
         topics_checked=int(summary.get("topics_checked", 0)),
+        segments_mapped=int(summary.get("segments_mapped", 0)),
+        segments_compacted=int(summary.get("segments_compacted", 0)),
+        events_compacted=int(summary.get("events_compacted", 0)),
+        segments_to_compact=int(summary.get("segments_to_compact", 0)),
     )
 
 
 class Maintenance:
     """Runs maintenance passes of the schema of ``client`` (a :class:`pgstreams.Client` or its session; see
-    the module docstring). ``clock`` (default :func:`time.monotonic`) times them."""
+    the module docstring). ``clock`` (default :func:`time.monotonic`) times them; ``wall_clock`` (default
+    ``None``: the server's time) is the time compaction compares events' ages with (aware datetimes)."""
 
-    def __init__(self, client: HasSession, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, client: HasSession, *, clock: Callable[[], float] = time.monotonic,
+                 wall_clock: Callable[[], datetime] | None = None) -> None:
         #: the session the passes run on
         self.session = session = client.session
         self._ops = session.store.operations
         self._groups = session.store.groups
+        self._compaction = session.store.compaction
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._compact_until: float | None = None
+        self._duty = DEFAULT_COMPACTION_DUTY
+        #: how compaction pauses (seconds; see ``compaction_duty``)
+        self.sleep: Callable[[float], None] = time.sleep
 
     def run(
-        self, *, purge: bool = True, purge_budget: float | None = DEFAULT_PURGE_BUDGET
+        self, *, purge: bool = True, purge_budget: float | None = DEFAULT_PURGE_BUDGET,
+        compaction_budget: float | None = DEFAULT_COMPACTION_BUDGET,
+        compaction_duty: float = DEFAULT_COMPACTION_DUTY,
     ) -> MaintenanceReport:
         """One pass; waits for a pass of the schema running elsewhere to end first. Then, unless ``purge``
         is false, drops the segments retention detached (:meth:`purge`), after the pass's lock is released,
         starting drops only while the call is younger than ``purge_budget`` seconds (default
         :data:`DEFAULT_PURGE_BUDGET`; at least one drop per call; ``None``: drop them all): the segments
         left wait for the next call, detached (nothing reads them). The report's ``duration`` is the
-        pass's, ``purge_duration``, ``segments_dropped`` and ``segments_to_purge`` the purge's."""
-        if purge_budget is not None and (
-            isinstance(purge_budget, bool) or not isinstance(purge_budget, (int, float)) or purge_budget < 0
-        ):
-            raise InvalidArgument(
-                f"purge_budget must be a number of seconds >= 0 or None, got {purge_budget!r}"
-            )
+        pass's, ``purge_duration``, ``segments_dropped`` and ``segments_to_purge`` the purge's.
+        Compaction starts segment rewrites only while the pass is younger than ``compaction_budget``
+        seconds (default :data:`DEFAULT_COMPACTION_BUDGET`; at least one per topic; ``None``: every segment
+        due); ``segments_to_compact`` counts those left for the next pass. ``compaction_duty`` (default
+        :data:`DEFAULT_COMPACTION_DUTY`; more than 0, at most 1) is the share of its time compaction works,
+        pausing between its steps otherwise."""
+        for name, budget in (("purge_budget", purge_budget), ("compaction_budget", compaction_budget)):
+            if budget is not None and (
+                isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0
+            ):
+                raise InvalidArgument(f"{name} must be a number of seconds >= 0 or None, got {budget!r}")
+        if isinstance(compaction_duty, bool) or not isinstance(compaction_duty, (int, float)) \
+                or not 0 < compaction_duty <= 1:
+            raise InvalidArgument(f"compaction_duty must be a number more than 0 and at most 1, got "
+                                  f"{compaction_duty!r}")
+        self._duty = float(compaction_duty)
         start = self._clock()
+        self._compact_until = None if compaction_budget is None else start + compaction_budget
         totals = {
             "segments_created": 0,
             "segments_sealed": 0,
@@ -127,6 +179,10 @@ class Maintenance:
             "events_removed": 0,
             "members_expired": 0,
             "topics_checked": 0,
+            "segments_mapped": 0,
+            "segments_compacted": 0,
+            "events_compacted": 0,
+            "segments_to_compact": 0,
         }
         ops = self._ops
         with self.session.raw_connection() as conn:
@@ -274,7 +330,48 @@ class Maintenance:
         for segment in ops.removing_segments(conn, topic_id):
             ops.detach_segment(conn, topic_id, segment)
             totals["segments_removed"] += 1
+        if compacts(topic.config):
+            self._compact(conn, topic_id, totals)
         ops.topic_checked(conn, topic)
+
+    def _compact(self, conn: psycopg.Connection, topic_id: int, totals: dict[str, int]) -> None:
+        """Compaction of one topic (see the module docstring): map, plan, then rewrite the segments due
+        while the pass's compaction budget lasts."""
+        store = self._compaction
+        store.leftovers(conn, topic_id)
+        if self._duty >= 1:
+            totals["segments_mapped"] += store.map_segments(conn, topic_id)
+        else:  # a segment at a time, pausing in between
+            while self._paced(lambda: store.map_segments(conn, topic_id, 1)):
+                totals["segments_mapped"] += 1
+        now = None if self._wall_clock is None else self._wall_clock()
+        plan = store.plan(conn, topic_id, now)
+        for i, (segment, _reason) in enumerate(plan):
+            # the first rewrite of each topic runs whatever the budget: no topic waits for another's
+            if i and self._compact_until is not None and self._clock() >= self._compact_until:
+                totals["segments_to_compact"] += len(plan) - i
+                break
+            rewrite = self._paced(functools.partial(store.build, conn, topic_id, segment, now))
+            if not rewrite.removed:
+                continue
+            for _ in range(COMPACTION_SWAP_TRIES):
+                if store.swap(conn, topic_id, segment, rewrite, round(COMPACTION_LOCK_TIMEOUT * 1000)):
+                    totals["segments_compacted"] += 1
+                    totals["events_compacted"] += rewrite.removed
+                    break
+            else:
+                log.warning("compaction of segment %s of topic id %s waits for the topic's lock (next pass)",
+                            segment, topic_id)
+                totals["segments_to_compact"] += 1
+        store.ran(conn, topic_id)
+
+    def _paced(self, step: Callable[[], T]) -> T:
+        """Run a compaction step, then pause as ``compaction_duty`` says."""
+        began = self._clock()
+        out = step()
+        if self._duty < 1:
+            self.sleep((self._clock() - began) * (1 - self._duty) / self._duty)
+        return out
 
 
 class MaintenanceService(Service):

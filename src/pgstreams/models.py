@@ -10,14 +10,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .codec import KIND_BYTES, decode_value
+from .opsmodels import CheckpointReset as CheckpointReset
+from .opsmodels import CompactionStatus as CompactionStatus
+from .opsmodels import MaintenanceReport as MaintenanceReport
+from .opsmodels import ReplayResult as ReplayResult
+from .opsmodels import RetentionStatus as RetentionStatus
+from .opsmodels import TopicStatus as TopicStatus
 
 #: Default number of positions per storage segment of a topic.
 DEFAULT_SEGMENT_SIZE = 1_000_000
 
 
-#: The mark of a value's stored form ``(ENCODED, kind, payload)`` (see :mod:`pgstreams.codec`), held in the
-#: value's slot of an :class:`Event` read from a topic until the value is first read: a private object, so no
-#: value given to the constructor can look like it.
+#: The mark of a value's stored form ``(ENCODED, kind, payload)`` (:mod:`pgstreams.codec`) in the value's slot
+#: of an event read from a topic, until the value is read: private, so no value given can look like it.
 ENCODED = object()
 
 
@@ -30,7 +35,7 @@ class _DecodedOnRead:
     __slots__ = ("slot",)
 
     def __init__(self, slot: Any) -> None:
-        self.slot = slot  # the member descriptor of the value's slot
+        self.slot = slot  # the member descriptor of the field's slot
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
@@ -45,15 +50,11 @@ class _DecodedOnRead:
         self.slot.__set__(obj, value)
 
 
-class _EmptyOnRead:
+class _EmptyOnRead(_DecodedOnRead):
     """The data descriptor of :attr:`Event.headers`: an event read from a topic without headers holds
-    ``None`` until its headers are first read, then an empty dict of its own (most events have no headers,
-    and most callers never look: no dict is made for them)."""
+    ``None`` until its headers are first read, then an empty dict of its own (most have none, unread)."""
 
-    __slots__ = ("slot",)
-
-    def __init__(self, slot: Any) -> None:
-        self.slot = slot  # the member descriptor of the headers' slot
+    __slots__ = ()
 
     def __get__(self, obj: object, owner: type | None = None) -> Any:
         if obj is None:
@@ -63,9 +64,6 @@ class _EmptyOnRead:
             headers = {}
             self.slot.__set__(obj, headers)
         return headers
-
-    def __set__(self, obj: object, value: Any) -> None:
-        self.slot.__set__(obj, value)
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)
@@ -100,8 +98,7 @@ class Event:
     shard: int = 0
 
 
-#: The member descriptors of the slots that hold an event's value (decoded or not) and headers (``None``
-#: or not).
+#: The member descriptors of the slots holding an event's value (decoded or not) and headers (or None).
 _VALUE_SLOT: Any = Event.__dict__["value"]
 _HEADERS_SLOT: Any = Event.__dict__["headers"]
 setattr(Event, "value", _DecodedOnRead(_VALUE_SLOT))  # noqa: B010 - replaces the slot's descriptor
@@ -216,7 +213,7 @@ class ConfigEntry:
     """One configuration key of a topic: its ``value`` and whether it is the default (``is_default``)."""
 
     name: str
-    value: int | str
+    value: int | str | float
     is_default: bool
 
 
@@ -228,9 +225,11 @@ class TopicDescription:
     topic: TopicInfo
     partition_info: tuple[PartitionInfo, ...]
     config_entries: tuple[ConfigEntry, ...] = ()
+    #: compaction's figures (dirty ratio, last compaction, what it removed); ``None`` when not read
+    compaction: CompactionStatus | None = None
 
     @property
-    def config(self) -> dict[str, int | str]:
+    def config(self) -> dict[str, int | str | float]:
         """Every configuration key's value, defaults included."""
         return {e.name: e.value for e in self.config_entries}
 
@@ -526,91 +525,6 @@ class ShareGroupStatus:
         """A JSON-friendly dict (datetimes as ISO 8601 strings in UTC; see :func:`to_json`)."""
         out: dict[str, Any] = to_json(self)
         return out
-
-
-@dataclass(frozen=True)
-class RetentionStatus:
-    """A topic's retention: its policy (``None``: unlimited; see :mod:`pgstreams.topicconfig`), the oldest
-    retained event (``oldest_position``, ``oldest_at``; ``None`` when empty), its size on disk in bytes
-    (segments, indexes and TOAST), the number of segments, when retention last ran on it
-    (``retention_ran_at``, ``None``: never) and what it removed so far. Times are aware, in UTC."""
-
-    topic: str
-    cleanup_policy: str
-    retention_ms: int | None
-    retention_events: int | None
-    retention_bytes: int | None
-    oldest_position: int | None
-    oldest_at: datetime | None
-    bytes: int
-    segments: int
-    retention_ran_at: datetime | None
-    segments_removed: int
-    events_removed: int
-    bytes_removed: int
-
-
-@dataclass(frozen=True)
-class MaintenanceReport:
-    """What one maintenance pass did: segments created ahead of publishers, segments sealed (their
-    statistics recorded), segments and events removed by retention (detached from their topic), stale
-    members expired, and how long it took (seconds). ``skipped`` is true when another pass of the schema
-    was running (nothing done). ``segments_dropped`` and ``purge_duration`` (seconds) are those of the
-    purge that followed the pass (dropping detached segments, which frees their space; 0 without one);
-    ``segments_to_purge``: the detached segments it left for the next call (its time budget was spent).
-    ``topics_checked``: the topics whose state had moved since the last pass (the others were skipped)."""
-
-    segments_created: int = 0
-    segments_sealed: int = 0
-    segments_removed: int = 0
-    events_removed: int = 0
-    members_expired: int = 0
-    duration: float = 0.0
-    skipped: bool = False
-    segments_dropped: int = 0
-    purge_duration: float = 0.0
-    topics_checked: int = 0
-    segments_to_purge: int = 0
-
-
-@dataclass(frozen=True)
-class CheckpointReset:
-    """One partition of a group reset: its checkpoint before (``None``: none) and after."""
-
-    group: str
-    topic: str
-    partition: int
-    previous: int | None
-    checkpoint: int
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    """What a dead-letter replay did: events read from the dead-letter topic, events published (or, with
-    ``dry_run``, that would be), events skipped by the filter, and the target topic per source topic."""
-
-    read: int
-    replayed: int
-    skipped: int
-    dry_run: bool
-    events: tuple[Event, ...] = ()
-
-
-@dataclass(frozen=True)
-class TopicStatus:
-    """A topic in the database-wide status (:class:`StatusSnapshot`): its partition count, size on disk in
-    bytes (segments, indexes, TOAST), segments, retention limits (``None``: unlimited) and whether it is
-    a dead-letter topic (``<topic>.dlt`` or a group's configured dead-letter topic)."""
-
-    topic: str
-    partitions: int
-    bytes: int
-    segments: int
-    retention_ms: int | None
-    retention_events: int | None
-    retention_bytes: int | None
-    dead_letter: bool
-    created_at: datetime
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def test_bad_input_exits_2_and_changes_nothing(dsn: str) -> None:
     for args in (
         ("topics", "alter", "t", "--config", "retention.ms=soon"),
         ("topics", "alter", "t", "--config", "nokey=1"),
-        ("topics", "alter", "t", "--config", "cleanup.policy=compact"),
+        ("topics", "alter", "t", "--config", "cleanup.policy=compacted"),
         ("topics", "alter", "t", "--partitions", "0"),
         ("topics", "alter", "t", "--delete-config", "bogus"),
         ("topics", "create", "u", "--config", "max.message.bytes=-3"),
@@ -331,3 +331,20 @@ def test_dlt_replay_bad_input_exits_2_and_changes_nothing(dsn: str) -> None:
     assert _all(dsn, "t") == [] and _all(dsn, "other") == []
     with psycopg.connect(dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pgstreams.checkpoints").fetchone() == (0,)
+
+
+def test_a_compacted_topic_on_the_command_line(dsn: str) -> None:
+    ok(dsn, "topics", "create", "c", "--config", "cleanup.policy=compact", "--config", "segment.events=1000",
+       "--config", "min.cleanable.dirty.ratio=0.2")
+    with pgstreams.connect(dsn) as client:
+        client.publish_many("c", [{"value": i, "key": f"k{i % 10}"} for i in range(1001)])
+    line = " ".join(ok(dsn, "maintain").split())  # the console wraps long lines
+    assert "compaction: 1 segment(s) mapped, 1 rewritten (989 events removed)" in line
+    desc = json.loads(ok(dsn, "topics", "describe", "c", "--json"))
+    assert desc["compaction"]["events_removed"] == 989 and desc["compaction"]["dirty_ratio"] == 0.0
+    assert "dirty ratio 0.000" in " ".join(ok(dsn, "topics", "describe", "c").split())
+    rows = json.loads(ok(dsn, "retention", "c", "--json"))
+    assert rows[0]["cleanup_policy"] == "compact" and rows[0]["events_compacted"] == 989
+    for bad in ("min.cleanable.dirty.ratio=2", "cleanup.policy=compacted", "min.compaction.lag.ms=-1"):
+        p = cli(dsn, "topics", "alter", "c", "--config", bad)
+        assert p.returncode == 2 and bad.split("=")[0] in p.stderr and "Traceback" not in p.stderr

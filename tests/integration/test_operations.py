@@ -55,7 +55,11 @@ def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Cli
             "retention.bytes": 10_000_000,
             "max.message.bytes": 2048,
             "segment.events": 2000,
-            "cleanup.policy": "delete",
+            "cleanup.policy": "compact,delete",
+            "min.compaction.lag.ms": 1000,
+            "max.compaction.lag.ms": 2000,
+            "delete.retention.ms": 3000,
+            "min.cleanable.dirty.ratio": 0.2,
         },
     )
     desc = client.describe_topic("cfg")
@@ -65,10 +69,14 @@ def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Cli
         "retention.bytes": 10_000_000,
         "max.message.bytes": 2048,
         "segment.events": 2000,
-        "cleanup.policy": "delete",
+        "cleanup.policy": "compact,delete",
+        "min.compaction.lag.ms": 1000,
+        "max.compaction.lag.ms": 2000,
+        "delete.retention.ms": 3000,
+        "min.cleanable.dirty.ratio": 0.2,
     }
     assert desc.topic.segment_size == 2000
-    assert not any(e.is_default for e in desc.config_entries if e.name != "cleanup.policy")
+    assert not any(e.is_default for e in desc.config_entries)
     desc = client.alter_topic(
         "cfg",
         {"retention.ms": 60_000, "max.message.bytes": 4096},
@@ -89,8 +97,14 @@ def test_every_config_key_can_be_set_altered_and_described(client: pgstreams.Cli
         ({"retention.bytes": True}, "retention.bytes"),
         ({"max.message.bytes": 0}, "max.message.bytes"),
         ({"segment.events": 10}, "segment.events"),
-        ({"cleanup.policy": "compact"}, "cleanup.policy"),
+        ({"cleanup.policy": "compact,keep"}, "cleanup.policy"),
         ({"cleanup.policy": "keep"}, "cleanup.policy"),
+        ({"min.compaction.lag.ms": -1}, "min.compaction.lag.ms"),
+        ({"max.compaction.lag.ms": 0}, "max.compaction.lag.ms"),
+        ({"delete.retention.ms": "a day"}, "delete.retention.ms"),
+        ({"min.cleanable.dirty.ratio": 1.5}, "min.cleanable.dirty.ratio"),
+        ({"min.cleanable.dirty.ratio": "half"}, "min.cleanable.dirty.ratio"),
+        ({"min.compaction.lag.ms": 10, "max.compaction.lag.ms": 5}, "max.compaction.lag.ms"),
         ({"retention.hours": 1}, "retention.hours"),
     ],
 )

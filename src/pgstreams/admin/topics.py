@@ -36,6 +36,7 @@ def topic_definition(name: object, partitions: object, segment_size: object,
         if segment_size not in (DEFAULT_SEGMENT_SIZE, events):
             raise InvalidConfig(f"segment.events {events} contradicts segment_size {segment_size}")
         segment_size = events
+    topicconfig.check_consistent(settings)
     return segment_size, settings
 
 
@@ -56,8 +57,10 @@ def describe_topic(session: SessionPort, name: str) -> TopicDescription:
     """Topic ``name`` with its per-partition figures and every configuration key (see
     :meth:`pgstreams.Client.describe_topic`)."""
     record = session.topic_state(name, refresh=True).record
+    compaction = session.store.compaction.status(name)
     return TopicDescription(record.info(), tuple(session.store.topics.partition_figures(record)),
-                            topicconfig.effective(record.config, record.segment_size))
+                            topicconfig.effective(record.config, record.segment_size),
+                            compaction[0] if compaction else None)
 
 
 def _position(name: str, value: Any) -> None:
@@ -159,6 +162,8 @@ class TopicAdmin:
                 raise InvalidConfig(f"{key} cannot be changed after the topic is created "
                                     f"(it is {current.segment_size})")
             settings.pop(key)
+        topicconfig.check_consistent(
+            {**{k: v for k, v in current.config.items() if k not in deleted}, **settings})
         if partitions is not None:
             check_partitions(partitions)
             if partitions < current.partitions:

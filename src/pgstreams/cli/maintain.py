@@ -42,7 +42,17 @@ def _print_report(report: pgstreams.MaintenanceReport, as_json: bool) -> None:
             f"{report.segments_removed} removed ({report.events_removed} events), "
             f"{report.members_expired} stale member(s) expired, {report.duration:.3f} s; "
             f"{report.segments_dropped} detached segment(s) dropped in {report.purge_duration:.3f} s"
-            + (f", {report.segments_to_purge} left for the next pass" if report.segments_to_purge else ""))
+            + (f", {report.segments_to_purge} left for the next pass" if report.segments_to_purge else "")
+            + _compaction_line(report))
+
+
+def _compaction_line(report: pgstreams.MaintenanceReport) -> str:
+    if not (report.segments_mapped or report.segments_compacted or report.segments_to_compact):
+        return ""
+    left = report.segments_to_compact
+    return (f"; compaction: {report.segments_mapped} segment(s) mapped, {report.segments_compacted} "
+            f"rewritten ({report.events_compacted} events removed)"
+            + (f", {left} left for the next pass" if left else ""))
 
 
 def maintain_command(
@@ -65,7 +75,8 @@ def maintain_command(
 ) -> None:
     """Run one maintenance pass: segments ahead of publishers and their statistics, retention (whole
     segments; the detached segments are dropped within a time budget, the rest by the next pass, unless
-    --purge-all), expiry of stale group members. --loop keeps running; --schedule / --unschedule manage a
+    --purge-all), compaction of compacted topics (segment rewrites within a time budget, the rest by the
+    next pass), expiry of stale group members. --loop keeps running; --schedule / --unschedule manage a
     pg_cron job that runs it inside PostgreSQL."""
     if sum((loop, schedule, unschedule)) > 1:
         raise usage_error("give at most one of --loop, --schedule, --unschedule")

@@ -124,10 +124,12 @@ def topic_json(info: pgstreams.TopicInfo) -> dict[str, Any]:
 
 
 def topic_description_json(desc: pgstreams.TopicDescription) -> dict[str, Any]:
-    """A described topic: its :func:`topic_json` with ``"events"`` and
-    ``"partition_info": [{"partition", "events", "head"}]``."""
+    """A described topic: its :func:`topic_json` with ``"events"``,
+    ``"partition_info": [{"partition", "events", "head"}]``, ``"config_entries"`` and ``"compaction"``
+    (see :class:`pgstreams.CompactionStatus`; ``null`` when not read)."""
     return {**topic_json(desc.topic), "events": desc.events, "partition_info": to_json(desc.partition_info),
-            "config_entries": to_json(desc.config_entries)}
+            "config_entries": to_json(desc.config_entries),
+            "compaction": None if desc.compaction is None else to_json(desc.compaction)}
 
 
 def group_json(group: pgstreams.GroupInfo) -> dict[str, Any]:
@@ -227,8 +229,14 @@ def topics_table(topics: Sequence[pgstreams.TopicInfo]) -> Table:
 def topic_heading(desc: pgstreams.TopicDescription) -> str:
     """The line above a described topic's table: partitions, events, creation time."""
     info = desc.topic
-    return (f"topic {info.name!r}: {plural(info.partitions, 'partition')}, {desc.events} events, "
+    line = (f"topic {info.name!r}: {plural(info.partitions, 'partition')}, {desc.events} events, "
             f"created {short_time(info.created_at)}")
+    c = desc.compaction
+    if c is not None and "compact" in str(desc.config.get("cleanup.policy", "")):
+        ratio = "-" if c.dirty_ratio is None else f"{c.dirty_ratio:.3f}"
+        line += (f"; compaction: dirty ratio {ratio}, last {short_time(c.compacted_at)}, "
+                 f"{c.events_removed} events ({c.tombstones_removed} tombstones) removed")
+    return line
 
 
 def partitions_table(desc: pgstreams.TopicDescription) -> Table:
@@ -258,19 +266,23 @@ def config_table(desc: pgstreams.TopicDescription) -> Table:
 
 
 def retention_table(rows: Sequence[pgstreams.RetentionStatus]) -> Table:
-    """Retention per topic: policy, oldest retained event, size, segments, last run, removed so far."""
+    """Retention per topic: policy, oldest retained event, size, segments, last run, removed so far, and
+    compaction's dirty ratio, last rewrite and removed events."""
     from rich.table import Table
 
     table = Table()
     # bytes: every fork (pg_total_relation_size), the free-space and visibility maps included, which the
     # status's size (the console, the metrics) leaves out
-    for name in ("topic", "retention.ms", "retention.events", "retention.bytes", "oldest",
-                 "bytes (all forks)", "segments", "retention ran", "removed events"):
+    for name in ("topic", "cleanup.policy", "retention.ms", "retention.events", "retention.bytes", "oldest",
+                 "bytes (all forks)", "segments", "retention ran", "removed events", "dirty ratio",
+                 "compacted", "compacted events"):
         table.add_column(name, overflow="fold")
     for r in rows:
-        table.add_row(r.topic, cell(r.retention_ms), cell(r.retention_events), cell(r.retention_bytes),
-                      f"{cell(r.oldest_position)} ({short_time(r.oldest_at)})", str(r.bytes), str(r.segments),
-                      short_time(r.retention_ran_at), str(r.events_removed))
+        table.add_row(r.topic, r.cleanup_policy, cell(r.retention_ms), cell(r.retention_events),
+                      cell(r.retention_bytes), f"{cell(r.oldest_position)} ({short_time(r.oldest_at)})",
+                      str(r.bytes), str(r.segments), short_time(r.retention_ran_at), str(r.events_removed),
+                      "-" if r.dirty_ratio is None else f"{r.dirty_ratio:.3f}", short_time(r.compacted_at),
+                      str(r.events_compacted))
     return table
 
 

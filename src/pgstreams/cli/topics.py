@@ -32,7 +32,7 @@ ConfigOption = Annotated[list[str] | None, typer.Option(
     show_default=False)]
 
 
-def parse_config(items: list[str] | None) -> dict[str, int | str]:
+def parse_config(items: list[str] | None) -> dict[str, int | str | float]:
     """``KEY=VALUE`` items of ``--config``, validated (usage error naming the key)."""
     out: dict[str, int | str] = {}
     for item in items or ():

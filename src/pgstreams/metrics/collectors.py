@@ -151,6 +151,12 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
     retention = _gauge("pgstreams_topic_retention_seconds", "Retention by age of a topic (topics with one)",
                        _TOPIC)
     dead = _gauge("pgstreams_dead_letters", "Dead letters stored in a dead-letter topic", _TOPIC)
+    dirty = _gauge("pgstreams_topic_dirty_ratio", "Share of a compacted topic's mapped events that a newer "
+                   "event of their key superseded", _TOPIC)
+    compacted = _counter("pgstreams_topic_compacted_events", "Events compaction removed from a topic", _TOPIC)
+    compacted_bytes = _counter("pgstreams_topic_compacted_bytes", "Bytes compaction freed in a topic", _TOPIC)
+    compacted_at = _gauge("pgstreams_topic_last_compaction_timestamp_seconds",
+                          "Unix time of a topic's last segment rewrite by compaction", _TOPIC)
     dlt_topics = set()
     for t in snap.topics:
         labels: tuple[str, ...] = (t.topic,)
@@ -160,6 +166,13 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
         segments.add(labels, t.segments, text)
         if t.retention_ms is not None:
             retention.add(labels, t.retention_ms / 1000, text)
+        if t.dirty_ratio is not None:
+            dirty.add(labels, t.dirty_ratio, text)
+        if t.events_compacted:
+            compacted.add(labels, t.events_compacted, text)
+            compacted_bytes.add(labels, t.bytes_compacted, text)
+        if t.compacted_at is not None:
+            compacted_at.add(labels, t.compacted_at.timestamp(), text)
         if t.dead_letter:
             dlt_topics.add(t.topic)
     head = _gauge("pgstreams_partition_head_position", "Position of a partition's newest event", _PARTITION)
@@ -184,7 +197,8 @@ def _status_metrics(snap: StatusSnapshot) -> Iterator[Metric]:
             dead_counts[p.topic] = dead_counts.get(p.topic, 0) + p.events
     for topic, n in sorted(dead_counts.items()):
         dead.add((topic,), n)
-    yield from (parts, size, segments, retention, head, events, published, part_size, dead)
+    yield from (parts, size, segments, retention, head, events, published, part_size, dead, dirty, compacted,
+                compacted_bytes, compacted_at)
     lag = _gauge("pgstreams_group_lag_events", "Events after a group's checkpoint", _GROUP)
     lag_s = _gauge("pgstreams_group_lag_seconds", "Age of a group's first unread event (0: caught up)",
                    _GROUP)

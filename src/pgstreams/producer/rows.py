@@ -13,7 +13,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 
 from ..codec import KIND_BYTES, check_headers, check_optional_str, encode_value
-from ..errors import InvalidArgument, MessageTooLarge
+from ..errors import InvalidArgument, KeyRequired, MessageTooLarge
 from ..models import Message
 from ..partitioner import partition_for_key
 from ..storage import EventRow
@@ -27,7 +27,8 @@ _key_partition = functools.lru_cache(maxsize=16384)(partition_for_key)
 def event_size(row: EventRow) -> int:
     """The size :data:`max.message.bytes <pgstreams.topicconfig.MAX_MESSAGE_BYTES>` limits: the value's bytes
     as stored, plus the key's and the header names' and values' (UTF-8)."""
-    n = len(row[3])
+    value = row[3]
+    n = 0 if value is None else len(value)
     key = row[2]
     if key is not None:
         n += len(key) if key.isascii() else len(key.encode("utf-8"))
@@ -64,7 +65,12 @@ def choose_partition(state: TopicState, key: str | None, partition: object) -> i
 
 
 def route(state: TopicState, key: object, partition: object) -> int:
-    """Check an event's key and choose its partition (see :func:`choose_partition`)."""
+    """Check an event's key and choose its partition (see :func:`choose_partition`); an event without a key
+    on a compacted topic is refused (:class:`KeyRequired`)."""
+    if key is None and state.compacted:
+        raise KeyRequired(f"topic {state.name!r} is compacted (cleanup.policy "
+                          f"{state.record.config.get('cleanup.policy')}): every event needs a key; "
+                          "nothing was stored")
     if key is not None:
         if not isinstance(key, str):
             raise InvalidArgument(f"key must be a string or None, not {type(key).__name__}")
@@ -78,7 +84,8 @@ def route(state: TopicState, key: object, partition: object) -> int:
 def encode_row(p: int, value: Any, key: str | None, headers: object, event_type: object, event_id: object,
                correlation_id: object, causation_id: object, producer: int | None = None) -> EventRow:
     """Validate and encode the fields of an event routed to partition ``p`` (its key checked by
-    :func:`route`)."""
+    :func:`route`). ``None`` with a key is a tombstone (stored without a value, read as ``None``); without
+    a key, a JSON null."""
     # runs once per event in publish_many: the checks of absent fields are skipped inline
     hdrs = None if headers is None else check_headers(headers)
     if hdrs:
@@ -96,8 +103,11 @@ def encode_row(p: int, value: Any, key: str | None, headers: object, event_type:
                            ("causation_id", sid)):
             if text is not None and (why := _bad_text(text)):
                 raise InvalidArgument(f"{name} {text!r} {why}")
+    payload: bytes | None
     if type(value) is bytes:
         kind, payload = KIND_BYTES, value
+    elif value is None and key is not None:
+        kind, payload = KIND_BYTES, None  # a tombstone: no value at all (without a key: a JSON null)
     else:
         try:
             kind, payload = encode_value(value)
@@ -121,7 +131,7 @@ def checked_row(state: TopicState, row_args: tuple[Any, ...], tag: int | None) -
     correlation_id, causation_id) with producer tag ``tag``, checked against the topic's
     ``max.message.bytes`` (:class:`MessageTooLarge`): a single publish's row, sync or async."""
     row = event_row(state, *row_args, producer=tag)  # type: ignore[misc]
-    if len(row[3]) > state.max_bytes or event_size(row) > state.max_bytes:
+    if (row[3] is not None and len(row[3]) > state.max_bytes) or event_size(row) > state.max_bytes:
         raise MessageTooLarge(f"event of {event_size(row)} bytes exceeds max.message.bytes "
                               f"({state.max_bytes}) of topic {state.name!r}; nothing was stored")
     return row
@@ -206,8 +216,8 @@ class Batch:
                 else:
                     f = _fields(ev)
                     p = route(state, f.get("key"), f.get("partition"))
-            except InvalidArgument as exc:
-                raise InvalidArgument(f"event {i}: {exc}") from None
+            except InvalidArgument as exc:  # KeyRequired stays what it is
+                raise type(exc)(f"event {i}: {exc}") from None
             partitions.append(p)
             self._covered.add(p)
 
@@ -252,7 +262,8 @@ class Batch:
                 raise InvalidArgument(f"event {i}: {exc}") from None
             key = row[2]
             # exact sizes only when a bound (4 UTF-8 bytes a character) may exceed the limit
-            if (len(row[3]) + (0 if key is None else 4 * len(key)) > limit or row[4] is not None) \
+            if ((0 if row[3] is None else len(row[3])) + (0 if key is None else 4 * len(key)) > limit
+                    or row[4] is not None) \
                     and event_size(row) > limit:
                 raise MessageTooLarge(f"event {i}: {event_size(row)} bytes exceed max.message.bytes "
                                       f"({limit}) of topic {self.state.name!r}; nothing was stored")

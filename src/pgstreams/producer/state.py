@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ..storage import Segments, TopicRecord, TopicVersion
-from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
+from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS, compacts
 
 #: Seconds between two reads of a topic's row by a publishing client, which notice a change made elsewhere
 #: (a partition count raised by :meth:`pgstreams.Client.alter_topic`).
@@ -43,6 +43,8 @@ class TopicState:
     #: the last reading of the topic's row found no consumer waiting for its events: no wake-up
     #: notification until the next reading (see ``0027_topic_waiters.sql``)
     quiet: bool = False
+    #: the topic is compacted: events without a key are refused
+    compacted: bool = False
     #: keys of ``publish_many`` events already checked, and their partitions (at most 16,384 kept)
     key_partitions: dict[str, int] = field(default_factory=dict)
 
@@ -54,7 +56,8 @@ class TopicState:
                    itertools.count(random.randrange(record.partitions)),
                    max_bytes=int(record.config.get(MAX_MESSAGE_BYTES,
                                                    TOPIC_CONFIG_DEFAULTS[MAX_MESSAGE_BYTES])),
-                   known=record.last_position, check_at=time.monotonic() + TOPIC_CHECK_INTERVAL)
+                   known=record.last_position, check_at=time.monotonic() + TOPIC_CHECK_INTERVAL,
+                   compacted=compacts(record.config))
 
     def changed(self, version: TopicVersion | None) -> bool:
         """Whether the topic's row read now (``None``: the topic is gone) differs from the cached one."""

@@ -324,10 +324,14 @@ def encode_copy(batch: pa.RecordBatch, partitioner: Partitioner, *, ordinal: int
         return b""
     value = _column(batch, "value")
     assert value is not None
-    if value.null_count:
-        raise InvalidArgument("column 'value' must not be NULL")
-    kind = b"b" if pa.types.is_binary(value.type) or pa.types.is_large_binary(value.type) else b"s"
     key = _column(batch, "key")
+    if value.null_count:  # a NULL value is a tombstone: it needs a key
+        keyless = pc.is_null(value) if key is None else pc.and_(pc.is_null(value), pc.is_null(key))
+        if pc.any(keyless).as_py():
+            row = int(np.flatnonzero(keyless.to_numpy(zero_copy_only=False))[0])
+            raise InvalidArgument(f"column 'value': row {row} is NULL without a key (a tombstone, an "
+                                  "event without a value, needs a key)")
+    kind = b"b" if pa.types.is_binary(value.type) or pa.types.is_large_binary(value.type) else b"s"
     parts = partitioner.assign(_column(batch, "partition"), key, n)
     cols: list[pa.Array] = []
     if ordinal is not None:

@@ -239,6 +239,8 @@ class BatchReader(DataSourceReader):
                     scans.setdefault(meta.id, {})[p] = (start, end)
             for meta in metas:
                 if meta.id in scans:
+                    # the tasks read pages of the segments measured now: compaction leaves them as they are
+                    _db.store(opts.schema).compaction.pin(conn, meta.id, None)
                     segments = self._segments(conn, meta)
                     splits.extend(self._scan_splits(meta, scans[meta.id], segments, per_partition))
         return splits
@@ -448,6 +450,8 @@ def read_scan(opts: ReadOptions, schema: StructType, split: ScanSplit,
         params["starts"] = list(split.starts)
     chunks = _Chunks(opts, "scan_pages", split.topic_id, filters, bounds)
     with _db.connect(opts.dsn, _db.RUNTIME_CONNECT_WAIT, opts.pooler) as conn:
+        # the planner's pin holds compaction off these segments; renewed for as long as this task may read
+        _db.store(opts.schema).compaction.pin(conn, split.topic_id, [r.lo for r in split.pages])
         cur = conn.cursor(binary=True)
         tries = 0
         for r in split.pages:

@@ -35,13 +35,14 @@ SCHEMA_DDL = ("topic string, partition int, position long, key string, value bin
 
 
 def read_schema() -> StructType:
-    """The read schema as a :class:`StructType` (``value`` is the only non-nullable column)."""
+    """The read schema as a :class:`StructType` (``value`` is NULL for a tombstone: an event with a key
+    and no value)."""
     return StructType([
         StructField("topic", StringType(), False),
         StructField("partition", IntegerType(), False),
         StructField("position", LongType(), False),
         StructField("key", StringType(), True),
-        StructField("value", BinaryType(), False),
+        StructField("value", BinaryType(), True),  # NULL: a tombstone
         StructField("headers", MapType(StringType(), StringType()), True),
         StructField("event_type", StringType(), True),
         StructField("event_id", StringType(), True),

@@ -34,9 +34,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from ..errors import InvalidArgument, MessageTooLarge
+from ..errors import InvalidArgument, KeyRequired, MessageTooLarge
 from ..storage import Segments, TopicRecord, notification_channel
-from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS
+from ..topicconfig import MAX_MESSAGE_BYTES, TOPIC_CONFIG_DEFAULTS, compacts
 from . import _db
 from ._arrow import Partitioner, encode_copy, event_sizes
 from ._options import WriteOptions
@@ -115,6 +115,22 @@ def check_sizes(batch: pa.RecordBatch, meta: TopicRecord, offset: int) -> None:
                               f"max.message.bytes ({limit}) of topic {meta.name!r}; the task stored nothing")
 
 
+def check_keys(batch: pa.RecordBatch, meta: TopicRecord, offset: int) -> None:
+    """Raise :class:`KeyRequired` for the first row of ``batch`` without a key when the topic is compacted:
+    the task's transaction then rolls back, storing nothing."""
+    if not compacts(meta.config):
+        return
+    idx = batch.schema.get_field_index("key")
+    if idx < 0:
+        raise KeyRequired(f"topic {meta.name!r} is compacted: every event needs a key, and the DataFrame has "
+                          "no column 'key'; the task stored nothing")
+    keys = batch.column(idx)
+    if keys.null_count:
+        row = int(np.flatnonzero(keys.is_null().to_numpy(zero_copy_only=False))[0])
+        raise KeyRequired(f"row {offset + row} of the task has no key, and topic {meta.name!r} is compacted: "
+                          "every event needs a key; the task stored nothing")
+
+
 def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: str, batch_id: int,
                task_partition: int, batches: Iterator[pa.RecordBatch]) -> TaskCommit:
     """Publish the rows of one task in one transaction, once per ``(sink_id, batch_id, task_partition)``.
@@ -160,6 +176,7 @@ def write_task(opts: WriteOptions, meta: TopicRecord, used: list[str], sink_id: 
                     if n == 0:
                         continue
                     check_sizes(batch, meta, events)
+                    check_keys(batch, meta, events)
                     payload = encode_copy(_select(batch, used), partitioner,
                                           ordinal=events if has_ids else None)
                     last = segments.ensure_room_after(ex, n, side)

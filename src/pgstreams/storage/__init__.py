@@ -8,7 +8,7 @@
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
   :class:`CheckpointStore`, :class:`GroupStore`, :class:`ClusterStore`, :class:`SinkStore`,
   :class:`ShareStore`,
-  :class:`OperationsStore`, :class:`StatusStore`, gathered by :class:`Store`;
+  :class:`OperationsStore`, :class:`StatusStore`, :class:`CompactionStore`, gathered by :class:`Store`;
 - :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
 
@@ -21,6 +21,7 @@ from psycopg_pool import ConnectionPool
 from ..pooler import DEFAULT_POOLER, Pooler
 from .checkpoints import CheckpointStore
 from .cluster import ClusterStore, CreatedTopic, ShardLayout
+from .compaction import CompactionStore, Rewrite
 from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
 from .executor import CORE_QUERIES, Executor, core_query
 from .groups import GroupStore, LeaseRow
@@ -44,6 +45,7 @@ __all__ = [
     "PARTITION",
     "CheckpointStore",
     "ClusterStore",
+    "CompactionStore",
     "CreatedTopic",
     "Cursor",
     "EventRow",
@@ -58,6 +60,7 @@ __all__ = [
     "QueryNotFound",
     "QuerySet",
     "RemovedSegment",
+    "Rewrite",
     "Segments",
     "ShardLayout",
     "ShareSettings",
@@ -93,6 +96,7 @@ class Store:
         self.operations = OperationsStore(self.executor)
         self.status = StatusStore(self.executor)
         self.cluster = ClusterStore(self.executor)
+        self.compaction = CompactionStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

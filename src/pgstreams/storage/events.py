@@ -37,8 +37,8 @@ Cursor = int
 
 #: An event as stored: a plain tuple (one is built per published event, and a named tuple's constructor
 #: costs a tenth of ``publish_many``'s time per event) in the column order of :data:`EVENT_COLUMNS`.
-EventRow = tuple[int, str, "str | None", bytes, "Jsonb | None", "str | None", "str | None", "str | None",
-                 "str | None", "int | None"]
+EventRow = tuple[int, str, "str | None", "bytes | None", "Jsonb | None", "str | None", "str | None",
+                 "str | None", "str | None", "int | None"]
 #: The columns of an :data:`EventRow`, as the insert and COPY statements name them.
 EVENT_COLUMNS = ("partition", "kind", "key", "value", "headers", "event_type", "event_id", "correlation_id",
                  "causation_id", "producer")

@@ -342,7 +342,10 @@ class OperationsStore:
         for r in self.ex.all("retention_status", (topic, topic), row=dict_row):
             r["oldest_at"] = _utc(r["oldest_at"])
             r["retention_ran_at"] = _utc(r["retention_ran_at"])
-            for k in ("bytes", "segments", "segments_removed", "events_removed", "bytes_removed"):
+            r["compacted_at"] = _utc(r["compacted_at"])
+            r["dirty_ratio"] = None if r["dirty_ratio"] is None else float(r["dirty_ratio"])
+            for k in ("bytes", "segments", "segments_removed", "events_removed", "bytes_removed",
+                      "segments_compacted", "events_compacted", "tombstones_removed", "bytes_compacted"):
                 r[k] = int(r[k] or 0)
             out.append(RetentionStatus(**r))
         return out

@@ -280,7 +280,10 @@ class StatusStore:
             topics.append(TopicStatus(
                 name, int(t["partitions"]), sizes.get(tid, 0), int(t["segments"] or 0), t["retention_ms"],
                 t["retention_events"], t["retention_bytes"], name.endswith(_DLT_SUFFIX) or name in dlts,
-                t["created_at"].astimezone(timezone.utc)))
+                t["created_at"].astimezone(timezone.utc),
+                None if t["dirty_ratio"] is None else float(t["dirty_ratio"]),
+                None if t["compacted_at"] is None else t["compacted_at"].astimezone(timezone.utc),
+                int(t["events_compacted"]), int(t["bytes_compacted"])))
             tail = {int(r[1]): (int(r[2]), int(r[3])) for r in unsealed.get(tid, [])}
             heads: dict[int, int | None] = {}
             for p in range(int(t["partitions"])):

@@ -115,6 +115,7 @@ class TopicStore:
                 return False
             self.ex.run("drop_topic_storage", conn=conn, topic_id=row[0])
             self.ex.run("drop_topic_sequence", conn=conn, topic_id=row[0])
+            self.ex.one("compaction_leftovers", (row[0],), conn=conn)  # an interrupted rewrite's tables
         return True
 
     def partition_figures(self, topic: TopicRecord) -> list[PartitionInfo]:

@@ -157,7 +157,8 @@ SELECT {schema}.maintain(%s);
 
 -- name: retention_status
 SELECT topic, cleanup_policy, retention_ms, retention_events, retention_bytes, oldest_position, oldest_at,
-       bytes, segments, retention_ran_at, segments_removed, events_removed, bytes_removed
+       bytes, segments, retention_ran_at, segments_removed, events_removed, bytes_removed, dirty_ratio,
+       compacted_at, segments_compacted, events_compacted, tombstones_removed, bytes_compacted
   FROM {schema}.retention_status
  WHERE %s::text IS NULL OR topic = %s
  ORDER BY topic;

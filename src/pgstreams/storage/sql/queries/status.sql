@@ -7,22 +7,30 @@
 
 -- name: status_topics
 -- Per topic: its definition, segments, where the sealed segments end (their counts are in
--- segment_partitions) and its retention.
+-- segment_partitions), its retention and compaction's figures.
 SELECT t.id AS topic_id, t.name AS topic, t.partitions, t.segment_size, t.created_at,
        (SELECT count(*) FROM {schema}.segments s WHERE s.topic_id = t.id AND s.removing_at IS NULL) AS segments,
        (SELECT coalesce(max(s.hi), 0) FROM {schema}.segments s
          WHERE s.topic_id = t.id AND s.sealed_at IS NOT NULL) AS sealed_end,
        {schema}.topic_limit(t.config, 'retention.ms') AS retention_ms,
        {schema}.topic_limit(t.config, 'retention.events') AS retention_events,
-       {schema}.topic_limit(t.config, 'retention.bytes') AS retention_bytes
+       {schema}.topic_limit(t.config, 'retention.bytes') AS retention_bytes,
+       CASE WHEN {schema}.compacts(t.config) THEN {schema}.dirty_ratio(t.id) END AS dirty_ratio,
+       c.compacted_at, coalesce(c.events_removed, 0) AS events_compacted,
+       coalesce(c.bytes_removed, 0) AS bytes_compacted
   FROM {schema}.topics t
+  LEFT JOIN {schema}.topic_compaction c ON c.topic_id = t.id
  ORDER BY t.name;
 
 -- name: status_sealed
--- The counts and last positions of every sealed segment per partition (recorded once, when sealed),
--- removed ones too.
+-- The counts and last positions of every sealed segment per partition (recorded once, when sealed, and
+-- again when compaction rewrites it), removed ones too; and per partition, as a removed span of no
+-- positions, the events compaction removed (0033_compaction.sql).
 SELECT topic_id, partition, lo, hi, events, removed_at IS NOT NULL AS removed, last_position
-  FROM {schema}.segment_partitions;
+  FROM {schema}.segment_partitions
+UNION ALL
+SELECT topic_id, partition, 0, 0, events_removed, true, 0
+  FROM {schema}.partition_compaction WHERE events_removed > 0;
 
 -- name: status_marks
 -- Per topic: the last position handed out and whether a publisher is registered (status_marks(), 0014).

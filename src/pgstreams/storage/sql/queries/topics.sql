@@ -47,7 +47,8 @@ SELECT {schema}.analyze_segment(%s, %s);
 
 -- name: delete_topic
 WITH gone AS (DELETE FROM {schema}.topics WHERE name = %s RETURNING id),
-     waiters AS (DELETE FROM {schema}.topic_waiters w USING gone WHERE w.topic_id = gone.id)
+     waiters AS (DELETE FROM {schema}.topic_waiters w USING gone WHERE w.topic_id = gone.id),
+     keys AS (DELETE FROM {schema}.compaction_keys k USING gone WHERE k.topic_id = gone.id)
 SELECT id FROM gone;
 
 -- name: partition_stats

@@ -7,7 +7,7 @@
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
   :class:`CheckpointStore`, :class:`GroupStore`, :class:`ClusterStore`, :class:`SinkStore`,
-  :class:`ShareStore`,
+  :class:`ShareStore`, :class:`CdcStore` (change data capture),
   :class:`OperationsStore`, :class:`StatusStore`, gathered by :class:`Store`;
 - :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from psycopg_pool import ConnectionPool
 
 from ..pooler import DEFAULT_POOLER, Pooler
+from .cdc import CdcStore
 from .checkpoints import CheckpointStore
 from .cluster import ClusterStore, CreatedTopic, ShardLayout
 from .events import EVENT_COLUMNS, EVENT_ID, PARTITION, Cursor, EventRow, EventStore, StoredAt, TopicVersion
@@ -42,6 +43,7 @@ __all__ = [
     "EVENT_COLUMNS",
     "EVENT_ID",
     "PARTITION",
+    "CdcStore",
     "CheckpointStore",
     "ClusterStore",
     "CreatedTopic",
@@ -93,6 +95,7 @@ class Store:
         self.operations = OperationsStore(self.executor)
         self.status = StatusStore(self.executor)
         self.cluster = ClusterStore(self.executor)
+        self.cdc = CdcStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -1,5 +1,5 @@
-"""``pgstreams cdc add|list|describe|remove|run`` as real subprocesses: the captures' life cycle, and bad input
-refused with one line, a non-zero exit code and nothing changed."""
+"""``pgstreams cdc add|list|describe|remove|run`` (and ``pgstreams worker --cdc``) as real subprocesses: the
+captures' life cycle, and bad input refused with one line, a non-zero exit code and nothing changed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psycopg
 
@@ -63,7 +64,7 @@ def test_add_list_describe_run_remove(cdc_dsn: str) -> None:
             wait_until(lambda: client.cdc.describe("app").changes == 3, 20, "the run capturing the inserts")
     finally:
         run.send_signal(signal.SIGINT)
-        out, err = run.communicate(timeout=30)
+        _, err = run.communicate(timeout=30)
     assert run.returncode == 0 and "Traceback" not in err, err
 
     assert "removed capture app" in ok(cdc_dsn, "cdc", "remove", "app")
@@ -87,3 +88,24 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(cdc_dsn: str, dsn:
     with psycopg.connect(cdc_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM pg_publication").fetchone() == (0,)
+
+
+def test_a_worker_runs_a_capture_as_a_service(cdc_dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    ok(cdc_dsn, "cdc", "add", "orders")
+    (tmp_path / "cdc_handlers.py").write_text("def noop(event):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_")}
+    cmd = [sys.executable, "-m", "pgstreams.cli", "worker", "cdc_handlers:noop", "--topic",
+           "cdc.public.orders", "--group", "g", "--cdc", "cdc", "--dsn", cdc_dsn]
+    worker = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders SELECT generate_series(1, 10)")
+        with pgstreams.connect(cdc_dsn) as client:
+            wait_until(lambda: client.cdc.describe("cdc").changes == 10, 20, "the worker capturing")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0 and "Traceback" not in err, err

@@ -12,7 +12,11 @@ from typing import NamedTuple
 import psycopg
 from psycopg import sql
 
-from .executor import CORE_QUERIES, Executor
+from .executor import Executor
+from .queries import QuerySet
+
+#: The queries rendered with identifiers of their own (publications, tables, columns, a snapshot).
+CDC_QUERIES = QuerySet("pgstreams.storage", "sql", "cdc")
 
 #: The settings of a capturer's connection: values decoded as text are read in these forms (ISO dates in
 #: UTC, hexadecimal bytea, floats that read back exactly).
@@ -106,7 +110,7 @@ class CdcStore:
         self.ex = executor
 
     def _render(self, name: str, **identifiers: sql.Composable) -> sql.Composed:
-        return CORE_QUERIES.render(name, self.ex.schema, identifiers)
+        return CDC_QUERIES.render(name, self.ex.schema, identifiers)
 
     # -- the server and the tables ------------------------------------------------------------------------
     def server_settings(self, conn: psycopg.Connection | None = None) -> ServerSettings:

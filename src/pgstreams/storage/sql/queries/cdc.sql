@@ -24,15 +24,6 @@ SELECT c.relkind::text, c.relreplident::text,
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = %s AND c.relname = %s;
 
--- name: cdc_create_publication
-CREATE PUBLICATION {publication} FOR TABLE {tables};
-
--- name: cdc_publication_add
-ALTER PUBLICATION {publication} ADD TABLE {tables};
-
--- name: cdc_drop_publication
-DROP PUBLICATION IF EXISTS {publication};
-
 -- name: cdc_slot_exists
 SELECT active_pid FROM pg_replication_slots WHERE slot_name = %s AND database = current_database();
 
@@ -114,15 +105,3 @@ SELECT a.attname::text, a.atttypid::int
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attnum;
-
--- name: cdc_snapshot_read
--- A table's rows, each column as text (the form the decoder reads), in the caller's snapshot.
-SELECT {columns} FROM {table};
-
--- name: cdc_begin_snapshot
--- The first statement of the transaction (autocommit off) in which a snapshot's rows are read; then
--- cdc_set_snapshot, before any query.
-SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
-
--- name: cdc_set_snapshot
-SET TRANSACTION SNAPSHOT {snapshot};

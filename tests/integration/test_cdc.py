@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +16,7 @@ from psycopg.conninfo import make_conninfo
 
 import pgstreams
 from _cdc_helpers import all_events, apply, table_rows
+from _docs import DocRunner, blocks
 from pgstreams.cdc import UNCHANGED_TOAST, CaptureNotFound
 
 
@@ -238,3 +240,12 @@ def test_an_idle_capture_advances_its_slot_and_remove_drops_it(cdc_dsn: str,
                             (removed.slot,)).fetchone() == (0,)
     assert cdc_client.cdc.list() == []
     assert "cdc.public.watched" in [t.name for t in cdc_client.list_topics()]  # topics stay
+
+
+def test_every_code_block_of_the_cdc_page_runs(cdc_dsn: str, tmp_path: Path) -> None:
+    page = Path(__file__).resolve().parents[2] / "docs" / "cdc.md"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_")}
+    runner = DocRunner(tmp_path / "work", dict(env, PGSTREAMS_DSN=cdc_dsn, HOME=str(tmp_path / "home")))
+    runner.run_page(page)
+    assert runner.skipped == []
+    assert runner.ran == [b for b in blocks(page) if b.runs]

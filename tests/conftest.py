@@ -222,6 +222,14 @@ def logical_server() -> Iterator[TemporaryServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def replica_server() -> Iterator[TemporaryServer]:
+    """A PostgreSQL server of this process's own with ``wal_level = replica`` (PostgreSQL's default; fsync
+    off): where change data capture must be refused."""
+    with restartable_server({"wal_level": "replica", "fsync": "off"}) as server:
+        yield server
+
+
 @pytest.fixture
 def cdc_dsn(logical_server: TemporaryServer) -> Iterator[str]:
     """DSN of a fresh migrated database on :func:`logical_server` for this test only; its replication

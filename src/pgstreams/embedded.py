@@ -3,8 +3,8 @@
 The server comes from the ``pgserver`` wheel (PostgreSQL binaries bundled in a Python package). Its data
 lives under ``$PGSTREAMS_HOME/pgdata`` (default: the user's data directory, e.g.
 ``~/.local/share/pgstreams/pgdata``), persists between runs, and the next :func:`embedded_dsn` reuses it.
-It runs with :data:`EMBEDDED_SETTINGS` (``wal_level = logical``, for change data capture); a data folder
-made by an older version gets them at its next start.
+A data folder it initialises gets :data:`EMBEDDED_SETTINGS` (``wal_level = logical``, for change data
+capture); one made by an older version keeps its configuration (``pgstreams cdc add`` says what to set).
 The server is shared by every process of the user that uses it and stops when the last one exits (a
 process killed without exiting, SIGKILL, is forgotten by the next one that starts). :func:`server_status`,
 :func:`start_server` and :func:`stop_server` (``pgstreams server status|start|stop``) show it, keep it
@@ -79,8 +79,6 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 _forget_dead_users(path)
                 fresh = not (path / "PG_VERSION").exists()
-                if not fresh and not server_status(path).running:
-                    _configure(path)
                 try:
                     srv = pgserver.get_server(path, cleanup_mode="stop")
                     if fresh:  # initialised and started just now, by this process alone: once more, set up
@@ -104,9 +102,8 @@ EMBEDDED_SETTINGS = {"wal_level": "logical"}
 
 
 def _configure(pgdata: Path) -> None:
-    """Write :data:`EMBEDDED_SETTINGS` into the embedded server's configuration (``postgresql.conf`` of
-    ``pgdata``) where it lacks them; they apply from its next start (a running server is never
-    restarted for them)."""
+    """Write :data:`EMBEDDED_SETTINGS` into the configuration of a data folder just initialised
+    (``postgresql.conf`` of ``pgdata``) where it lacks them; they apply from the server's next start."""
     conf = pgdata / "postgresql.conf"
     try:
         text = conf.read_text()

@@ -14,6 +14,7 @@ import psycopg
 
 import pgstreams
 from _core_helpers import wait_until
+from pgstreams.embedded import TemporaryServer
 
 TIMEOUT = 120
 
@@ -72,7 +73,8 @@ def test_add_list_describe_run_remove(cdc_dsn: str) -> None:
     refused(cdc_dsn, 1, "capture 'app' does not exist", "cdc", "describe", "app")
 
 
-def test_bad_input_is_refused_in_one_line_and_changes_nothing(cdc_dsn: str, dsn: str) -> None:
+def test_bad_input_is_refused_in_one_line_and_changes_nothing(cdc_dsn: str, replica_server: TemporaryServer
+                                                              ) -> None:
     with psycopg.connect(cdc_dsn, autocommit=True) as conn:
         conn.execute("CREATE TABLE nokey (a int)")
         conn.execute("CREATE TABLE fine (id int PRIMARY KEY)")
@@ -83,7 +85,7 @@ def test_bad_input_is_refused_in_one_line_and_changes_nothing(cdc_dsn: str, dsn:
     refused(cdc_dsn, 2, "table public.missing does not exist", "cdc", "add", "missing")
     refused(cdc_dsn, 2, "pgstreams' own", "cdc", "add", "pgstreams.checkpoints")
     refused(cdc_dsn, 1, "no captures to run", "cdc", "run")
-    refused(dsn, 1, "wal_level = logical", "cdc", "add", "fine")  # the default test server: replica
+    refused(replica_server.dsn, 1, "wal_level = logical", "cdc", "add", "fine")
     assert json.loads(ok(cdc_dsn, "cdc", "list", "--json")) == []
     with psycopg.connect(cdc_dsn) as conn:
         assert conn.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)

@@ -12,12 +12,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
 from _cdc_helpers import all_events, apply, table_rows
 from _docs import DocRunner, blocks
 from pgstreams.cdc import UNCHANGED_TOAST, CaptureNotFound
+from pgstreams.embedded import TemporaryServer
 
 
 @pytest.fixture
@@ -193,10 +194,10 @@ def test_initial_snapshot_under_concurrent_writes_rebuilds_the_table(cdc_dsn: st
 
 
 def test_add_checks_the_server_the_role_and_the_tables_and_changes_nothing(
-        cdc_dsn: str, cdc_client: pgstreams.Client, client: pgstreams.Client) -> None:
-    # the default test server runs with wal_level = replica
-    with pytest.raises(pgstreams.ConfigurationError, match="wal_level = logical"):
-        client.cdc.add(["t"])
+        cdc_dsn: str, cdc_client: pgstreams.Client, replica_server: TemporaryServer) -> None:
+    with pgstreams.connect(replica_server.dsn) as replica, pytest.raises(pgstreams.ConfigurationError,
+                                                                         match="wal_level = logical"):
+        replica.cdc.add(["t"])
     sql(cdc_dsn, "CREATE TABLE nokey (a int)", "CREATE TABLE nothing (id int PRIMARY KEY)",
         "ALTER TABLE nothing REPLICA IDENTITY NOTHING", "CREATE ROLE plain LOGIN")
     cdc_client.grant("plain", admin=True)
@@ -249,3 +250,20 @@ def test_every_code_block_of_the_cdc_page_runs(cdc_dsn: str, tmp_path: Path) -> 
     runner.run_page(page)
     assert runner.skipped == []
     assert runner.ran == [b for b in blocks(page) if b.runs]
+
+
+def test_two_databases_of_one_server_each_have_a_capture_of_the_same_name(
+        cdc_dsn: str, cdc_client: pgstreams.Client, logical_server: TemporaryServer) -> None:
+    other = f"{conninfo_to_dict(cdc_dsn)['dbname']}_b"
+    sql(logical_server.dsn, f'CREATE DATABASE "{other}" TEMPLATE cdc_template')
+    other_dsn = make_conninfo(cdc_dsn, dbname=other)
+    try:
+        for dsn in (cdc_dsn, other_dsn):
+            sql(dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+            with pgstreams.connect(dsn) as c:
+                c.cdc.add(["t"])
+        with pgstreams.connect(other_dsn) as c:
+            assert c.cdc.describe("cdc").slot != cdc_client.cdc.describe("cdc").slot
+            c.cdc.remove("cdc")
+    finally:
+        sql(logical_server.dsn, f'DROP DATABASE "{other}" WITH (FORCE)')

@@ -82,11 +82,12 @@ class CaptureInfo:
     safe_wal_size: int | None = None
 
 
-def slot_name(schema: str, prefix: str) -> str:
-    """The replication slot (and publication) of the capture ``prefix`` of ``schema``: ``pgstreams_``, the
-    two in the characters a slot name allows, and a digest that keeps different ones apart."""
+def slot_name(database: str, schema: str, prefix: str) -> str:
+    """The replication slot (and publication) of the capture ``prefix`` of ``schema`` in ``database`` (slot
+    names are the server's, shared by its databases): ``pgstreams_``, schema and prefix in the characters
+    a slot name allows, and a digest of the three that keeps different ones apart."""
     readable = re.sub(r"[^a-z0-9_]", "_", f"{schema}_{prefix}".lower())[:40]
-    digest = hashlib.sha1(f"{schema}\0{prefix}".encode()).hexdigest()[:8]
+    digest = hashlib.sha1(f"{database}\0{schema}\0{prefix}".encode()).hexdigest()[:8]
     return f"pgstreams_{readable}_{digest}"
 
 
@@ -188,7 +189,7 @@ class Cdc:
 
     def _create(self, conn: psycopg.Connection, prefix: str, tables: list[tuple[str, str]], partitions: int,
                 snapshot: Snapshot) -> None:
-        slot = slot_name(self.session.schema, prefix)
+        slot = slot_name(self.store.server_settings(conn).database, self.session.schema, prefix)
         if self.store.slot_exists(conn, slot):  # left by an add that did not finish
             self.store.drop_slot(conn, slot)
         self.store.drop_publication(conn, slot)

@@ -30,6 +30,10 @@ TXID_HEADER: Final = "cdc.txId"
 LSN_HEADER: Final = "cdc.lsn"
 
 
+#: A key's JSON text: compact, and made by one encoder (``json.dumps`` with options makes one per call).
+_KEY_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def topic_name(prefix: str, schema: str, table: str) -> str:
     """The topic of the events of ``schema.table`` in a capture of topic prefix ``prefix``."""
     return f"{prefix}.{schema}.{table}"
@@ -75,8 +79,7 @@ class Shape:
     def key_of(self, row: dict[str, Any]) -> str:
         """The event key of a row (JSON of its key columns, in their order)."""
         cols = self.relation.columns
-        return json.dumps({cols[i].name: row.get(cols[i].name) for i in self.key}, separators=(",", ":"),
-                          ensure_ascii=False)
+        return _KEY_JSON({cols[i].name: row.get(cols[i].name) for i in self.key})
 
 
 @dataclass(frozen=True)

@@ -37,12 +37,13 @@ def lsn_of(text: str) -> int:
 
 class ServerSettings(NamedTuple):
     """What logical decoding needs of the server and of the role: ``wal_level``, the server's version
-    number, whether ``user`` may use replication slots (``REPLICATION`` or superuser)."""
+    number, whether ``user`` may use replication slots (``REPLICATION`` or superuser); the ``database``."""
 
     wal_level: str
     version: int
     replication: bool
     user: str
+    database: str
 
 
 class TableIdentity(NamedTuple):
@@ -116,7 +117,7 @@ class CdcStore:
     def server_settings(self, conn: psycopg.Connection | None = None) -> ServerSettings:
         """The server's ``wal_level`` and version, the role's replication right."""
         row = self.ex.one("cdc_server_settings", conn=conn)
-        return ServerSettings(str(row[0]), int(row[1]), bool(row[2]), str(row[3]))
+        return ServerSettings(str(row[0]), int(row[1]), bool(row[2]), str(row[3]), str(row[4]))
 
     def table_identity(self, schema: str, table: str, conn: psycopg.Connection | None = None
                        ) -> TableIdentity | None:

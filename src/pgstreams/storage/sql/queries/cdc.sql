@@ -4,7 +4,7 @@
 
 -- name: cdc_server_settings
 SELECT current_setting('wal_level'), current_setting('server_version_num')::int,
-       r.rolsuper OR r.rolreplication, current_user
+       r.rolsuper OR r.rolreplication, current_user, current_database()
   FROM pg_roles r WHERE r.rolname = current_user;
 
 -- name: cdc_table_identity

@@ -111,3 +111,16 @@ def test_a_worker_runs_a_capture_as_a_service(cdc_dsn: str, tmp_path: Path) -> N
         worker.send_signal(signal.SIGTERM)
         _, err = worker.communicate(timeout=30)
     assert worker.returncode == 0 and "Traceback" not in err, err
+
+
+def test_guard_exits_1_when_a_slot_keeps_too_much_wal(cdc_dsn: str) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE t (id int PRIMARY KEY)")
+    ok(cdc_dsn, "cdc", "add", "t")
+    assert cli(cdc_dsn, "cdc", "guard", "--max-retained", "1000000000").returncode == 0
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE other AS SELECT generate_series(1, 20000) AS id")
+    p = cli(cdc_dsn, "cdc", "guard", "--max-retained", "1000", "--json")
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    (alarm,) = json.loads(p.stdout)
+    assert alarm["capture"] == "cdc" and alarm["dropped"] is False

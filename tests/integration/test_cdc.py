@@ -267,3 +267,23 @@ def test_two_databases_of_one_server_each_have_a_capture_of_the_same_name(
             c.cdc.remove("cdc")
     finally:
         sql(logical_server.dsn, f'DROP DATABASE "{other}" WITH (FORCE)')
+
+
+def test_the_slot_guard_warns_then_drops_a_slot_that_keeps_too_much_wal(
+        cdc_dsn: str, cdc_client: pgstreams.Client, caplog: pytest.LogCaptureFixture) -> None:
+    sql(cdc_dsn, "CREATE TABLE watched (id int PRIMARY KEY)", "CREATE TABLE other (id int)")
+    info = cdc_client.cdc.add(["watched"])
+    assert cdc_client.cdc.guard(10_000_000) == []
+    sql(cdc_dsn, "INSERT INTO other SELECT generate_series(1, 20000)")  # nobody captures: the slot stays
+    (alarm,) = cdc_client.cdc.guard(100_000)
+    assert (alarm.capture, alarm.dropped) == ("cdc", False) and alarm.retained_bytes > 100_000
+    assert "does not advance" in caplog.text
+    (dropped,) = cdc_client.cdc.guard(100_000, drop=True)
+    assert dropped.dropped and "DROPPED the slot" in caplog.text
+    assert cdc_client.cdc.describe("cdc").lag_bytes is None  # the slot is gone, the capture says so
+    with psycopg.connect(cdc_dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_replication_slots WHERE slot_name = %s",
+                            (info.slot,)).fetchone() == (0,)
+    with pytest.raises(CaptureNotFound, match=r"slot .* is gone"):
+        cdc_client.cdc.capture("cdc")
+    cdc_client.cdc.remove("cdc")

@@ -1,8 +1,8 @@
 """Change data capture: every change of chosen tables as events, exactly once, from PostgreSQL's own
 logical decoding (the built-in ``pgoutput`` plugin; no extension, so managed PostgreSQL works too).
 
-- :mod:`.admin`: :class:`Cdc` (``client.cdc``: add, list, describe, remove captures; capturers and
-  services), :class:`CaptureInfo`;
+- :mod:`.admin`: :class:`Cdc` (``client.cdc``: add, list, describe, remove captures; the slot guard;
+  capturers and services), :class:`CaptureInfo`, :class:`SlotAlarm`;
 - :mod:`.capture`: :class:`Capturer` (a capture's lock and rounds: peek, store events and position in one
   transaction, advance the slot) and :class:`CaptureService`;
 - :mod:`.events`: changes to events in the form of Debezium's;
@@ -16,10 +16,12 @@ from __future__ import annotations
 
 from .admin import (
     DEFAULT_CDC_PARTITIONS,
+    DEFAULT_MAX_RETAINED,
     DEFAULT_SNAPSHOT,
     DEFAULT_TOPIC_PREFIX,
     CaptureInfo,
     Cdc,
+    SlotAlarm,
     Snapshot,
     slot_name,
 )
@@ -39,6 +41,7 @@ __all__ = [
     "DEFAULT_BATCH",
     "DEFAULT_CAPTURE_INTERVAL",
     "DEFAULT_CDC_PARTITIONS",
+    "DEFAULT_MAX_RETAINED",
     "DEFAULT_SNAPSHOT",
     "DEFAULT_TAKEOVER_INTERVAL",
     "DEFAULT_TOPIC_PREFIX",
@@ -52,6 +55,7 @@ __all__ = [
     "Capturer",
     "Cdc",
     "Round",
+    "SlotAlarm",
     "Snapshot",
     "slot_name",
     "topic_name",

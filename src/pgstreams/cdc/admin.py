@@ -9,8 +9,10 @@ pgstreams' own, and has a primary key or a replica identity).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import hashlib
+import logging
 import re
 import time
 from collections.abc import Sequence
@@ -48,6 +50,22 @@ DEFAULT_CDC_PARTITIONS = 1
 DEFAULT_SNAPSHOT: Snapshot = "never"
 #: Rows of a snapshot read and stored at a time.
 SNAPSHOT_BATCH = 5000
+#: WAL a capture's slot may keep on the server (bytes) before the slot guard warns (and drops it if asked).
+DEFAULT_MAX_RETAINED = 1 << 30
+
+log = logging.getLogger("pgstreams.cdc")
+
+
+@dataclass(frozen=True)
+class SlotAlarm:
+    """A capture whose slot keeps too much WAL (``retained_bytes``, over the guard's limit) or lost WAL it
+    needed (``wal_status`` ``"lost"``); ``dropped`` when the guard dropped the slot."""
+
+    capture: str
+    slot: str
+    retained_bytes: int
+    wal_status: str | None
+    dropped: bool
 
 _MANAGED_HINT = ("(on a managed service set its parameter instead: rds.logical_replication = 1 on Amazon RDS "
                  "and Aurora, cloudsql.logical_decoding = on on Cloud SQL, wal_level = logical on Azure)")
@@ -286,6 +304,35 @@ class Cdc:
         finally:
             conn.close()
         return info
+
+    def guard(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False
+              ) -> builtins.list[SlotAlarm]:
+        """The slot guard: every capture whose slot keeps more than ``max_retained`` bytes of WAL (default
+        :data:`DEFAULT_MAX_RETAINED`), or lost WAL it needed, is logged as a warning; with ``drop``, such a
+        slot that no process reads is dropped rather than let it fill the server's disk (logged at
+        CRITICAL level: the capture's changes since its confirmed position are lost, remove it and add it
+        again). Returns the alarms."""
+        if isinstance(max_retained, bool) or not isinstance(max_retained, int) or max_retained < 0:
+            raise InvalidArgument(f"max_retained must be a number of bytes >= 0, got {max_retained!r}")
+        alarms: builtins.list[SlotAlarm] = []
+        for r in self.store.captures():
+            slot = self.store.slot_state(r.slot)
+            if slot is None or (slot.retained_bytes <= max_retained and slot.wal_status != "lost"):
+                continue
+            dropped = False
+            log.warning("cdc: the slot %s of capture %s keeps %d bytes of WAL (limit %d, wal_status %s): it "
+                        "does not advance; is pgstreams cdc run running?", r.slot, r.name,
+                        slot.retained_bytes, max_retained, slot.wal_status)
+            if drop and not slot.active:
+                with self.session.connection() as conn:
+                    if self.store.slot_exists(conn, r.slot):
+                        self.store.drop_slot(conn, r.slot)
+                        dropped = True
+                log.critical("cdc: DROPPED the slot %s of capture %s to keep the server's disk: its changes "
+                             "after %s are lost; pgstreams cdc remove %s, then add it again", r.slot, r.name,
+                             lsn_text(r.confirmed_lsn), r.name)
+            alarms.append(SlotAlarm(r.name, r.slot, slot.retained_bytes, slot.wal_status, dropped))
+        return alarms
 
     # -- capturing ------------------------------------------------------------------------------------
     def capturer(self, name: str, *, batch: int = DEFAULT_BATCH) -> Capturer:

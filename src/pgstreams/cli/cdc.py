@@ -6,20 +6,21 @@ import logging
 from collections.abc import Sequence
 from typing import Annotated, Any
 
+import psycopg
 import typer
 from rich.table import Table
 
 from pgstreams.cdc import (
     DEFAULT_CAPTURE_INTERVAL,
     DEFAULT_CDC_PARTITIONS,
+    DEFAULT_MAX_RETAINED,
     DEFAULT_SNAPSHOT,
     DEFAULT_TOPIC_PREFIX,
     CaptureInfo,
-    CaptureService,
 )
 from pgstreams.models import to_json
 from pgstreams.names import check_partitions, check_topic
-from pgstreams.services import Supervisor
+from pgstreams.services import Service, Supervisor
 
 from .common import (
     DEFAULT_SCHEMA,
@@ -125,21 +126,54 @@ def cdc_remove(name: NameArgument, dsn: DsnOption = None, schema: SchemaOption =
     out_console().print(f"removed capture {info.name} (slot {info.slot} dropped; topics kept)")
 
 
+MaxRetainedOption = Annotated[int, typer.Option(
+    "--max-retained", help="Bytes of WAL a capture's slot may keep before the slot guard warns.")]
+DropOption = Annotated[bool, typer.Option(
+    "--drop", help="Drop a slot over the limit that no process reads, rather than fill the disk.")]
+#: Seconds between two checks of the slot guard of ``pgstreams cdc run``.
+GUARD_INTERVAL = 60.0
+
+
+@cdc_app.command("guard")
+def cdc_guard(max_retained: MaxRetainedOption = DEFAULT_MAX_RETAINED, drop: DropOption = False,
+              as_json: JsonOption = False, dsn: DsnOption = None, schema: SchemaOption = DEFAULT_SCHEMA
+              ) -> None:
+    """Check every capture's slot once: warn about those keeping more than --max-retained bytes of WAL
+    (or that lost WAL they needed), and with --drop drop those no process reads. Exit code 1 when one
+    was found."""
+    if max_retained < 0:
+        raise usage_error(f"--max-retained must be a number of bytes >= 0, got {max_retained}")
+    with open_client(dsn, schema) as client:
+        alarms = client.cdc.guard(max_retained, drop=drop)
+    if as_json:
+        print_json(to_json(alarms))
+    for a in [] if as_json else alarms:
+        out_console().print(f"capture {a.capture}: slot {a.slot} keeps {a.retained_bytes} bytes of WAL "
+                            f"(wal_status {a.wal_status}){': DROPPED' if a.dropped else ''}")
+    if alarms:
+        raise typer.Exit(1)
+
+
 @cdc_app.command("run")
 def cdc_run(
     names: Annotated[list[str] | None, typer.Argument(
         metavar="[NAME]...", help="Captures to run (default: every capture).", show_default=False)] = None,
     interval: Annotated[float, typer.Option(
         "--interval", help="Seconds between rounds when a slot has nothing new.")] = DEFAULT_CAPTURE_INTERVAL,
+    max_retained: MaxRetainedOption = DEFAULT_MAX_RETAINED,
+    drop: DropOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
     """Capture until stopped (SIGINT/SIGTERM): each capture in one process at a time; the others wait
-    and take it over when its process dies."""
+    and take it over when its process dies. Every minute the slot guard checks every capture's slot
+    (see pgstreams cdc guard)."""
     for n in names or []:
         check_topic(n)
     if not interval > 0:
         raise usage_error(f"--interval must be a positive number of seconds, got {interval}")
+    if max_retained < 0:
+        raise usage_error(f"--max-retained must be a number of bytes >= 0, got {max_retained}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     with open_client(dsn, schema) as client:
         chosen = names or [c.name for c in client.cdc.list()]
@@ -147,7 +181,16 @@ def cdc_run(
             raise CliError("no captures to run (add one with pgstreams cdc add)")
         for n in chosen:
             client.cdc.describe(n)  # CaptureNotFound before anything starts
-        services: list[CaptureService] = [client.cdc.service(n, interval=interval) for n in chosen]
+        services: list[Service] = [client.cdc.service(n, interval=interval) for n in chosen]
+        cdc = client.cdc
+
+        def guard() -> None:
+            try:
+                cdc.guard(max_retained, drop=drop)
+            except psycopg.Error as exc:  # tried again at the next check
+                logging.getLogger("pgstreams.cdc").warning("cdc: the slot guard failed: %s", exc)
+
+        services.append(Service("cdc-slot-guard", guard, GUARD_INTERVAL))
         failed: list[BaseException] = []
         supervisor = Supervisor(services, lambda f: failed.append(f))
         for s in services:

@@ -287,3 +287,15 @@ def test_the_slot_guard_warns_then_drops_a_slot_that_keeps_too_much_wal(
     with pytest.raises(CaptureNotFound, match=r"slot .* is gone"):
         cdc_client.cdc.capture("cdc")
     cdc_client.cdc.remove("cdc")
+
+
+def test_tombstones_follow_deletes_when_asked(cdc_dsn: str, cdc_client: pgstreams.Client) -> None:
+    sql(cdc_dsn, "CREATE TABLE k (id int PRIMARY KEY)")
+    assert cdc_client.cdc.add(["k"], tombstones=True).tombstones
+    sql(cdc_dsn, "INSERT INTO k VALUES (1), (2)", "UPDATE k SET id = 3 WHERE id = 2",
+        "DELETE FROM k WHERE id = 1")
+    cdc_client.cdc.capture("cdc")
+    events = all_events(cdc_client, "cdc.public.k")
+    got = [(e.key, None if e.value is None else e.value["op"]) for e in events]
+    assert got == [('{"id":1}', "c"), ('{"id":2}', "c"), ('{"id":2}', "d"), ('{"id":2}', None),
+                   ('{"id":3}', "c"), ('{"id":1}', "d"), ('{"id":1}', None)]

@@ -76,7 +76,8 @@ class CaptureInfo:
     """A capture: ``name`` (its topic prefix), ``slot`` and ``publication`` it owns, its topics'
     ``partitions``, ``snapshot`` (``"initial"`` or ``"never"``), ``tables`` (``schema.table``) and their
     ``topics``, ``confirmed_lsn`` (the end of the last source transaction stored), ``transactions`` and
-    ``changes`` stored, ``created_at``, ``confirmed_at``; the slot as the server reports it (``None``
+    ``changes`` stored, ``created_at``, ``confirmed_at``, ``tombstones`` (a tombstone follows each delete);
+    the slot as the server reports it (``None``
     when the slot is gone): ``slot_active`` (a process reads it), ``lag_bytes`` (WAL written since its
     confirmed position), ``retained_bytes`` (WAL the server keeps for it), ``wal_status`` and
     ``safe_wal_size``."""
@@ -93,6 +94,7 @@ class CaptureInfo:
     changes: int
     created_at: datetime
     confirmed_at: datetime | None
+    tombstones: bool = False
     slot_active: bool | None = None
     lag_bytes: int | None = None
     retained_bytes: int | None = None
@@ -159,18 +161,23 @@ class Cdc:
 
     # -- administration -------------------------------------------------------------------------------
     def add(self, tables: Sequence[str], *, topic_prefix: str = DEFAULT_TOPIC_PREFIX,
-            partitions: int = DEFAULT_CDC_PARTITIONS, snapshot: Snapshot = DEFAULT_SNAPSHOT) -> CaptureInfo:
+            partitions: int = DEFAULT_CDC_PARTITIONS, snapshot: Snapshot = DEFAULT_SNAPSHOT,
+            tombstones: bool = False) -> CaptureInfo:
         """Capture ``tables`` (``schema.table`` or ``table``: schema ``public``) into topics
         ``topic_prefix.schema.table`` (created with ``partitions``, default 1). The capture named
         ``topic_prefix`` (default ``"cdc"``) is created (with its publication and slot) unless it exists;
         then the tables are added to it. ``snapshot="initial"`` (a new capture only) first stores every
         existing row (``op: r``), consistently with the changes that follow; default ``"never"``.
+        ``tombstones`` (a new capture only; default false): each delete is followed by a tombstone, an event
+        of the key with a null value (what compacted topics drop a key for).
         Raises :class:`InvalidArgument`, :class:`ConfigurationError`, :class:`PermissionDenied` naming
         what to change; nothing is changed then."""
         check_topic(topic_prefix)
         check_partitions(partitions)
         if snapshot not in ("initial", "never"):
             raise InvalidArgument(f"snapshot must be 'initial' or 'never', not {snapshot!r}")
+        if not isinstance(tombstones, bool):
+            raise InvalidArgument(f"tombstones must be True or False, not {tombstones!r}")
         if isinstance(tables, str) or not tables:
             raise InvalidArgument("give one or more tables")
         parsed = list(dict.fromkeys(parse_table(t) for t in tables))
@@ -188,7 +195,7 @@ class Cdc:
             if existing:
                 self._add_tables(conn, existing[0], parsed, snapshot)
             else:
-                self._create(conn, topic_prefix, parsed, partitions, snapshot)
+                self._create(conn, topic_prefix, parsed, partitions, snapshot, tombstones)
         return self.describe(topic_prefix)
 
     def _add_tables(self, conn: psycopg.Connection, record: CaptureRecord, tables: list[tuple[str, str]],
@@ -206,7 +213,7 @@ class Cdc:
                     self.store.insert_table(conn, record.name, s, t, topic_name(record.name, s, t))
 
     def _create(self, conn: psycopg.Connection, prefix: str, tables: list[tuple[str, str]], partitions: int,
-                snapshot: Snapshot) -> None:
+                snapshot: Snapshot, tombstones: bool) -> None:
         slot = slot_name(self.store.server_settings(conn).database, self.session.schema, prefix)
         if self.store.slot_exists(conn, slot):  # left by an add that did not finish
             self.store.drop_slot(conn, slot)
@@ -217,22 +224,22 @@ class Cdc:
         if snapshot == "never":
             lsn = self.store.create_slot(conn, slot)
             with conn.transaction():
-                self._record(conn, prefix, slot, partitions, snapshot, lsn, tables)
+                self._record(conn, prefix, slot, partitions, snapshot, lsn, tables, tombstones)
             return
         exported = self.store.export_slot(slot)
         try:
-            self._snapshot(prefix, slot, partitions, tables, exported.lsn, exported.snapshot)
+            self._snapshot(prefix, slot, partitions, tables, exported.lsn, exported.snapshot, tombstones)
         finally:
             exported.close()
 
     def _record(self, conn: psycopg.Connection, prefix: str, slot: str, partitions: int, snapshot: Snapshot,
-                lsn: int, tables: list[tuple[str, str]]) -> None:
-        self.store.insert_capture(conn, prefix, slot, slot, partitions, snapshot, lsn)
+                lsn: int, tables: list[tuple[str, str]], tombstones: bool) -> None:
+        self.store.insert_capture(conn, prefix, slot, slot, partitions, snapshot, lsn, tombstones)
         for s, t in tables:
             self.store.insert_table(conn, prefix, s, t, topic_name(prefix, s, t))
 
     def _snapshot(self, prefix: str, slot: str, partitions: int, tables: list[tuple[str, str]], lsn: int,
-                  snapshot: str) -> None:
+                  snapshot: str, tombstones: bool) -> None:
         """Store every row of ``tables`` as of the slot's exported ``snapshot`` and the new capture, in one
         transaction: the stream then starts exactly after them."""
         reader = self.session.raw_connection()
@@ -245,7 +252,7 @@ class Cdc:
             source = Source(lsn, None, _now_ms())
             stored = 0
             with writer.transaction():
-                self._record(writer, prefix, slot, partitions, "initial", lsn, tables)
+                self._record(writer, prefix, slot, partitions, "initial", lsn, tables, tombstones)
                 for s, t in tables:
                     cols = self.store.table_columns(reader, s, t)
                     identity = self.store.table_identity(s, t, reader)
@@ -280,7 +287,8 @@ class Cdc:
         slot = self.store.slot_state(r.slot)
         topics = tuple(topic_name(r.name, *t.split(".", 1)) for t in r.tables)
         info = CaptureInfo(r.name, r.slot, r.publication, r.partitions, r.snapshot, r.tables, topics,
-                           lsn_text(r.confirmed_lsn), r.transactions, r.changes, r.created_at, r.confirmed_at)
+                           lsn_text(r.confirmed_lsn), r.transactions, r.changes, r.created_at, r.confirmed_at,
+                           r.tombstones)
         if slot is None:
             return info
         return dataclasses.replace(info, slot_active=slot.active, lag_bytes=slot.lag_bytes,

@@ -90,7 +90,8 @@ class Capturer:
         self.store = self.session.store.cdc
         self.name = name
         self.batch = batch
-        self.maker = EventMaker(lambda: int(clock() * 1000))
+        self._now_ms = lambda: int(clock() * 1000)
+        self.maker = EventMaker(self._now_ms)
         self.on_step = on_step
         self.record: CaptureRecord | None = None
         self.confirmed = 0
@@ -130,6 +131,7 @@ class Capturer:
             conn.close()
             raise
         self._conn = conn
+        self.maker = EventMaker(self._now_ms, self.record.tombstones)
         self.confirmed = self.record.confirmed_lsn
         self._slot_lsn = slot.confirmed_lsn
         self._shapes.clear()

@@ -97,11 +97,19 @@ class Source:
         return cls(begin.final_lsn, begin.xid, begin.commit_time // 1000)
 
 
-class EventMaker:
-    """Makes the events of changes: ``now_ms`` is the clock of the values' ``ts_ms``."""
+def _headers(source: Source) -> dict[str, str]:
+    lsn = f"{source.lsn >> 32:X}/{source.lsn & 0xFFFFFFFF:X}"
+    return {TXID_HEADER: "" if source.txid is None else str(source.txid), LSN_HEADER: lsn}
 
-    def __init__(self, now_ms: Callable[[], int]) -> None:
+
+class EventMaker:
+    """Makes the events of changes: ``now_ms`` is the clock of the values' ``ts_ms``; with ``tombstones``,
+    each delete is followed by a tombstone (the key with a null value: what a compacted topic drops the key
+    for)."""
+
+    def __init__(self, now_ms: Callable[[], int], tombstones: bool = False) -> None:
         self.now_ms = now_ms
+        self.tombstones = tombstones
 
     def _event(self, shape: Shape, source: Source, op: str, before: dict[str, Any] | None,
                after: dict[str, Any] | None, key: str | None, snapshot: bool = False,
@@ -111,10 +119,7 @@ class EventMaker:
                  "source": {"lsn": source.lsn, "txId": source.txid, "ts_ms": source.ts_ms,
                             "schema": rel.schema, "table": rel.name, "snapshot": snapshot},
                  "op": op, "ts_ms": self.now_ms()}
-        lsn = f"{source.lsn >> 32:X}/{source.lsn & 0xFFFFFFFF:X}"
-        return Message(value=value, key=key, partition=partition,
-                       headers={TXID_HEADER: "" if source.txid is None else str(source.txid),
-                                LSN_HEADER: lsn})
+        return Message(value=value, key=key, partition=partition, headers=_headers(source))
 
     def change(self, shape: Shape, source: Source, change: Insert | Update | Delete) -> Iterator[Message]:
         """The events of one row change (two for an update that changes the key)."""
@@ -129,12 +134,20 @@ class EventMaker:
             key = shape.key_of(after)
             if before is not None and (old_key := shape.key_of(before)) != key:
                 yield self._event(shape, source, "d", before, None, old_key)
+                if self.tombstones:
+                    yield self._tombstone(source, old_key)
                 yield self._event(shape, source, "c", None, after, key)
             else:
                 yield self._event(shape, source, "u", before, after, key)
         else:
             before = shape.row(change.old, shape.identity if change.old_is_key else None)
-            yield self._event(shape, source, "d", before, None, shape.key_of(before))
+            key = shape.key_of(before)
+            yield self._event(shape, source, "d", before, None, key)
+            if self.tombstones:
+                yield self._tombstone(source, key)
+
+    def _tombstone(self, source: Source, key: str) -> Message:
+        return Message(value=None, key=key, headers=_headers(source))
 
     def truncate(self, shape: Shape, source: Source, partitions: int) -> Iterator[Message]:
         """The events of a truncate of ``shape``'s table: one per partition of its topic (each reader of

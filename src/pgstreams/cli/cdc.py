@@ -70,6 +70,8 @@ def cdc_add(
     snapshot: Annotated[str, typer.Option(
         "--snapshot", help="initial: first store the existing rows (op r); never: changes only.")
     ] = DEFAULT_SNAPSHOT,
+    tombstones: Annotated[bool, typer.Option(
+        "--tombstones", help="Follow each delete with a tombstone (the key, a null value).")] = False,
     as_json: JsonOption = False,
     dsn: DsnOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
@@ -83,7 +85,7 @@ def cdc_add(
         raise usage_error(f"--snapshot must be initial or never, not {snapshot!r}")
     with open_client(dsn, schema) as client:
         info = client.cdc.add(tables, topic_prefix=topic_prefix, partitions=partitions,
-                              snapshot="initial" if snapshot == "initial" else "never")
+                              snapshot="initial" if snapshot == "initial" else "never", tombstones=tombstones)
     if as_json:
         print_json(capture_json(info))
         return

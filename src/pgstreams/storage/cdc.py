@@ -71,6 +71,7 @@ class CaptureRecord:
     created_at: datetime
     confirmed_at: datetime | None
     tables: tuple[str, ...]
+    tombstones: bool = False
 
 
 class SlotState(NamedTuple):
@@ -213,11 +214,11 @@ class CdcStore:
 
     # -- captures -------------------------------------------------------------------------------------
     def insert_capture(self, conn: psycopg.Connection, name: str, slot: str, publication: str,
-                       partitions: int, snapshot: str, lsn: int) -> None:
+                       partitions: int, snapshot: str, lsn: int, tombstones: bool = False) -> None:
         """Record a new capture, confirmed at ``lsn`` (in the caller's transaction)."""
         self.ex.run("cdc_insert_capture", {"name": name, "slot": slot, "publication": publication,
                                            "partitions": partitions, "snapshot": snapshot,
-                                           "lsn": lsn_text(lsn)}, conn=conn)
+                                           "tombstones": tombstones, "lsn": lsn_text(lsn)}, conn=conn)
 
     def insert_table(self, conn: psycopg.Connection, capture: str, schema: str, table: str, topic: str
                      ) -> None:
@@ -229,7 +230,7 @@ class CdcStore:
         """Every capture (or capture ``name`` only), by name."""
         rows = self.ex.all("cdc_captures", {"name": name}, conn=conn)
         return [CaptureRecord(str(r[0]), str(r[1]), str(r[2]), int(r[3]), str(r[4]), lsn_of(r[5]), int(r[6]),
-                              int(r[7]), r[8], r[9], tuple(r[10])) for r in rows]
+                              int(r[7]), r[8], r[9], tuple(r[10]), bool(r[11])) for r in rows]
 
     def capture_tables(self, conn: psycopg.Connection, name: str) -> list[tuple[str, str, str]]:
         """The tables of capture ``name``: (schema, table, topic)."""

@@ -12,6 +12,7 @@ CREATE TABLE {schema}.cdc_captures (
     publication   text NOT NULL UNIQUE,        -- the publication naming its tables
     partitions    integer NOT NULL CHECK (partitions > 0),
     snapshot      text NOT NULL CHECK (snapshot IN ('initial', 'never')),
+    tombstones    boolean NOT NULL DEFAULT false,  -- an event with a null value after each delete
     confirmed_lsn pg_lsn NOT NULL,
     transactions  bigint NOT NULL DEFAULT 0,   -- source transactions stored
     changes       bigint NOT NULL DEFAULT 0,   -- events stored (snapshot rows included)

@@ -34,8 +34,8 @@ SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput');
 SELECT pg_drop_replication_slot(%s);
 
 -- name: cdc_insert_capture
-INSERT INTO {schema}.cdc_captures (name, slot, publication, partitions, snapshot, confirmed_lsn)
-VALUES (%(name)s, %(slot)s, %(publication)s, %(partitions)s, %(snapshot)s, %(lsn)s::pg_lsn);
+INSERT INTO {schema}.cdc_captures (name, slot, publication, partitions, snapshot, tombstones, confirmed_lsn)
+VALUES (%(name)s, %(slot)s, %(publication)s, %(partitions)s, %(snapshot)s, %(tombstones)s, %(lsn)s::pg_lsn);
 
 -- name: cdc_insert_table
 INSERT INTO {schema}.cdc_tables (capture, table_schema, table_name, topic)
@@ -46,7 +46,8 @@ ON CONFLICT DO NOTHING;
 SELECT c.name, c.slot, c.publication, c.partitions, c.snapshot, c.confirmed_lsn::text,
        c.transactions, c.changes, c.created_at, c.confirmed_at,
        coalesce((SELECT array_agg(t.table_schema || '.' || t.table_name ORDER BY t.table_schema, t.table_name)
-                   FROM {schema}.cdc_tables t WHERE t.capture = c.name), '{{}}')
+                   FROM {schema}.cdc_tables t WHERE t.capture = c.name), '{{}}'),
+       c.tombstones
   FROM {schema}.cdc_captures c
  WHERE %(name)s::text IS NULL OR c.name = %(name)s
  ORDER BY c.name;

@@ -101,6 +101,7 @@ class Capturer:
         self._keys: dict[tuple[str, str], tuple[str, ...]] = {}
         self._topics: set[str] = set()
         self._types: TypeMap | None = None
+        self._log_snapshots = True
 
     @property
     def holds(self) -> bool:
@@ -220,6 +221,10 @@ class Capturer:
             self.store.advance(conn, record.slot, target)
             self._slot_lsn = target
             self._step("advanced")
+            if changes and self._log_snapshots:
+                # else the slot's restart position moves only when the server logs its running
+                # transactions (every 15 s at most), and every peek decodes the WAL again from there
+                self._log_snapshots = self.store.log_snapshot(conn)
         return Round(transactions, changes, self.confirmed, more)
 
     def run_until_idle(self, stop: Callable[[], bool] = lambda: False) -> int:

@@ -274,6 +274,17 @@ class CdcStore:
         rows = self.ex.all("cdc_peek", (slot, lsn_text(upto), limit, publication), conn=conn)
         return [bytes(r[0]) for r in rows]
 
+    def log_snapshot(self, conn: psycopg.Connection) -> bool:
+        """Write a record of the running transactions to the WAL (``pg_log_standby_snapshot()``), which
+        lets a slot's restart position move at its next advance; false where the server (before
+        PostgreSQL 16) or the role (neither superuser nor granted it) cannot."""
+        try:
+            with conn.transaction():
+                self.ex.one("cdc_log_snapshot", conn=conn)
+        except (psycopg.errors.UndefinedFunction, psycopg.errors.InsufficientPrivilege):
+            return False
+        return True
+
     def advance(self, conn: psycopg.Connection, slot: str, lsn: int) -> None:
         """Move ``slot``'s confirmed position to ``lsn`` (the server keeps no WAL before it for the slot)."""
         self.ex.one("cdc_advance", (slot, lsn_text(lsn)), conn=conn)

@@ -84,6 +84,11 @@ SELECT pg_current_wal_flush_lsn()::text;
 SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,
                                                      'proto_version', '1', 'publication_names', %s);
 
+-- name: cdc_log_snapshot
+-- Writes the running transactions to the WAL now (PostgreSQL 16+; superusers, or a role granted EXECUTE):
+-- the next advance past it moves the slot's restart position, so the next peek decodes less WAL again.
+SELECT pg_log_standby_snapshot()::text;
+
 -- name: cdc_advance
 SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn);
 

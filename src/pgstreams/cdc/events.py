@@ -12,6 +12,7 @@ transaction (:data:`TXID_HEADER`, :data:`LSN_HEADER`).
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -96,10 +97,11 @@ class Source:
         """The source transaction that ``begin`` starts."""
         return cls(begin.final_lsn, begin.xid, begin.commit_time // 1000)
 
-
-def _headers(source: Source) -> dict[str, str]:
-    lsn = f"{source.lsn >> 32:X}/{source.lsn & 0xFFFFFFFF:X}"
-    return {TXID_HEADER: "" if source.txid is None else str(source.txid), LSN_HEADER: lsn}
+    @functools.cached_property
+    def headers(self) -> dict[str, str]:
+        """The headers of its events (made once per transaction)."""
+        lsn = f"{self.lsn >> 32:X}/{self.lsn & 0xFFFFFFFF:X}"
+        return {TXID_HEADER: "" if self.txid is None else str(self.txid), LSN_HEADER: lsn}
 
 
 class EventMaker:
@@ -119,7 +121,7 @@ class EventMaker:
                  "source": {"lsn": source.lsn, "txId": source.txid, "ts_ms": source.ts_ms,
                             "schema": rel.schema, "table": rel.name, "snapshot": snapshot},
                  "op": op, "ts_ms": self.now_ms()}
-        return Message(value=value, key=key, partition=partition, headers=_headers(source))
+        return Message(value=value, key=key, partition=partition, headers=source.headers)
 
     def change(self, shape: Shape, source: Source, change: Insert | Update | Delete) -> Iterator[Message]:
         """The events of one row change (two for an update that changes the key)."""
@@ -147,7 +149,7 @@ class EventMaker:
                 yield self._tombstone(source, key)
 
     def _tombstone(self, source: Source, key: str) -> Message:
-        return Message(value=None, key=key, headers=_headers(source))
+        return Message(value=None, key=key, headers=source.headers)
 
     def truncate(self, shape: Shape, source: Source, partitions: int) -> Iterator[Message]:
         """The events of a truncate of ``shape``'s table: one per partition of its topic (each reader of

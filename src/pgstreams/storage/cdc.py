@@ -1,5 +1,5 @@
 """Typed operations of change data capture (:mod:`pgstreams.cdc`): the captures' rows (``cdc_captures``,
-``cdc_tables`` of migration 0033), and what the server's logical decoding needs (its settings and the
+``cdc_tables`` of migration 0034), and what the server's logical decoding needs (its settings and the
 role's rights, publications, replication slots, decoded changes, the captured tables' catalog)."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class TableIdentity(NamedTuple):
 
 @dataclass(frozen=True)
 class CaptureRecord:
-    """A capture's stored row (see migration 0033) with its tables (``schema.table``)."""
+    """A capture's stored row (see migration 0034) with its tables (``schema.table``)."""
 
     name: str
     slot: str

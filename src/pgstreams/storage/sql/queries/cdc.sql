@@ -1,4 +1,4 @@
--- Named queries: change data capture (pgstreams.cdc; tables cdc_captures and cdc_tables of migration 0033),
+-- Named queries: change data capture (pgstreams.cdc; tables cdc_captures and cdc_tables of migration 0034),
 -- the server's logical decoding (settings, rights, publications, replication slots) and the tables it
 -- captures. Identifiers ({publication}, {tables}, {table}) are quoted by the caller.
 

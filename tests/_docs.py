@@ -45,7 +45,8 @@ import psycopg
 #: The languages of blocks that are code and run.
 RUNNABLE = ("python", "sh", "bash", "sql")
 #: Shell commands that serve until stopped: started, left running :data:`SERVE_SECONDS`, then stopped.
-SERVING = ("pgstreams console", "pgstreams metrics serve", "pgstreams worker", "pgstreams kafka serve")
+SERVING = ("pgstreams console", "pgstreams metrics serve", "pgstreams worker", "pgstreams kafka serve",
+           "pgstreams cdc run")
 #: How long a serving command must keep running before it is stopped.
 SERVE_SECONDS = 3.0
 

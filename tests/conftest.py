@@ -209,6 +209,43 @@ def cluster_dsns(shard_dsns: list[str]) -> list[str]:
     return shard_dsns
 
 
+@pytest.fixture(scope="session")
+def logical_server() -> Iterator[TemporaryServer]:
+    """A PostgreSQL server of this process's own with ``wal_level = logical`` (fsync off), for the change
+    data capture tests, with a template database migrated once: :func:`cdc_dsn` makes each test's."""
+    with restartable_server({"wal_level": "logical", "fsync": "off", "max_replication_slots": "20",
+                             "max_wal_senders": "20"}) as server:
+        with psycopg.connect(server.dsn, autocommit=True) as conn:
+            conn.execute("CREATE DATABASE cdc_template")
+        with psycopg.connect(make_conninfo(server.dsn, dbname="cdc_template"), autocommit=True) as t:
+            _migrate.migrate(t, "pgstreams")
+        yield server
+
+
+@pytest.fixture(scope="session")
+def replica_server() -> Iterator[TemporaryServer]:
+    """A PostgreSQL server of this process's own with ``wal_level = replica`` (PostgreSQL's default; fsync
+    off): where change data capture must be refused."""
+    with restartable_server({"wal_level": "replica", "fsync": "off"}) as server:
+        yield server
+
+
+@pytest.fixture
+def cdc_dsn(logical_server: TemporaryServer) -> Iterator[str]:
+    """DSN of a fresh migrated database on :func:`logical_server` for this test only; its replication
+    slots are dropped with it."""
+    name = f"c_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(logical_server.dsn, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE DATABASE {} TEMPLATE cdc_template STRATEGY FILE_COPY").format(
+            psycopg.sql.Identifier(name)))
+    yield make_conninfo(logical_server.dsn, dbname=name)
+    with psycopg.connect(logical_server.dsn, autocommit=True) as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+        conn.execute("SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                     "WHERE database = %s AND NOT active", (name,))
+        conn.execute(psycopg.sql.SQL("DROP DATABASE {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
+
+
 #: The lanes of a parallel run (``--dist loadgroup``): each lane's tests run on one xdist worker of its
 #: own, one at a time, first thing (worker ``gw<i>`` for the lane at index ``i``, modulo the number of
 #: workers); every other test module goes to whichever worker is free, the longest first.
@@ -235,12 +272,14 @@ _LONG_FIRST = (
     "tests/cli/test_cli.py",
     "tests/cli/test_operations_cli.py",
     "tests/faults/test_silent_cut.py",
+    "tests/faults/test_cdc_faults.py",
     "tests/faults/test_snapshot_bench.py",
     "tests/faults/test_aio_restarts.py",
     "tests/integration/test_shares.py",
     "tests/faults/test_restarts.py",
     "tests/faults/test_maintenance.py",
     "tests/cli/test_worker_cli.py",
+    "tests/cli/test_cdc_cli.py",
     "tests/integration/test_connect.py",
     "tests/integration/test_operations.py",
     "tests/faults/test_pooler.py",

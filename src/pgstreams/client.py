@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from .admin import DeadLetterAdmin, GrantAdmin, GroupAdmin, ShareAdmin, TopicAdmin
+from .cdc import Cdc
 from .consumer import Consumer, Start, create_checkpoints
 from .errors import InvalidArgument, PermissionDenied
 from .maintenance import DEFAULT_COMPACTION_BUDGET, DEFAULT_COMPACTION_DUTY, DEFAULT_PURGE_BUDGET, Maintenance
@@ -125,6 +126,12 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
         """This client's producer id (see :mod:`pgstreams.producer`), drawn from the database at its first
         publish (or here), so that a client that only reads or administers draws none."""
         return self._producer.draw()
+
+    @property
+    def cdc(self) -> Cdc:
+        """Change data capture of this database (:class:`pgstreams.cdc.Cdc`: add, list, describe and remove
+        captures, and capture them)."""
+        return Cdc(self)
 
     @property
     def producer(self) -> Producer:

@@ -3,6 +3,8 @@
 The server comes from the ``pgserver`` wheel (PostgreSQL binaries bundled in a Python package). Its data
 lives under ``$PGSTREAMS_HOME/pgdata`` (default: the user's data directory, e.g.
 ``~/.local/share/pgstreams/pgdata``), persists between runs, and the next :func:`embedded_dsn` reuses it.
+A data folder it initialises gets :data:`EMBEDDED_SETTINGS` (``wal_level = logical``, for change data
+capture); one made by an older version keeps its configuration (``pgstreams cdc add`` says what to set).
 The server is shared by every process of the user that uses it and stops when the last one exits (a
 process killed without exiting, SIGKILL, is forgotten by the next one that starts). :func:`server_status`,
 :func:`start_server` and :func:`stop_server` (``pgstreams server status|start|stop``) show it, keep it
@@ -76,14 +78,43 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
             with open(path.parent / f".{path.name}.start-lock", "a+b") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 _forget_dead_users(path)
+                fresh = not (path / "PG_VERSION").exists()
                 try:
                     srv = pgserver.get_server(path, cleanup_mode="stop")
+                    if fresh:  # initialised and started just now, by this process alone: once more, set up
+                        _configure(path)
+                        from pgserver import _commands
+
+                        commands: Any = _commands
+                        commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=path,
+                                        user="pgserver" if os.geteuid() == 0 else None, timeout=60)
                 except Exception as exc:
                     raise ConfigurationError(
                         f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc
             _servers[path] = srv
     uri: str = srv.get_uri(database)
     return uri
+
+
+#: The settings the embedded server starts with: logical decoding for change data capture
+#: (:mod:`pgstreams.cdc`).
+EMBEDDED_SETTINGS = {"wal_level": "logical"}
+
+
+def _configure(pgdata: Path) -> None:
+    """Write :data:`EMBEDDED_SETTINGS` into the configuration of a data folder just initialised
+    (``postgresql.conf`` of ``pgdata``) where it lacks them; they apply from the server's next start."""
+    conf = pgdata / "postgresql.conf"
+    try:
+        text = conf.read_text()
+    except OSError:  # pragma: no cover - not initialised: nothing to configure
+        return
+    lines = text.splitlines()
+    missing = {k: v for k, v in EMBEDDED_SETTINGS.items()
+               if not any(line.strip().startswith(f"{k} = {v}") for line in lines)}
+    if missing:
+        added = "".join(f"{k} = {v}  # pgstreams: change data capture\n" for k, v in missing.items())
+        conf.write_text(text + ("" if text.endswith("\n") else "\n") + added)
 
 
 class TemporaryServer:

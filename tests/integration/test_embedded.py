@@ -1,4 +1,5 @@
-"""The embedded server: connect() with no DSN starts it under PGSTREAMS_HOME; its data persists."""
+"""The embedded server: connect() with no DSN starts it under PGSTREAMS_HOME (with wal_level = logical);
+its data persists."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ FIRST = textwrap.dedent("""
         client.publish("persisted", "two", key="b")
         c = client.consumer("persisted", "g")
         c.commit(c.poll(max_events=1, timeout=10))
-        print(json.dumps({"dsn": client.dsn}))
+        with client.connection() as conn:
+            wal_level = conn.execute("SHOW wal_level").fetchone()[0]
+        print(json.dumps({"dsn": client.dsn, "wal_level": wal_level}))
 """)
 
 SECOND = textwrap.dedent("""
@@ -70,6 +73,7 @@ def test_embedded_server_starts_persists_and_is_reused(home: Path) -> None:
     assert second["rest"] == 1  # the group's checkpoint survived the restart
     assert second["all"] == sorted(["{'n': 1}", "two"])
     assert isinstance(first["dsn"], str) and isinstance(second["dsn"], str)
+    assert first["wal_level"] == "logical"  # change data capture works on the embedded server
     wait_until(lambda: not (pgdata / "postmaster.pid").exists(), 30, "the embedded server to stop")
 
 

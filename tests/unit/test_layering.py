@@ -6,7 +6,7 @@ The layers, bottom to top (docs/architecture.md draws them):
 0. ``base``: the leaf modules (errors, models, names, codec, partitioner, topicconfig, reconnect, services,
    embedded, migrate, dltheaders and any module not named below) and ``storage``;
 1. ``session``: the session and the ports (the protocols the layers above see it through);
-2. ``middle``: producer, consumer, groups, shares, maintenance and admin (the client's administration);
+2. ``middle``: producer, consumer, groups, shares, maintenance, admin (the client's administration) and cdc;
 3. ``client``: the public facade;
 4. ``runtime``: worker and cluster;
 5. ``connecting``: connecting, aio and the package's public names (``pgstreams/__init__.py``);
@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("base", frozenset({"errors", "models", "names", "codec", "partitioner", "topicconfig", "reconnect",
                         "services", "embedded", "migrate", "dltheaders", "storage"})),
     ("session", frozenset({"session", "ports"})),
-    ("middle", frozenset({"producer", "consumer", "groups", "shares", "maintenance", "admin"})),
+    ("middle", frozenset({"producer", "consumer", "groups", "shares", "maintenance", "admin", "cdc"})),
     ("client", frozenset({"client"})),
     ("runtime", frozenset({"worker", "cluster"})),
     ("connecting", frozenset({"connecting", "aio", ""})),  # "": the package pgstreams itself
@@ -45,6 +45,7 @@ SAME_LAYER = frozenset({
     ("shares", "consumer"),  # start positions, rows to events, the wake-up rule
     ("admin", "consumer"),  # resetting a group and replaying dead letters read as a stream group
     ("admin", "shares"),  # share consumers and queues
+    ("cdc", "producer"),  # a capture stores its events with the producer's COPY, in its own transaction
     ("cluster", "worker"),  # ClusterWorker runs one Worker per shard
     ("aio", "connecting"),  # the asyncio client resolves its DSN as connect() does
     ("cli", "metrics"),  # the worker command's metrics endpoint

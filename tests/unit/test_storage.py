@@ -80,3 +80,15 @@ def test_a_single_publish_binds_only_the_columns_it_sets_and_the_single_key() ->
     assert big.statement.name.startswith(b"pgstreams_insert_event_")
     assert insert_params(plain, "utf-8", big) == [b"3", b"3", b"b", b"k", b"v", None, None, None, None, None,
                                                   b"42"]
+
+
+def test_the_capture_queries_render_their_identifiers_quoted() -> None:
+    from psycopg import sql
+
+    from pgstreams.storage.cdc import CDC_QUERIES
+
+    rendered = CDC_QUERIES.render("cdc_publication_add", "s", {
+        "publication": sql.Identifier("p x"), "tables": sql.Identifier("my schema", "t")}).as_string(None)
+    assert rendered == 'ALTER PUBLICATION "p x" ADD TABLE "my schema"."t"'
+    snap = CDC_QUERIES.render("cdc_set_snapshot", "s", {"snapshot": sql.Literal("00000003-1'")})
+    assert snap.as_string(None) == "SET TRANSACTION SNAPSHOT '00000003-1'''"

@@ -1,7 +1,7 @@
 """The ``pgstreams`` command line.
 
 Commands: ``migrate``, ``cluster init|describe``, ``topics create|list|describe|alter|delete``,
-``produce``, ``consume``,
+``produce``, ``consume``, ``cdc add|list|describe|remove|run``,
 ``groups list|describe|reset|delete``, ``worker``, ``maintain``, ``retention``, ``dlt replay`` and
 ``quickstart``; ``docs/cli.md`` describes each one (``worker``:
 ``docs/workers.md``).
@@ -44,6 +44,7 @@ import typer
 import pgstreams
 
 from . import (
+    cdc,
     cluster,
     console,
     consume,
@@ -157,8 +158,8 @@ _HELP = (
 #: The root ``pgstreams`` application; each command module adds its commands with ``register(app)``.
 app = typer.Typer(name="pgstreams", help=_HELP, no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False, cls=RootGroup)
-for _module in (migrate, cluster, topics, produce, consume, groups, worker, maintain, dlt, metrics, console,
-                kafka, quickstart, security, server):
+for _module in (migrate, cluster, topics, produce, consume, groups, worker, maintain, dlt, cdc, metrics,
+                console, kafka, quickstart, security, server):
     _module.register(app)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType, ModuleType
 
@@ -28,8 +28,9 @@ def check_port(option: str, port: int) -> None:
         raise usage_error(f"{option} must be a port from 0 to 65535, not {port}")
 
 
-def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM (main thread only)."""
+def wait_for_signal(until: Callable[[], bool] | None = None) -> None:
+    """Block until SIGINT or SIGTERM (main thread only), or until ``until()`` is true (checked twice a
+    second)."""
     stop = threading.Event()
 
     def _stop(signum: int, frame: FrameType | None) -> None:
@@ -39,7 +40,8 @@ def wait_for_signal() -> None:
     try:
         # a SIGTERM that came before (its exception lost on the way) stops it too
         while not TERMINATING.is_set() and not stop.wait(0.5):
-            pass
+            if until is not None and until():
+                return
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -90,6 +90,9 @@ def worker_command(
     no_maintenance: Annotated[bool, typer.Option(
         "--no-maintenance", help="Run no maintenance service in this worker (pg_cron or another process "
         "maintains the database).")] = False,
+    cdc: Annotated[list[str] | None, typer.Option(
+        "--cdc", help="Also run this change data capture (repeatable): one worker captures it at a time, "
+        "another takes over when it dies.", show_default=False)] = None,
     member_id: Annotated[str | None, typer.Option(
         "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
@@ -130,6 +133,8 @@ def worker_command(
     if not maintenance_interval > 0:
         raise usage_error(
             f"--maintenance-interval must be a positive number of seconds, got {maintenance_interval}")
+    for name in cdc or []:
+        check_topic(name)
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     fn = load_handler(handler)
@@ -139,7 +144,7 @@ def worker_command(
     logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
     with open_client(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         worker = Worker(client, member_id=member_id,
-                        maintenance=None if no_maintenance else maintenance_interval)
+                        maintenance=None if no_maintenance else maintenance_interval, captures=cdc or ())
         worker.add_subscription(topic, name, fn, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made

@@ -257,6 +257,20 @@ class Producer:
             self.announce(state.id)
         return stored
 
+    def copy_in(self, conn: psycopg.Connection, topic: str, events: Iterable[Message | Mapping[str, Any]]
+                ) -> int:
+        """Publish a batch with COPY on ``conn`` in its open transaction (visible when the caller commits;
+        not retried: the caller's transaction decides), with the consumers' wake-up sent at commit; the
+        number stored. No producer tag: what the caller commits with the batch (a capture's position)
+        is what keeps it from being stored twice."""
+        state = self.topic(topic, conn=conn)
+        rows = Batch(state, events, None)
+        if not len(rows):
+            return 0
+        stored = self._copy(conn, state, rows)
+        self.store.events.notify(conn, self.channel, str(state.id))
+        return stored
+
     def _copy_again(self, state: TopicState, rows: Batch, floor: int, pid: int | None, producer: int | None,
                     first: BaseException) -> int:
         """``publish_many`` again after its attempt failed with ``first`` (retriable): the batch is stored

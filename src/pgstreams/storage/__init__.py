@@ -7,7 +7,7 @@
 - :mod:`.executor`: the sync :class:`Executor` running named queries on pooled or given connections;
 - typed operations mapping rows to models: :class:`TopicStore`, :class:`EventStore`,
   :class:`CheckpointStore`, :class:`GroupStore`, :class:`ClusterStore`, :class:`SinkStore`,
-  :class:`ShareStore`,
+  :class:`ShareStore`, :class:`CdcStore` (change data capture),
   :class:`OperationsStore`, :class:`StatusStore`, :class:`CompactionStore`, gathered by :class:`Store`;
 - :mod:`.asyncstore`: the :class:`~.asyncstore.AsyncExecutor` and async operations of :mod:`pgstreams.aio`.
 """
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from psycopg_pool import ConnectionPool
 
 from ..pooler import DEFAULT_POOLER, Pooler
+from .cdc import CdcStore
 from .checkpoints import CheckpointStore
 from .cluster import ClusterStore, CreatedTopic, ShardLayout
 from .compaction import CompactionStore, Rewrite
@@ -43,6 +44,7 @@ __all__ = [
     "EVENT_COLUMNS",
     "EVENT_ID",
     "PARTITION",
+    "CdcStore",
     "CheckpointStore",
     "ClusterStore",
     "CompactionStore",
@@ -97,6 +99,7 @@ class Store:
         self.status = StatusStore(self.executor)
         self.cluster = ClusterStore(self.executor)
         self.compaction = CompactionStore(self.executor)
+        self.cdc = CdcStore(self.executor)
 
     def __repr__(self) -> str:
         return f"<pgstreams.storage.Store schema={self.schema!r}>"

@@ -11,12 +11,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from ..cdc import CaptureService
 from ..consumer import Consumer, Start, StreamReader, create_checkpoints
 from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
 from ..maintenance import DEFAULT_MAINTENANCE_INTERVAL, MaintenanceService
+from ..names import check_topic
 from ..ports import SessionPublisher
 from ..services import Service, ServiceFailed, Supervisor
 from ..shares import DEFAULT_LOCK_TIMEOUT, ShareConsumer, ShareOptions
@@ -30,6 +32,9 @@ from .runner import Runner, WorkerStats
 from .shares import ShareRunner, ShareSource
 from .streams import StreamSource
 from .subscription import DEFAULTS, Mode, Subscription, SubscriptionOptions, make_subscription
+
+if TYPE_CHECKING:
+    from ..cdc.capture import CaptureClient
 
 log = logging.getLogger("pgstreams.worker")
 
@@ -52,6 +57,10 @@ class Worker:
     exactly one (the leader) runs a maintenance pass (segments ahead, retention, expiry of stale members)
     every that many seconds, so a deployment with workers needs no pg_cron.
 
+    ``captures`` (default none): the change data captures (:mod:`pgstreams.cdc`, by name) this worker
+    runs, each as a :class:`pgstreams.cdc.CaptureService`: of all the workers that name a capture, one
+    captures it at a time and another takes it over when that one dies.
+
     Use :meth:`run` (blocks until stopped), or :meth:`start` / :meth:`stop` (or ``with worker:``).
     ``client``: a :class:`pgstreams.Client` (the worker runs on its session and publishes dead letters
     through it).
@@ -59,7 +68,8 @@ class Worker:
 
     def __init__(self, client: SessionPublisher, *, member_id: str | None = None, clock: Clock | None = None,
                  install_signal_handlers: bool = True, shutdown_timeout: float | None = None,
-                 maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL) -> None:
+                 maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL, captures: Sequence[str] = ()
+                 ) -> None:
         if member_id is not None and (not isinstance(member_id, str) or not 0 < len(member_id) <= 200):
             raise InvalidArgument(f"member_id must be a string of 1 to 200 characters, got {member_id!r}")
         if clock is not None and not callable(clock):
@@ -72,6 +82,10 @@ class Worker:
         #: the session of ``client``, which the subscriptions run on
         self.session = client.session
         self.maintenance = maintenance
+        if isinstance(captures, str):
+            raise InvalidArgument("captures must be a sequence of capture names, not a string")
+        #: the change data captures this worker runs
+        self.captures = tuple(check_topic(c) for c in captures)
         self.member_id = member_id or new_member_id()
         self.clock: Clock = clock or time.monotonic
         self.install_signal_handlers = install_signal_handlers
@@ -201,6 +215,7 @@ class Worker:
             raise
         if self.maintenance is not None:
             members.append(MaintenanceService(self.session, self.maintenance))
+        members += [CaptureService(cast("CaptureClient", self.client), name) for name in self.captures]
         self._services = members + list(self._runners)
         for svc in self._services:
             svc.start()

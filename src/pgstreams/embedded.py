@@ -88,6 +88,9 @@ def embedded_dsn(pgdata: Path | None = None, database: str = "postgres") -> str:
                         commands: Any = _commands
                         commands.pg_ctl(["-w", "-m", "fast", "restart"], pgdata=path,
                                         user="pgserver" if os.geteuid() == 0 else None, timeout=60)
+                        # pgserver stops the server when its last user exits only if the postmaster it
+                        # recorded still runs: record the restarted one
+                        srv.ensure_postgres_running()
                 except Exception as exc:
                     raise ConfigurationError(
                         f"cannot start the embedded PostgreSQL in {path}: {exc}") from exc

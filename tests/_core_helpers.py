@@ -80,6 +80,34 @@ class Background:
         return self.outcome[0]
 
 
+def drain_group(dsn: str, topic: str, group: str, seen: list[tuple[int, int]], done: threading.Event) -> None:
+    """Read ``topic`` as stream group ``group`` (polls of 300, each committed), adding each event's
+    ``(partition, position)`` to ``seen``, until ``done`` is set and three polls in a row found nothing."""
+    with pgstreams.connect(dsn) as reader:
+        consumer = reader.consumer(topic, group)
+        idle = 0
+        while idle < 3:
+            batch = consumer.poll(max_events=300, timeout=0.2)
+            seen.extend((e.partition, e.position) for e in batch)
+            consumer.commit()
+            idle = idle + 1 if not batch and done.is_set() else 0
+
+
+def drain_share(dsn: str, topic: str, group: str, seen: list[tuple[int, int]], done: threading.Event) -> None:
+    """Take ``topic``'s events as share group ``group`` from the earliest (polls of 200, each acked),
+    adding each event's ``(partition, position)`` to ``seen``, until ``done`` is set and three polls in a
+    row found nothing."""
+    with pgstreams.connect(dsn) as reader:
+        sc = reader.share_consumer(topic, group, start="earliest", lock_timeout=60)
+        idle = 0
+        while idle < 3:
+            batch = sc.poll(max_events=200, timeout=0.2)
+            seen.extend((e.partition, e.position) for e in batch)
+            if batch:
+                sc.ack(batch)
+            idle = idle + 1 if not batch and done.is_set() else 0
+
+
 @contextmanager
 def running(worker: pgstreams.Worker) -> Iterator[pgstreams.Worker]:
     """Start ``worker`` for the block; stop it (waiting up to 10 s) afterwards."""

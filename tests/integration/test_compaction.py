@@ -13,6 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import pgstreams
+from _core_helpers import drain_group, drain_share
 from _obs_helpers import value
 from pgstreams.maintenance import Maintenance
 from pgstreams.metrics import StatusCollector
@@ -292,25 +293,10 @@ def test_readers_lose_and_repeat_nothing_while_compaction_rewrites_segments(clie
             Maintenance(maintainer).run()
 
     def stream() -> None:
-        with pgstreams.connect(dsn) as reader:
-            consumer = reader.consumer("c", "g")
-            idle = 0
-            while idle < 3:
-                batch = consumer.poll(max_events=300, timeout=0.2)
-                stream_seen.extend((e.partition, e.position) for e in batch)
-                consumer.commit()
-                idle = idle + 1 if not batch and done.is_set() else 0
+        drain_group(dsn, "c", "g", stream_seen, done)
 
     def share() -> None:
-        with pgstreams.connect(dsn) as reader:
-            sc = reader.share_consumer("c", "sg", start="earliest", lock_timeout=60)
-            idle = 0
-            while idle < 3:
-                batch = sc.poll(max_events=200, timeout=0.2)
-                share_seen.extend((e.partition, e.position) for e in batch)
-                if batch:
-                    sc.ack(batch)
-                idle = idle + 1 if not batch and done.is_set() else 0
+        drain_share(dsn, "c", "sg", share_seen, done)
 
     def guard(fn: object) -> threading.Thread:
         def run() -> None:

@@ -16,6 +16,7 @@ from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 import _spark_helpers
 import pgstreams
+from _core_helpers import drain_group, drain_share
 from pgstreams.maintenance import Maintenance
 
 pytestmark = [pytest.mark.spark]
@@ -87,25 +88,10 @@ def test_readers_and_an_available_now_stream_lose_and_repeat_nothing_while_segme
                 Maintenance(maintainer).run()
 
     def group() -> None:
-        with pgstreams.connect(dsn) as reader:
-            consumer = reader.consumer("state", "g")
-            idle = 0
-            while idle < 3:
-                batch = consumer.poll(max_events=300, timeout=0.2)
-                group_seen.extend((e.partition, e.position) for e in batch)
-                consumer.commit()
-                idle = idle + 1 if not batch and done.is_set() else 0
+        drain_group(dsn, "state", "g", group_seen, done)
 
     def share() -> None:
-        with pgstreams.connect(dsn) as reader:
-            sc = reader.share_consumer("state", "sg", start="earliest", lock_timeout=60)
-            idle = 0
-            while idle < 3:
-                batch = sc.poll(max_events=200, timeout=0.2)
-                share_seen.extend((e.partition, e.position) for e in batch)
-                if batch:
-                    sc.ack(batch)
-                idle = idle + 1 if not batch and done.is_set() else 0
+        drain_share(dsn, "state", "sg", share_seen, done)
 
     threads = [guarded(f) for f in (produce, compact, group, share)]
     for t in threads:

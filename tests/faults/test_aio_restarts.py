@@ -390,8 +390,12 @@ def test_an_async_publish_killed_during_its_commit_is_stored_once(server: Tempor
                 waiting = await _until_async(lambda: _sync_rep_waiters(admin, dbname, publishes=True), 30,
                                              "the publish's commit to wait for the standby")
                 last = await client.store.last_position(tid)  # the positions the attempt took
-                await admin.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid",
-                                    (waiting,))
+                # waits until each killed session has exited: released before that, the commit could end its
+                # wait normally (the standby setting gone) and answer the client before the session dies
+                cur = await admin.execute(
+                    "SELECT bool_and(pg_terminate_backend(pid, 30000)) FROM unnest(%s::int[]) AS pid",
+                    (waiting,))
+                assert (await cur.fetchone()) == (True,), "a killed session did not exit within 30 s"
             finally:
                 await _release_commits(admin)
             result = await asyncio.wait_for(task, 60)

@@ -15,8 +15,8 @@ measured in the same run.
 * ``during compaction``: the topic becomes ``cleanup.policy=compact`` with ``min.compaction.lag.ms`` one
   hour (the day-old events are due, the backlog and the new events are not), and the same processes run
   again (another group) while one maintenance pass compacts (``compaction_budget=None``): every sealed
-  day-old segment is mapped and rewritten (``--duty``: the pass's ``compaction_duty``, default 1.0, no
-  pauses). Reported: the pass's time and events/s, the space of the
+  day-old segment is mapped and rewritten (``--duty``: the pass's ``compaction_duty``, default the library's
+  0.5; 1.0: no pauses). Reported: the pass's time and events/s, the space of the
   topic before and after, the dead tuples of the topic's tables after it (``pg_stat_user_tables``) and of
   compaction's bookkeeping tables, and the publish and poll rates against those without compaction (the
   goal: >= 0.8 x).
@@ -44,6 +44,7 @@ from psycopg import sql
 from rich.console import Console
 
 import pgstreams
+from pgstreams.maintenance import DEFAULT_COMPACTION_DUTY
 
 from ._common import (
     DONE,
@@ -87,6 +88,12 @@ _SIZE = sql.SQL(
 _DEAD = sql.SQL(
     "SELECT coalesce(sum(n_dead_tup), 0) FROM pg_stat_user_tables"
     " WHERE schemaname = 'pgstreams' AND relname ~ %s"
+)
+#: the key map's updates, those that stayed on their page (heap-only, pruned without VACUUM) and the
+#: autovacuum runs on it (which remove dead tuples too: the count of dead tuples alone does not tell)
+_KEY_MAP = sql.SQL(
+    "SELECT n_tup_upd, n_tup_hot_upd, autovacuum_count FROM pg_stat_user_tables"
+    " WHERE schemaname = 'pgstreams' AND relname = 'compaction_keys'"
 )
 _RAW_COPY = sql.SQL("CREATE TABLE raw_log AS SELECT * FROM {table} WHERE position <= %s")
 _RAW_INDEX = sql.SQL("CREATE INDEX ON raw_log (partition, key, position)")
@@ -215,13 +222,15 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
             after = _one(conn, _SIZE, (tid, old_end))
             dead = _one(conn, _DEAD, (pattern,))
             books = _one(conn, _DEAD, ("^(compaction_keys|segments|segment_partitions)$",))
+            row = conn.execute(_KEY_MAP).fetchone()
+            upd, hot, vacuums = (int(v) for v in row) if row else (0, 0, 0)
         status = client.retention_status(TOPIC)[0]
     console.print(f"  compaction: {report.segments_compacted} segments rewritten, {report.events_compacted:,}"
                   f" events removed in {seconds:.1f} s")
     overlap = min(1.0, seconds / window)
     return [
         Measurement(f"full compaction of {events:,} events / {keys:,} keys (one pass, under load"
-                    + (f", duty {duty:g})" if duty < 1 else ")"),
+                    + f", duty {duty:g})",
                     seconds, "s", raw_distinct, "CREATE TABLE AS SELECT DISTINCT ON (plain copy)",
                     f"{report.segments_compacted} segments, {report.events_compacted:,} removed",
                     higher_is_better=False),
@@ -234,7 +243,9 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
                     f"{status.bytes_compacted / 2**20:,.0f} MiB freed by compaction; raw kept {raw_kept:,}"
                     " rows"),
         Measurement("dead tuples in the topic's tables after compaction", dead, "rows",
-                    floor=f"goal 0; bookkeeping tables: {books:,}", ok=dead == 0, higher_is_better=False),
+                    floor=f"goal 0; bookkeeping tables: {books:,} (key map: {upd:,} updates,"
+                    f" {hot / max(upd, 1):.0%} on their page; autovacuum {vacuums}x)", ok=dead == 0,
+                    higher_is_better=False),
         Measurement(f"publish rate during compaction ({overlap:.0%} of the window)", pub_b, "events/s",
                     pub_a, "without compaction", f">= {LIMIT:.1f} x", ok=pub_b >= LIMIT * pub_a),
         Measurement(f"poll rate during compaction ({overlap:.0%} of the window)", poll_b, "events/s",
@@ -256,8 +267,9 @@ def main(argv: list[str] | None = None) -> int:
                     f"(default {WINDOW:.0f})")
     ap.add_argument("--producers", type=int, default=PRODUCERS,
                     help=f"producer processes (default {PRODUCERS})")
-    ap.add_argument("--duty", type=float, default=1.0,
-                    help="compaction_duty of the compacting pass (default 1.0: no pauses)")
+    ap.add_argument("--duty", type=float, default=DEFAULT_COMPACTION_DUTY,
+                    help=f"compaction_duty of the compacting pass (default {DEFAULT_COMPACTION_DUTY:g}, the "
+                    "library's; 1.0: no pauses)")
     ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = ap.parse_args(argv)
     if args.events < 2 * SEGMENT or args.keys < PARTITIONS or args.keys % PARTITIONS or args.window <= 0 \

@@ -231,10 +231,10 @@ class Client(TopicAdmin, GroupAdmin, ShareAdmin, GrantAdmin, DeadLetterAdmin):
         rewrites while the pass is younger than ``compaction_budget`` seconds (default
         :data:`pgstreams.maintenance.DEFAULT_COMPACTION_BUDGET`; at least one per topic; ``None``: every
         segment due; the rest: ``segments_to_compact``), working ``compaction_duty`` of the time (default
-        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_DUTY`, 1.0: without pauses). Then drops detached
-        segments while the call is younger than ``purge_budget`` seconds (default
-        :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one; ``None``: all of them); the rest
-        are left to the next call (``segments_to_purge``)."""
+        :data:`pgstreams.maintenance.DEFAULT_COMPACTION_DUTY`, 0.5: half the time, pausing between steps;
+        1.0: without pauses). Then drops detached segments while the call is younger than ``purge_budget``
+        seconds (default :data:`pgstreams.maintenance.DEFAULT_PURGE_BUDGET`; at least one; ``None``: all of
+        them); the rest are left to the next call (``segments_to_purge``)."""
         return Maintenance(self._session).run(purge_budget=purge_budget, compaction_budget=compaction_budget,
                                               compaction_duty=compaction_duty)
 

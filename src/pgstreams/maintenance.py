@@ -96,8 +96,10 @@ DEFAULT_COMPACTION_BUDGET = 30.0
 #: The share of a pass's time compaction works (1.0: it never pauses). Below 1, compaction pauses after each
 #: step (mapping a segment, rewriting one) for as long as the step took times ``(1 - duty) / duty``,
 #: leaving the cores to publishers and consumers (as Kafka's cleaner throttle does), and takes that much
-#: longer.
-DEFAULT_COMPACTION_DUTY = 1.0
+#: longer. Half by default: working without pauses, compaction's backend takes about 40 % of the
+#: publishers' and consumers' rates on 2 busy cores while it runs, at half the time about none
+#: (docs/benchmarks.md, Compaction).
+DEFAULT_COMPACTION_DUTY = 0.5
 #: Longest wait of a compaction's swap for the topic table's lock, in seconds (tried again a few times,
 #: then at the next pass).
 COMPACTION_LOCK_TIMEOUT = 0.5

@@ -20,6 +20,9 @@ measured in the same run.
   topic before and after, the dead tuples of the topic's tables after it (``pg_stat_user_tables``) and of
   compaction's bookkeeping tables, and the publish and poll rates against those without compaction (the
   goal: >= 0.8 x).
+* ``without compaction again``: the same processes once more (a third group) after the pass; the rates
+  without compaction are the mean of this window's and the first's (a machine whose speed drifts moves the
+  mean of the windows around compaction less than the one before it).
 * Raw PostgreSQL in the same run: the COPY-in rate of 1,000-row batches (the machine's limit), and the
   same compaction done on a plain table holding a copy of the day-old events: the latest row of each key
   written to a new table with ``CREATE TABLE AS SELECT DISTINCT ON`` (the floor of a rewrite), and the
@@ -213,6 +216,11 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
         thread.start()
         pub_b, poll_b = _rates(db, "during", backlog_from, window, producers)
         thread.join()
+        # the same window again once compaction is done: the rates without it are the mean of the windows
+        # before and after, which a machine whose speed drifts moves less than the window before alone
+        console.print("  without compaction again: the same, after it")
+        pub_c, poll_c = _rates(db, "after", backlog_from, window, producers)
+        pub_a, poll_a = (pub_a + pub_c) / 2, (poll_a + poll_c) / 2
         report = outcome["report"]
         assert isinstance(report, pgstreams.MaintenanceReport)
         seconds = float(outcome["seconds"])  # type: ignore[arg-type]
@@ -247,9 +255,11 @@ def run(db: str, events: int, keys: int, backlog: int, window: float, producers:
                     f" {hot / max(upd, 1):.0%} on their page; autovacuum {vacuums}x)", ok=dead == 0,
                     higher_is_better=False),
         Measurement(f"publish rate during compaction ({overlap:.0%} of the window)", pub_b, "events/s",
-                    pub_a, "without compaction", f">= {LIMIT:.1f} x", ok=pub_b >= LIMIT * pub_a),
+                    pub_a, "without compaction (before and after)", f">= {LIMIT:.1f} x",
+                    ok=pub_b >= LIMIT * pub_a),
         Measurement(f"poll rate during compaction ({overlap:.0%} of the window)", poll_b, "events/s",
-                    poll_a, "without compaction", f">= {LIMIT:.1f} x", ok=poll_b >= LIMIT * poll_a),
+                    poll_a, "without compaction (before and after)", f">= {LIMIT:.1f} x",
+                    ok=poll_b >= LIMIT * poll_a),
         Measurement("raw COPY-in of 1,000-row batches (machine limit)", raw_in, "events/s"),
     ]
 

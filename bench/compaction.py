@@ -3,12 +3,12 @@ tuples, and publish and poll throughput during it against without it, beside the
 measured in the same run.
 
     python -m bench.compaction [--dsn DSN] [--events N] [--keys N] [--backlog N] [--window SECONDS]
-                               [--producers N] [--duty D] [--markdown]
+                               [--producers N] [--duty D] [--segment-events N] [--markdown]
 
-* One topic of 4 partitions (``segment.events`` 1,000,000) filled server-side (untimed) with ``--events``
-  (default 10,000,000) events of 100-byte values over ``--keys`` (default 100,000) keys, stamped a day
-  old, then with ``--backlog`` (default 3,000,000) new events: every full segment sealed by a maintenance
-  pass while the topic is still ``cleanup.policy=delete``.
+* One topic of 4 partitions (``segment.events`` 1,000,000, ``--segment-events``) filled server-side
+  (untimed) with ``--events`` (default 10,000,000) events of 100-byte values over ``--keys`` (default
+  100,000) keys, stamped a day old, then with ``--backlog`` (default 3,000,000) new events: every full
+  segment sealed by a maintenance pass while the topic is still ``cleanup.policy=delete``.
 * ``without compaction``: for ``--window`` seconds (default 30), ``--producers`` processes (default 2)
   ``publish_many`` batches of 1,000 keyed events to the topic and one process polls it (``poll(1000)``
   and a commit) from the start of the backlog.
@@ -168,18 +168,18 @@ def _rates(db: str, group: str, start: datetime, window: float, producers: int
 
 
 def run(db: str, events: int, keys: int, backlog: int, window: float, producers: int, duty: float,
-        console: Console) -> list[Measurement]:
-    """The measurements (see the module docstring)."""
+        console: Console, segment: int = SEGMENT) -> list[Measurement]:
+    """The measurements (see the module docstring); ``segment``: the topic's events per segment."""
     create_raw_table(db, "raw_copy_in")
     raw_in = run_parallel(raw_copy_in, RawTarget(db, "raw_copy_in", PARTITIONS), 1, 3.0)
     with pgstreams.connect(db) as client:
-        client.create_topic(TOPIC, PARTITIONS, config={"segment.events": SEGMENT})
+        client.create_topic(TOPIC, PARTITIONS, config={"segment.events": segment})
         tid = client.topic_record(TOPIC).id
         table = sql.Identifier("pgstreams", f"topic_{tid}")
         pattern = f"^topic_{tid}_s[0-9]+$"
-        old_end = events // SEGMENT * SEGMENT  # the segments below hold only day-old events
+        old_end = events // segment * segment  # the segments below hold only day-old events
         with client.connection() as conn:
-            conn.execute("SELECT pgstreams.ensure_segments(%s, %s)", (tid, events + backlog + 2 * SEGMENT))
+            conn.execute("SELECT pgstreams.ensure_segments(%s, %s)", (tid, events + backlog + 2 * segment))
             conn.commit()
             t0 = time.monotonic()
             _fill(conn, tid, 0, events, keys, "1 day", "c")
@@ -280,18 +280,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duty", type=float, default=DEFAULT_COMPACTION_DUTY,
                     help=f"compaction_duty of the compacting pass (default {DEFAULT_COMPACTION_DUTY:g}, the "
                     "library's; 1.0: no pauses)")
+    ap.add_argument("--segment-events", type=int, default=SEGMENT,
+                    help=f"events per segment of the topic (default {SEGMENT:,})")
     ap.add_argument("--markdown", action="store_true", help="also print the table in Markdown")
     args = ap.parse_args(argv)
-    if args.events < 2 * SEGMENT or args.keys < PARTITIONS or args.keys % PARTITIONS or args.window <= 0 \
-            or not 0 < args.duty <= 1:
-        ap.error(f"need --events >= {2 * SEGMENT:,}, --keys a multiple of {PARTITIONS}, --window > 0 and "
-                 "0 < --duty <= 1")
+    if args.segment_events < 1000 or args.events < 2 * args.segment_events or args.keys < PARTITIONS \
+            or args.keys % PARTITIONS or args.window <= 0 or not 0 < args.duty <= 1:
+        ap.error(f"need --segment-events >= 1,000, --events >= twice that, --keys a multiple of {PARTITIONS},"
+                 " --window > 0 and 0 < --duty <= 1")
     console = make_console()
     started = time.monotonic()
     target = server_dsn(args.dsn)
     info = machine(target)
-    with scratch_database(target) as db:
-        rows = run(db, args.events, args.keys, args.backlog, args.window, args.producers, args.duty, console)
+    with scratch_database(target, "pgstreams_bench_compaction") as db:
+        rows = run(db, args.events, args.keys, args.backlog, args.window, args.producers, args.duty, console,
+                   args.segment_events)
     print_results("pgstreams compaction benchmark", rows, console)
     console.print(
         f"{info['cpu']}, {info['cores']} cores, {info['ram']} RAM; PostgreSQL {info['postgresql']}; "

@@ -156,3 +156,35 @@ def test_snapshot_is_read_by_the_running_capture_and_bad_requests_are_refused(cd
     assert run.returncode == 0 and "Traceback" not in err, err
     assert (done[0].rows, done[0].chunks) == (500, 8)
     assert "public.orders: 500 row(s) in 8 chunk(s), finished" in ok(cdc_dsn, "cdc", "describe", "cdc")
+
+
+def test_a_worker_with_cdc_runs_the_slot_guard_which_drops_an_unread_slot_and_spares_its_own(
+        cdc_dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (id int)")
+    ok(cdc_dsn, "cdc", "add", "orders", "--topic-prefix", "shop")
+    ok(cdc_dsn, "cdc", "add", "orders", "--topic-prefix", "stale")  # nobody runs it
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO other SELECT generate_series(1, 20000)")  # WAL both slots keep
+    (tmp_path / "cdc_handlers.py").write_text("def noop(event):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_")}
+    cmd = [sys.executable, "-m", "pgstreams.cli", "worker", "cdc_handlers:noop", "--topic",
+           "shop.public.orders", "--group", "g", "--cdc", "shop", "--cdc-max-retained", "1000", "--cdc-drop",
+           "--dsn", cdc_dsn]
+    worker = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        with pgstreams.connect(cdc_dsn) as client:
+            wait_until(lambda: client.cdc.describe("stale").lag_bytes is None, 30,
+                       "the worker's slot guard dropping the unread slot")
+            with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO orders VALUES (1)")
+            wait_until(lambda: client.cdc.describe("shop").changes == 1, 20, "the worker capturing")
+            assert client.cdc.describe("shop").lag_bytes is not None  # its own slot is kept
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0 and "Traceback" not in err, err
+    assert "DROPPED the slot" in err and "capture stale" in err
+    assert "of capture shop to keep" not in err

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Literal
 
 import psycopg
 
-from ..errors import ConfigurationError, InvalidArgument, InvalidName, PermissionDenied
+from ..errors import ConfigurationError, ConnectionLost, InvalidArgument, InvalidName, PermissionDenied
 from ..models import Message
 from ..names import check_partitions, check_topic
+from ..services import Service
 from ..storage.cdc import CaptureRecord, SnapshotRecord, lsn_text
 from .capture import (
     DEFAULT_BATCH,
@@ -60,6 +61,8 @@ DEFAULT_SNAPSHOT: Snapshot = "never"
 SNAPSHOT_BATCH = 5000
 #: WAL a capture's slot may keep on the server (bytes) before the slot guard warns (and drops it if asked).
 DEFAULT_MAX_RETAINED = 1 << 30
+#: Seconds between two checks of the slot guard's service (:meth:`Cdc.guard_service`).
+DEFAULT_GUARD_INTERVAL = 60.0
 
 log = logging.getLogger("pgstreams.cdc")
 
@@ -385,15 +388,45 @@ class Cdc:
                         "does not advance; is pgstreams cdc run running?", r.slot, r.name,
                         slot.retained_bytes, max_retained, slot.wal_status)
             if drop and not slot.active:
-                with self.session.connection() as conn:
-                    if self.store.slot_exists(conn, r.slot):
-                        self.store.drop_slot(conn, r.slot)
-                        dropped = True
+                dropped = self._drop_unread(r)
+            if dropped:
                 log.critical("cdc: DROPPED the slot %s of capture %s to keep the server's disk: its changes "
                              "after %s are lost; pgstreams cdc remove %s, then add it again", r.slot, r.name,
                              lsn_text(r.confirmed_lsn), r.name)
             alarms.append(SlotAlarm(r.name, r.slot, slot.retained_bytes, slot.wal_status, dropped))
         return alarms
+
+    def _drop_unread(self, r: CaptureRecord) -> bool:
+        """Drop capture ``r``'s slot unless a process captures it (holds its lock: it reads the slot
+        between its rounds too); whether it was dropped."""
+        conn = self.session.raw_connection()
+        try:
+            if not self.store.try_lock(conn, r.name):
+                log.warning("cdc: the slot %s of capture %s is not dropped: a process captures it", r.slot,
+                            r.name)
+                return False
+            if not self.store.slot_exists(conn, r.slot):
+                return False
+            self.store.drop_slot(conn, r.slot)
+            return True
+        finally:
+            conn.close()
+
+    def guard_service(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False,
+                      interval: float = DEFAULT_GUARD_INTERVAL) -> Service:
+        """A service that runs :meth:`guard` every ``interval`` seconds (default
+        :data:`DEFAULT_GUARD_INTERVAL`; the first check at its start): run by ``pgstreams cdc run`` and by
+        workers that capture. A check that fails (the server away) is logged and done again next time."""
+        if isinstance(max_retained, bool) or not isinstance(max_retained, int) or max_retained < 0:
+            raise InvalidArgument(f"max_retained must be a number of bytes >= 0, got {max_retained!r}")
+
+        def check() -> None:
+            try:
+                self.guard(max_retained, drop=drop)
+            except (psycopg.Error, ConnectionLost) as exc:
+                log.warning("cdc: the slot guard failed (checked again in %gs): %s", interval, exc)
+
+        return Service("cdc-slot-guard", check, interval)
 
     # -- capturing ------------------------------------------------------------------------------------
     def capturer(self, name: str, *, batch: int = DEFAULT_BATCH) -> Capturer:

@@ -6,7 +6,6 @@ import logging
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 
@@ -171,8 +170,6 @@ MaxRetainedOption = Annotated[int, typer.Option(
     "--max-retained", help="Bytes of WAL a capture's slot may keep before the slot guard warns.")]
 DropOption = Annotated[bool, typer.Option(
     "--drop", help="Drop a slot over the limit that no process reads, rather than fill the disk.")]
-#: Seconds between two checks of the slot guard of ``pgstreams cdc run``.
-GUARD_INTERVAL = 60.0
 
 
 @cdc_app.command("guard")
@@ -223,15 +220,7 @@ def cdc_run(
         for n in chosen:
             client.cdc.describe(n)  # CaptureNotFound before anything starts
         services: list[Service] = [client.cdc.service(n, interval=interval) for n in chosen]
-        cdc = client.cdc
-
-        def guard() -> None:
-            try:
-                cdc.guard(max_retained, drop=drop)
-            except psycopg.Error as exc:  # tried again at the next check
-                logging.getLogger("pgstreams.cdc").warning("cdc: the slot guard failed: %s", exc)
-
-        services.append(Service("cdc-slot-guard", guard, GUARD_INTERVAL))
+        services.append(client.cdc.guard_service(max_retained, drop=drop))
         failed: list[BaseException] = []
         supervisor = Supervisor(services, lambda f: failed.append(f))
         for s in services:

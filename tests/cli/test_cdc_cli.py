@@ -1,5 +1,6 @@
-"""``pgstreams cdc add|list|describe|remove|run`` (and ``pgstreams worker --cdc``) as real subprocesses: the
-captures' life cycle, and bad input refused with one line, a non-zero exit code and nothing changed."""
+"""``pgstreams cdc add|list|describe|snapshot|remove|run|guard`` (and ``pgstreams worker --cdc``) as real
+subprocesses: the captures' life cycle, incremental snapshots, and bad input refused with one line, a
+non-zero exit code and nothing changed."""
 
 from __future__ import annotations
 
@@ -124,3 +125,66 @@ def test_guard_exits_1_when_a_slot_keeps_too_much_wal(cdc_dsn: str) -> None:
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     (alarm,) = json.loads(p.stdout)
     assert alarm["capture"] == "cdc" and alarm["dropped"] is False
+
+
+def test_snapshot_is_read_by_the_running_capture_and_bad_requests_are_refused(cdc_dsn: str) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY, total int)")
+        conn.execute("CREATE TABLE other (id int PRIMARY KEY)")
+        conn.execute("INSERT INTO orders SELECT i, i FROM generate_series(1, 500) i")
+    ok(cdc_dsn, "cdc", "add", "orders")
+    refused(cdc_dsn, 2, "table public.missing does not exist", "cdc", "snapshot", "missing")
+    refused(cdc_dsn, 2, "table public.other is not captured by capture 'cdc'", "cdc", "snapshot", "other")
+    refused(cdc_dsn, 1, "capture 'shop' does not exist", "cdc", "snapshot", "orders", "--capture", "shop")
+    refused(cdc_dsn, 2, "chunk size must be a whole number from 1", "cdc", "snapshot", "orders",
+            "--chunk-size", "0")
+    assert json.loads(ok(cdc_dsn, "cdc", "describe", "cdc", "--json"))["snapshots"] == []  # nothing changed
+
+    (requested,) = json.loads(ok(cdc_dsn, "cdc", "snapshot", "orders", "--chunk-size", "64", "--json"))
+    assert (requested["table"], requested["chunk_size"]) == ("public.orders", 64)
+    assert requested["finished_at"] is None
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_")}
+    run = subprocess.Popen([sys.executable, "-m", "pgstreams.cli", "cdc", "run", "--dsn", cdc_dsn],
+                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with pgstreams.connect(cdc_dsn) as client:
+            done = wait_until(lambda: [s for s in client.cdc.describe("cdc").snapshots if s.finished], 60,
+                              "the running capture finishing the snapshot")
+    finally:
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=30)
+    assert run.returncode == 0 and "Traceback" not in err, err
+    assert (done[0].rows, done[0].chunks) == (500, 8)
+    assert "public.orders: 500 row(s) in 8 chunk(s), finished" in ok(cdc_dsn, "cdc", "describe", "cdc")
+
+
+def test_a_worker_with_cdc_runs_the_slot_guard_which_drops_an_unread_slot_and_spares_its_own(
+        cdc_dsn: str, tmp_path: Path) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (id int)")
+    ok(cdc_dsn, "cdc", "add", "orders", "--topic-prefix", "shop")
+    ok(cdc_dsn, "cdc", "add", "orders", "--topic-prefix", "stale")  # nobody runs it
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("INSERT INTO other SELECT generate_series(1, 20000)")  # WAL both slots keep
+    (tmp_path / "cdc_handlers.py").write_text("def noop(event):\n    pass\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PGSTREAMS_")}
+    cmd = [sys.executable, "-m", "pgstreams.cli", "worker", "cdc_handlers:noop", "--topic",
+           "shop.public.orders", "--group", "g", "--cdc", "shop", "--cdc-max-retained", "1000", "--cdc-drop",
+           "--dsn", cdc_dsn]
+    worker = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)
+    try:
+        with pgstreams.connect(cdc_dsn) as client:
+            wait_until(lambda: client.cdc.describe("stale").lag_bytes is None, 30,
+                       "the worker's slot guard dropping the unread slot")
+            with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+                conn.execute("INSERT INTO orders VALUES (1)")
+            wait_until(lambda: client.cdc.describe("shop").changes == 1, 20, "the worker capturing")
+            assert client.cdc.describe("shop").lag_bytes is not None  # its own slot is kept
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0 and "Traceback" not in err, err
+    assert "DROPPED the slot" in err and "capture stale" in err
+    assert "of capture shop to keep" not in err

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import threading
 
+import psycopg
+
 import pgstreams
 from _core_helpers import wait_until
 from _obs_helpers import CLI, TESTS, get, server, value
@@ -143,3 +145,51 @@ def test_serving_on_a_busy_port_names_the_address_and_exits_1(dsn: str) -> None:
             assert p.returncode == 1, (command, p.stderr)
             assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in p.stderr, p.stderr
             assert "Traceback" not in p.stderr
+
+
+def test_metrics_serve_exports_each_captures_slot_lag_wal_status_and_safe_wal_size(cdc_dsn: str) -> None:
+    with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+        conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+        conn.execute("CREATE TABLE other (id int)")
+    with pgstreams.connect(cdc_dsn) as client:
+        client.cdc.add(["orders"], topic_prefix="shop")
+        with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+            conn.execute("INSERT INTO orders VALUES (1), (2)")
+            conn.execute("INSERT INTO other SELECT generate_series(1, 20000)")  # WAL the slot keeps
+        with server(["metrics", "serve", "--port", "0", "--min-interval", "0", "--dsn", cdc_dsn],
+                    "serving metrics at") as srv:
+            text = get(srv.url + "/metrics")
+            info = client.cdc.describe("shop")
+            assert value(text, "pgstreams_cdc_up") == 1
+            assert value(text, "pgstreams_cdc_slot_present", capture="shop") == 1
+            assert value(text, "pgstreams_cdc_slot_active", capture="shop") == 0  # nobody captures
+            lag = value(text, "pgstreams_cdc_slot_lag_bytes", capture="shop")
+            assert lag is not None and info.lag_bytes is not None and 100_000 < lag <= info.lag_bytes
+            assert value(text, "pgstreams_cdc_slot_wal_status", capture="shop", status=info.wal_status) == 1
+            assert sum(value(text, "pgstreams_cdc_slot_wal_status", capture="shop", status=s) or 0
+                       for s in ("reserved", "extended", "unreserved", "lost")) == 1
+            # no max_slot_wal_keep_size on the test server: no safe_wal_size, and the metric is absent
+            assert info.safe_wal_size is None
+            assert value(text, "pgstreams_cdc_slot_safe_wal_size_bytes", capture="shop") is None
+            assert value(text, "pgstreams_cdc_changes_total", capture="shop") == 0
+            client.cdc.capture("shop")
+            text = get(srv.url + "/metrics")
+            assert value(text, "pgstreams_cdc_changes_total", capture="shop") == 2
+            lag = value(text, "pgstreams_cdc_slot_lag_bytes", capture="shop")
+            assert lag is not None and lag < 100_000  # captured: the slot advanced
+            with psycopg.connect(cdc_dsn, autocommit=True) as conn:  # a limit: safe_wal_size appears
+                conn.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1GB'")
+                conn.execute("SELECT pg_reload_conf()")
+            try:
+                wait_until(lambda: client.cdc.describe("shop").safe_wal_size is not None, 20,
+                           "the server reloading its configuration")
+                text = get(srv.url + "/metrics")
+                safe = value(text, "pgstreams_cdc_slot_safe_wal_size_bytes", capture="shop")
+                now = client.cdc.describe("shop").safe_wal_size
+                assert safe is not None and now is not None and 0 < safe and abs(safe - now) < 64 << 20
+            finally:
+                with psycopg.connect(cdc_dsn, autocommit=True) as conn:
+                    conn.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                    conn.execute("SELECT pg_reload_conf()")
+            srv.proc.terminate()
+            assert srv.proc.wait(20) == 0, srv.output

@@ -208,3 +208,29 @@ def test_non_loopback_needs_credentials_and_credentials_are_required(dsn: str) -
         code, page = fetch(srv.url + "/", headers={"Authorization": f"Basic {good}"})
         assert code == 200 and "pa55word" not in page
     assert "pa55word" not in srv.output and "s3cret" not in srv.output
+
+
+def test_the_overview_shows_each_captures_slot_lag_wal_status_and_safe_wal_size(cdc_dsn: str) -> None:
+    with pgstreams.connect(cdc_dsn) as client:
+        with client.connection() as conn:
+            conn.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+            conn.execute("CREATE TABLE gone (id int PRIMARY KEY)")
+            conn.execute("INSERT INTO orders SELECT generate_series(1, 300)")
+        client.cdc.add(["orders"], topic_prefix="shop")
+        client.cdc.snapshot(["orders"], capture="shop", chunk_size=100)
+        client.cdc.capture("shop")
+        client.cdc.add(["gone"], topic_prefix="old")
+        client.cdc.guard(0, drop=True)  # drops the slot of "old" (nobody reads it) and of "shop"
+        client.cdc.add(["orders"], topic_prefix="live")
+        with console(cdc_dsn) as srv:
+            code, page = fetch(srv.url + "/")
+            assert code == 200
+            rows = {r[0]: r for r in table(page, "captures")}
+            live = client.cdc.describe("live")
+    assert set(rows) == {"live", "old", "shop"}
+    # capture, tables, changes, confirmed, slot, lag, retained WAL, wal_status, safe_wal_size, snapshots
+    assert rows["live"][1:5] == ["public.orders", "0", live.confirmed_lsn, "idle"]
+    assert rows["live"][5].endswith(("B", "KiB", "MiB")) and rows["live"][7] == live.wal_status
+    assert rows["live"][8] == "no limit" and rows["live"][9] == ""
+    assert rows["shop"][2] == "300" and rows["shop"][4] == "dropped" and rows["shop"][5:9] == ["", "", "", ""]
+    assert rows["shop"][9] == "public.orders 300 rows done"

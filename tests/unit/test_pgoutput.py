@@ -16,6 +16,7 @@ from pgstreams.cdc.pgoutput import (
     DecodeError,
     Delete,
     Insert,
+    LogicalMessage,
     Relation,
     Truncate,
     Update,
@@ -59,6 +60,14 @@ def test_messages_decode() -> None:
     assert decode(b"Y" + struct.pack("!I", 1) + b"public\0mood\0") is None
     with pytest.raises(DecodeError, match="unknown pgoutput message kind"):
         decode(b"Z")
+
+
+def test_a_logical_decoding_message_decodes_with_its_prefix_and_content() -> None:
+    content = b'{"mark":"low"}'
+    data = b"M" + struct.pack("!bq", 1, 0x2_0000_0040) + b"pgstreams.cdc\0" + struct.pack("!i", len(content))
+    assert decode(data + content) == LogicalMessage(True, 0x2_0000_0040, "pgstreams.cdc", content)
+    assert decode(b"M" + struct.pack("!bq", 0, 7) + b"p\0" + struct.pack("!i", 0)) == LogicalMessage(
+        False, 7, "p", b"")
 
 
 def test_events_mark_unchanged_toast_and_split_a_key_change() -> None:

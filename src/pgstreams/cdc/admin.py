@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Literal
 
 import psycopg
 
-from ..errors import ConfigurationError, InvalidArgument, InvalidName, PermissionDenied
+from ..errors import ConfigurationError, ConnectionLost, InvalidArgument, InvalidName, PermissionDenied
 from ..models import Message
 from ..names import check_partitions, check_topic
-from ..storage.cdc import CaptureRecord, lsn_text
+from ..services import Service
+from ..storage.cdc import CaptureRecord, SnapshotRecord, lsn_text
 from .capture import (
     DEFAULT_BATCH,
     DEFAULT_CAPTURE_INTERVAL,
@@ -34,8 +35,16 @@ from .capture import (
     Capturer,
     CaptureService,
 )
-from .events import EventMaker, Shape, Source, topic_name
-from .pgoutput import Column, Relation
+from .events import EventMaker, Source, topic_name
+from .snapshots import (
+    DEFAULT_CHUNK_SIZE,
+    MESSAGES_VERSION,
+    SnapshotStatus,
+    check_chunk_size,
+    chunk_key,
+    request,
+    table_shape,
+)
 from .values import TypeMap
 
 if TYPE_CHECKING:
@@ -52,6 +61,8 @@ DEFAULT_SNAPSHOT: Snapshot = "never"
 SNAPSHOT_BATCH = 5000
 #: WAL a capture's slot may keep on the server (bytes) before the slot guard warns (and drops it if asked).
 DEFAULT_MAX_RETAINED = 1 << 30
+#: Seconds between two checks of the slot guard's service (:meth:`Cdc.guard_service`).
+DEFAULT_GUARD_INTERVAL = 60.0
 
 log = logging.getLogger("pgstreams.cdc")
 
@@ -80,7 +91,7 @@ class CaptureInfo:
     the slot as the server reports it (``None``
     when the slot is gone): ``slot_active`` (a process reads it), ``lag_bytes`` (WAL written since its
     confirmed position), ``retained_bytes`` (WAL the server keeps for it), ``wal_status`` and
-    ``safe_wal_size``."""
+    ``safe_wal_size``; its incremental ``snapshots`` (:class:`SnapshotStatus`, by table)."""
 
     name: str
     slot: str
@@ -100,6 +111,7 @@ class CaptureInfo:
     retained_bytes: int | None = None
     wal_status: str | None = None
     safe_wal_size: int | None = None
+    snapshots: tuple[SnapshotStatus, ...] = ()
 
 
 def slot_name(database: str, schema: str, prefix: str) -> str:
@@ -166,8 +178,9 @@ class Cdc:
         """Capture ``tables`` (``schema.table`` or ``table``: schema ``public``) into topics
         ``topic_prefix.schema.table`` (created with ``partitions``, default 1). The capture named
         ``topic_prefix`` (default ``"cdc"``) is created (with its publication and slot) unless it exists;
-        then the tables are added to it. ``snapshot="initial"`` (a new capture only) first stores every
-        existing row (``op: r``), consistently with the changes that follow; default ``"never"``.
+        then the tables are added to it. ``snapshot="initial"``: a new capture first stores every existing
+        row (``op: r``), consistently with the changes that follow; tables added to an existing capture get
+        an incremental snapshot (:meth:`snapshot`) instead. Default ``"never"``.
         ``tombstones`` (a new capture only; default false): each delete is followed by a tombstone, an event
         of the key with a null value (what compacted topics drop a key for).
         Raises :class:`InvalidArgument`, :class:`ConfigurationError`, :class:`PermissionDenied` naming
@@ -202,8 +215,7 @@ class Cdc:
                     snapshot: Snapshot) -> None:
         new = [(s, t) for s, t in tables if f"{s}.{t}" not in record.tables]
         if new and snapshot == "initial":
-            raise InvalidArgument(f"capture {record.name!r} exists: tables are added to it with snapshot "
-                                  "'never' only (their existing rows are not read)")
+            self._check_snapshots(conn, new)
         for s, t in new:
             self.client.create_topic(topic_name(record.name, s, t), record.partitions)
         if new:
@@ -211,6 +223,9 @@ class Cdc:
                 self.store.publication_add(conn, record.publication, new)
                 for s, t in new:
                     self.store.insert_table(conn, record.name, s, t, topic_name(record.name, s, t))
+                    if snapshot == "initial":
+                        request(self.store, conn, self.session.schema, record.name, (s, t),
+                                DEFAULT_CHUNK_SIZE)
 
     def _create(self, conn: psycopg.Connection, prefix: str, tables: list[tuple[str, str]], partitions: int,
                 snapshot: Snapshot, tombstones: bool) -> None:
@@ -254,22 +269,63 @@ class Cdc:
             with writer.transaction():
                 self._record(writer, prefix, slot, partitions, "initial", lsn, tables, tombstones)
                 for s, t in tables:
-                    cols = self.store.table_columns(reader, s, t)
-                    identity = self.store.table_identity(s, t, reader)
-                    relation = Relation(0, s, t, identity.identity if identity else "d",
-                                        tuple(Column(n, oid, -1, False) for n, oid in cols))
-                    shape = Shape.of(relation, prefix, types, identity.primary_key if identity else ())
-                    if not shape.key and identity is not None:
-                        names = [n for n, _ in cols]
-                        shape.key = tuple(names.index(k) for k in identity.identity_index) or tuple(
-                            range(len(cols)))
-                    for batch in self.store.snapshot_rows(reader, s, t, [n for n, _ in cols], SNAPSHOT_BATCH):
+                    shape = table_shape(self.store, reader, prefix, types, s, t)
+                    names = [c.name for c in shape.columns]
+                    for batch in self.store.snapshot_rows(reader, s, t, names, SNAPSHOT_BATCH):
                         events: list[Message] = [maker.snapshot_row(shape, source, row) for row in batch]
                         stored += self.client.producer.copy_in(writer, shape.topic, events)
                 self.store.confirm(writer, prefix, lsn, lsn, 0, stored)
         finally:
             reader.close()
             writer.close()
+
+    def _check_snapshots(self, conn: psycopg.Connection, tables: Sequence[tuple[str, str]]) -> None:
+        """Raise unless the server sends logical decoding messages and each table has a key to read its
+        chunks by."""
+        version = self.store.server_settings(conn).version
+        if version < MESSAGES_VERSION:
+            raise ConfigurationError(f"incremental snapshots need PostgreSQL 14 or later (its pgoutput sends "
+                                     f"the watermarks); the server is {version // 10000}")
+        for s, t in tables:
+            identity = self.store.table_identity(s, t, conn)
+            if identity is None or not chunk_key(identity):
+                raise InvalidArgument(f"table {s}.{t} has neither a primary key nor a replica identity "
+                                      "index to read it in chunks by: add a primary key for an incremental "
+                                      "snapshot")
+
+    def snapshot(self, tables: Sequence[str], *, capture: str = DEFAULT_TOPIC_PREFIX,
+                 chunk_size: int = DEFAULT_CHUNK_SIZE) -> builtins.list[SnapshotStatus]:
+        """Read ``tables`` (captured by ``capture``, default ``"cdc"``) again while the capture streams: an
+        incremental snapshot, ``chunk_size`` rows at a time by key (default :data:`DEFAULT_CHUNK_SIZE`),
+        whose rows become events ``op: r`` in the stream, without a change lost or reordered (see
+        :mod:`pgstreams.cdc.snapshots`). The capturing process does the work in its rounds; a table
+        snapshotted again starts over. Returns the snapshots requested (progress: :meth:`describe`).
+        Raises :class:`CaptureNotFound`, :class:`InvalidArgument` (a table that does not exist or that
+        the capture does not capture), :class:`ConfigurationError` (before PostgreSQL 14); nothing is
+        changed then."""
+        check_topic(capture)
+        check_chunk_size(chunk_size)
+        if isinstance(tables, str) or not tables:
+            raise InvalidArgument("give one or more tables")
+        parsed = list(dict.fromkeys(parse_table(t) for t in tables))
+        with self.session.connection() as conn:
+            found = self.store.captures(capture, conn)
+            if not found:
+                raise CaptureNotFound(f"capture {capture!r} does not exist (see pgstreams cdc list)")
+            record = found[0]
+            for s, t in parsed:
+                if self.store.table_identity(s, t, conn) is None:
+                    raise InvalidArgument(f"table {s}.{t} does not exist")
+                if f"{s}.{t}" not in record.tables:
+                    raise InvalidArgument(f"table {s}.{t} is not captured by capture {capture!r} (it "
+                                          f"captures {', '.join(record.tables)}): pgstreams cdc add it first")
+            self._check_snapshots(conn, parsed)
+            with conn.transaction():
+                for job in parsed:
+                    request(self.store, conn, self.session.schema, capture, job, chunk_size)
+            wanted = {f"{s}.{t}" for s, t in parsed}
+            return [_status(r) for r in self.store.snapshots(capture, conn)
+                    if f"{r.schema}.{r.table}" in wanted]
 
     def list(self) -> list[CaptureInfo]:
         """Every capture of the database, by name (slot figures included)."""
@@ -288,7 +344,7 @@ class Cdc:
         topics = tuple(topic_name(r.name, *t.split(".", 1)) for t in r.tables)
         info = CaptureInfo(r.name, r.slot, r.publication, r.partitions, r.snapshot, r.tables, topics,
                            lsn_text(r.confirmed_lsn), r.transactions, r.changes, r.created_at, r.confirmed_at,
-                           r.tombstones)
+                           r.tombstones, snapshots=tuple(_status(s) for s in self.store.snapshots(r.name)))
         if slot is None:
             return info
         return dataclasses.replace(info, slot_active=slot.active, lag_bytes=slot.lag_bytes,
@@ -332,15 +388,45 @@ class Cdc:
                         "does not advance; is pgstreams cdc run running?", r.slot, r.name,
                         slot.retained_bytes, max_retained, slot.wal_status)
             if drop and not slot.active:
-                with self.session.connection() as conn:
-                    if self.store.slot_exists(conn, r.slot):
-                        self.store.drop_slot(conn, r.slot)
-                        dropped = True
+                dropped = self._drop_unread(r)
+            if dropped:
                 log.critical("cdc: DROPPED the slot %s of capture %s to keep the server's disk: its changes "
                              "after %s are lost; pgstreams cdc remove %s, then add it again", r.slot, r.name,
                              lsn_text(r.confirmed_lsn), r.name)
             alarms.append(SlotAlarm(r.name, r.slot, slot.retained_bytes, slot.wal_status, dropped))
         return alarms
+
+    def _drop_unread(self, r: CaptureRecord) -> bool:
+        """Drop capture ``r``'s slot unless a process captures it (holds its lock: it reads the slot
+        between its rounds too); whether it was dropped."""
+        conn = self.session.raw_connection()
+        try:
+            if not self.store.try_lock(conn, r.name):
+                log.warning("cdc: the slot %s of capture %s is not dropped: a process captures it", r.slot,
+                            r.name)
+                return False
+            if not self.store.slot_exists(conn, r.slot):
+                return False
+            self.store.drop_slot(conn, r.slot)
+            return True
+        finally:
+            conn.close()
+
+    def guard_service(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False,
+                      interval: float = DEFAULT_GUARD_INTERVAL) -> Service:
+        """A service that runs :meth:`guard` every ``interval`` seconds (default
+        :data:`DEFAULT_GUARD_INTERVAL`; the first check at its start): run by ``pgstreams cdc run`` and by
+        workers that capture. A check that fails (the server away) is logged and done again next time."""
+        if isinstance(max_retained, bool) or not isinstance(max_retained, int) or max_retained < 0:
+            raise InvalidArgument(f"max_retained must be a number of bytes >= 0, got {max_retained!r}")
+
+        def check() -> None:
+            try:
+                self.guard(max_retained, drop=drop)
+            except (psycopg.Error, ConnectionLost) as exc:
+                log.warning("cdc: the slot guard failed (checked again in %gs): %s", interval, exc)
+
+        return Service("cdc-slot-guard", check, interval)
 
     # -- capturing ------------------------------------------------------------------------------------
     def capturer(self, name: str, *, batch: int = DEFAULT_BATCH) -> Capturer:
@@ -364,6 +450,11 @@ class Cdc:
             return capturer.run_until_idle()
         finally:
             capturer.release()
+
+
+def _status(r: SnapshotRecord) -> SnapshotStatus:
+    return SnapshotStatus(r.capture, f"{r.schema}.{r.table}", r.chunk_size, r.rows, r.chunks, r.requested_at,
+                          r.finished_at)
 
 
 def _now_ms() -> int:

@@ -15,6 +15,10 @@ rounds. A round:
    more, to the WAL position it was read up to (the server keeps no WAL for the slot before it: an idle
    capture does not pin WAL).
 
+With an incremental snapshot waiting (:mod:`.snapshots`), a round first reads the next chunk of its table
+between two watermarks; the chunk's rows become events when the round meets the high watermark in the
+stream, stored with the snapshot's cursor in the transaction of step 3.
+
 A crash before step 3 commits leaves everything as it was: the next round reads the same transactions
 again. A crash between 3 and 4 leaves the slot behind the stored position: the next round skips every
 transaction at or below it. :class:`CaptureService` runs a capturer as a :class:`pgstreams.Service`.
@@ -35,7 +39,8 @@ from ..models import Message
 from ..services import Service
 from ..storage.cdc import CaptureRecord
 from .events import EventMaker, Shape, Source
-from .pgoutput import Begin, Commit, Delete, Insert, Relation, Truncate, Update, decode
+from .pgoutput import Begin, Commit, Delete, Insert, LogicalMessage, Relation, Truncate, Update, decode
+from .snapshots import MESSAGES_VERSION, Chunk, Snapshotter
 from .values import TypeMap
 
 if TYPE_CHECKING:
@@ -80,7 +85,8 @@ class Round:
 class Capturer:
     """Captures capture ``name`` (see the module's docstring). ``batch``: messages a round peeks at most
     (default :data:`DEFAULT_BATCH`). ``on_step``, called with ``"peeked"``, ``"stored"`` and
-    ``"advanced"`` as a round passes each point (tracing and fault tests). Not thread-safe."""
+    ``"advanced"`` as a round passes each point, and ``"chunk"`` after it read a chunk of an incremental
+    snapshot (tracing and fault tests). Not thread-safe."""
 
     def __init__(self, client: CaptureClient, name: str, *, batch: int = DEFAULT_BATCH,
                  clock: Callable[[], float] = time.time, on_step: Callable[[str], None] | None = None
@@ -102,6 +108,7 @@ class Capturer:
         self._topics: set[str] = set()
         self._types: TypeMap | None = None
         self._log_snapshots = True
+        self.snapshots: Snapshotter | None = None
 
     @property
     def holds(self) -> bool:
@@ -137,6 +144,8 @@ class Capturer:
         self._slot_lsn = slot.confirmed_lsn
         self._shapes.clear()
         self._types = TypeMap(lambda oids: self.store.array_elements(conn, oids))
+        supported = self.store.server_settings(conn).version >= MESSAGES_VERSION
+        self.snapshots = Snapshotter(self.store, self.session.schema, self.name, self._types, supported)
         log.info("cdc: this process captures %s (slot %s) from %X/%X", self.name, self.record.slot,
                  self.confirmed >> 32, self.confirmed & 0xFFFFFFFF)
         return True
@@ -166,21 +175,28 @@ class Capturer:
     def round(self) -> Round:
         """One round (see the module's docstring). Raises :class:`CaptureLost` when another capturer
         stored meanwhile, psycopg's errors when the connection breaks (then :meth:`release`)."""
-        conn, record = self._conn, self.record
-        if conn is None or record is None:
+        conn, record, snapshots = self._conn, self.record, self.snapshots
+        if conn is None or record is None or snapshots is None:
             raise CaptureLost(f"this process does not hold capture {self.name!r} (acquire it first)")
+        if snapshots.open(conn) is not None:
+            self._step("chunk")
         upto = self.store.flush_lsn(conn)
-        messages = self.store.peek(conn, record.slot, record.publication, upto, self.batch)
+        messages = self.store.peek(conn, record.slot, record.publication, upto, self.batch,
+                                   snapshots.supported)
         self._step("peeked")
         more = len(messages) >= self.batch
         by_topic: dict[str, list[Message]] = {}
         transactions = changes = 0
         last = self.confirmed
         source: Source | None = None
+        closed: list[Chunk] = []
+        before = 0
         for data in messages:
             msg = decode(data)
+            chunk = snapshots.chunk
             if isinstance(msg, Begin):
                 source = Source.of(msg) if msg.final_lsn >= self.confirmed else None
+                before = changes
             elif isinstance(msg, Relation):
                 self._shapes[msg.oid] = shape = self._shape(conn, msg)
                 if shape.topic not in self._topics:
@@ -189,18 +205,32 @@ class Capturer:
             elif source is None:
                 continue  # a transaction stored before
             elif isinstance(msg, Commit):
-                transactions += 1
+                if changes > before:  # not a transaction of watermarks only
+                    transactions += 1
                 last = msg.end_lsn
                 source = None
             elif isinstance(msg, (Insert, Update, Delete)):
                 shape = self._shapes[msg.relation]
                 events = by_topic.setdefault(shape.topic, [])
-                for ev in self.maker.change(shape, source, msg):
-                    events.append(ev)
-                    changes += 1
+                made = list(self.maker.change(shape, source, msg))
+                events += made
+                changes += len(made)
+                if chunk is not None and chunk.of(shape.relation.schema, shape.relation.name):
+                    assert source.txid is not None
+                    chunk.changed(source.txid, (ev.key for ev in made))
+            elif isinstance(msg, LogicalMessage):
+                done = snapshots.watermark(msg)
+                if done is not None:  # its high watermark: the rows left, here in the stream
+                    made = done.events(self.maker, Source(source.lsn, None, source.ts_ms))
+                    by_topic.setdefault(done.shape.topic, []).extend(made)
+                    changes += len(made)
+                    closed.append(done)
             elif isinstance(msg, Truncate):
                 for oid in msg.relations:
                     shape = self._shapes[oid]
+                    if chunk is not None and chunk.of(shape.relation.schema, shape.relation.name):
+                        assert source.txid is not None
+                        chunk.truncated(source.txid)
                     parts = self.session.topic_state(shape.topic, conn=conn).partitions
                     events = by_topic.setdefault(shape.topic, [])
                     for ev in self.maker.truncate(shape, source, parts):
@@ -211,6 +241,8 @@ class Capturer:
             with conn.transaction():
                 for topic, events in by_topic.items():
                     producer.copy_in(conn, topic, events)
+                for done in closed:
+                    snapshots.stored(conn, done)
                 if not self.store.confirm(conn, self.name, self.confirmed, last, transactions, changes):
                     raise CaptureLost(f"capture {self.name!r} moved past {self.confirmed:X} under this "
                                       "process (another one captures it)")
@@ -225,7 +257,7 @@ class Capturer:
                 # else the slot's restart position moves only when the server logs its running
                 # transactions (every 15 s at most), and every peek decodes the WAL again from there
                 self._log_snapshots = self.store.log_snapshot(conn)
-        return Round(transactions, changes, self.confirmed, more)
+        return Round(transactions, changes, self.confirmed, more or snapshots.busy)
 
     def run_until_idle(self, stop: Callable[[], bool] = lambda: False) -> int:
         """Rounds until the slot has nothing more (or ``stop()``); the events stored."""

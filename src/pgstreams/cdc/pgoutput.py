@@ -2,9 +2,10 @@
 replication protocol's message formats), as ``pg_logical_slot_peek_binary_changes`` returns them: one
 message per row.
 
-Decoded: Begin, Commit, Relation, Insert, Update, Delete and Truncate; Origin, Type and logical Message
-are skipped (:func:`decode` returns ``None``). Tuple values are in the text format (what protocol 1 sends);
-a value left out of an update because it is TOASTed and did not change is :data:`UNCHANGED`, never
+Decoded: Begin, Commit, Relation, Insert, Update, Delete, Truncate and logical decoding messages
+(``pg_logical_emit_message``, sent with the option ``messages 'true'``, PostgreSQL 14 and later); Origin
+and Type are skipped (:func:`decode` returns ``None``). Tuple values are in the text format (what protocol
+1 sends); a value left out of an update because it is TOASTed and did not change is :data:`UNCHANGED`, never
 ``None`` (which is SQL NULL).
 """
 
@@ -126,7 +127,18 @@ class Truncate:
     restart_identity: bool
 
 
-Message = Union[Begin, Commit, Relation, Insert, Update, Delete, Truncate]
+@dataclass(frozen=True)
+class LogicalMessage:
+    """A logical decoding message (``pg_logical_emit_message``): ``transactional`` (decoded in its
+    transaction, at its commit) or not, its WAL position ``lsn``, ``prefix`` and ``content``."""
+
+    transactional: bool
+    lsn: int
+    prefix: str
+    content: bytes
+
+
+Message = Union[Begin, Commit, Relation, Insert, Update, Delete, Truncate, LogicalMessage]
 
 _I16 = struct.Struct("!h")
 _I32 = struct.Struct("!i")
@@ -134,6 +146,7 @@ _U32 = struct.Struct("!I")
 _BEGIN = struct.Struct("!qqI")
 _COMMIT = struct.Struct("!bqqq")
 _COLUMN = struct.Struct("!Ii")
+_MESSAGE = struct.Struct("!bq")
 
 
 def _string(data: bytes, at: int) -> tuple[str, int]:
@@ -181,7 +194,7 @@ def _relation(data: bytes) -> Relation:
 
 
 def decode(data: bytes) -> Message | None:
-    """One pgoutput message; ``None`` for the kinds a capture does not use (Origin, Type, Message)."""
+    """One pgoutput message; ``None`` for the kinds a capture does not use (Origin, Type)."""
     if not data:
         raise DecodeError("empty message")
     kind = data[0]
@@ -220,6 +233,11 @@ def decode(data: bytes) -> Message | None:
         options = data[5]
         oids = struct.unpack_from(f"!{count}I", data, 6)
         return Truncate(tuple(oids), bool(options & 1), bool(options & 2))
-    if kind in (0x4F, 0x59, 0x4D):  # 'O' origin, 'Y' type, 'M' logical message
+    if kind == 0x4D:  # 'M'
+        flags, lsn = _MESSAGE.unpack_from(data, 1)
+        prefix, at = _string(data, 10)
+        (size,) = _I32.unpack_from(data, at)
+        return LogicalMessage(bool(flags & 1), lsn, prefix, data[at + 4:at + 4 + size])
+    if kind in (0x4F, 0x59):  # 'O' origin, 'Y' type
         return None
     raise DecodeError(f"unknown pgoutput message kind {chr(kind)!r}")

@@ -1,4 +1,4 @@
-"""``pgstreams cdc add|list|describe|remove|run``: change data capture (see docs/cdc.md)."""
+"""``pgstreams cdc add|list|describe|snapshot|remove|run|guard``: change data capture (see docs/cdc.md)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,20 @@ import logging
 from collections.abc import Sequence
 from typing import Annotated, Any
 
-import psycopg
 import typer
 from rich.table import Table
 
 from pgstreams.cdc import (
     DEFAULT_CAPTURE_INTERVAL,
     DEFAULT_CDC_PARTITIONS,
+    DEFAULT_CHUNK_SIZE,
     DEFAULT_MAX_RETAINED,
     DEFAULT_SNAPSHOT,
     DEFAULT_TOPIC_PREFIX,
     CaptureInfo,
+    SnapshotStatus,
 )
+from pgstreams.cdc.snapshots import check_chunk_size
 from pgstreams.models import to_json
 from pgstreams.names import check_partitions, check_topic
 from pgstreams.services import Service, Supervisor
@@ -68,8 +70,8 @@ def cdc_add(
     partitions: Annotated[int, typer.Option(
         "--partitions", help="Partitions of the new topics.")] = DEFAULT_CDC_PARTITIONS,
     snapshot: Annotated[str, typer.Option(
-        "--snapshot", help="initial: first store the existing rows (op r); never: changes only.")
-    ] = DEFAULT_SNAPSHOT,
+        "--snapshot", help="initial: first store the existing rows (op r; tables added to an existing "
+        "capture: by an incremental snapshot); never: changes only.")] = DEFAULT_SNAPSHOT,
     tombstones: Annotated[bool, typer.Option(
         "--tombstones", help="Follow each delete with a tombstone (the key, a null value).")] = False,
     as_json: JsonOption = False,
@@ -115,8 +117,44 @@ def cdc_describe(name: NameArgument, as_json: JsonOption = False, dsn: DsnOption
         return
     table = Table(title=f"capture {info.name}", show_header=False)
     for key, value in capture_json(info).items():
+        if key == "snapshots":
+            value = [snapshot_line(s) for s in info.snapshots]
         table.add_row(key, cell(", ".join(value) if isinstance(value, list) else value))
     out_console().print(table)
+
+
+def snapshot_line(s: SnapshotStatus) -> str:
+    """An incremental snapshot in a few words: table, rows and chunks stored, finished or not."""
+    state = "finished" if s.finished else "running"
+    return f"{s.table}: {s.rows} row(s) in {s.chunks} chunk(s), {state}"
+
+
+@cdc_app.command("snapshot")
+def cdc_snapshot(
+    tables: Annotated[list[str], typer.Argument(metavar="TABLE...", help="Captured tables (SCHEMA.TABLE or "
+                                                "TABLE: schema public).", show_default=False)],
+    capture: Annotated[str, typer.Option(
+        "--capture", help="The capture of the tables.")] = DEFAULT_TOPIC_PREFIX,
+    chunk_size: Annotated[int, typer.Option(
+        "--chunk-size", help="Rows read at a time (by key).")] = DEFAULT_CHUNK_SIZE,
+    as_json: JsonOption = False,
+    dsn: DsnOption = None,
+    schema: SchemaOption = DEFAULT_SCHEMA,
+) -> None:
+    """Read captured TABLEs again while the capture streams (an incremental snapshot): their rows become
+    events (op r) in chunks by key, without losing or reordering a change. The capturing process (cdc run,
+    or a worker with --cdc) does the work; cdc describe shows the progress. A table snapshotted again
+    starts over."""
+    check_topic(capture)
+    check_chunk_size(chunk_size)
+    with open_client(dsn, schema) as client:
+        requested = client.cdc.snapshot(tables, capture=capture, chunk_size=chunk_size)
+    if as_json:
+        print_json(to_json(requested))
+        return
+    for s in requested:
+        out_console().print(f"incremental snapshot of {s.table} requested in capture {s.capture} (chunks of "
+                            f"{s.chunk_size} rows; the capturing process reads them)")
 
 
 @cdc_app.command("remove")
@@ -132,8 +170,6 @@ MaxRetainedOption = Annotated[int, typer.Option(
     "--max-retained", help="Bytes of WAL a capture's slot may keep before the slot guard warns.")]
 DropOption = Annotated[bool, typer.Option(
     "--drop", help="Drop a slot over the limit that no process reads, rather than fill the disk.")]
-#: Seconds between two checks of the slot guard of ``pgstreams cdc run``.
-GUARD_INTERVAL = 60.0
 
 
 @cdc_app.command("guard")
@@ -184,15 +220,7 @@ def cdc_run(
         for n in chosen:
             client.cdc.describe(n)  # CaptureNotFound before anything starts
         services: list[Service] = [client.cdc.service(n, interval=interval) for n in chosen]
-        cdc = client.cdc
-
-        def guard() -> None:
-            try:
-                cdc.guard(max_retained, drop=drop)
-            except psycopg.Error as exc:  # tried again at the next check
-                logging.getLogger("pgstreams.cdc").warning("cdc: the slot guard failed: %s", exc)
-
-        services.append(Service("cdc-slot-guard", guard, GUARD_INTERVAL))
+        services.append(client.cdc.guard_service(max_retained, drop=drop))
         failed: list[BaseException] = []
         supervisor = Supervisor(services, lambda f: failed.append(f))
         for s in services:

@@ -27,7 +27,8 @@ def metrics_serve(
     pooler: PoolerOption = None,
     schema: SchemaOption = DEFAULT_SCHEMA,
 ) -> None:
-    """Export the database-wide metrics (topics, partitions, group lag, members, dead letters) at
+    """Export the database-wide metrics (topics, partitions, group lag, members, dead letters, change data
+    captures' slots) at
     http://HOST:PORT/metrics until SIGINT/SIGTERM."""
     check_port("--port", port)
     if min_interval < 0:
@@ -40,6 +41,7 @@ def metrics_serve(
         # the collector reads once when created, before serving (read_now): that first read of every
         # topic is paid by no scrape; a failure there is the first scrape's to report
         registry.register(metrics.StatusCollector(client, min_interval=min_interval))
+        registry.register(metrics.CaptureCollector(client, min_interval=min_interval))
         with listening(host, port):
             server = metrics.serve(registry, host=host, port=port)
         # one line on stderr that scripts (and tests) can read the bound address from

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from pgstreams.cdc import DEFAULT_MAX_RETAINED
 from pgstreams.groups import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_SESSION_TIMEOUT
 from pgstreams.maintenance import DEFAULT_MAINTENANCE_INTERVAL
 from pgstreams.metrics.defaults import DEFAULT_METRICS_HOST
@@ -92,7 +93,14 @@ def worker_command(
         "maintains the database).")] = False,
     cdc: Annotated[list[str] | None, typer.Option(
         "--cdc", help="Also run this change data capture (repeatable): one worker captures it at a time, "
-        "another takes over when it dies.", show_default=False)] = None,
+        "another takes over when it dies; the worker then also runs the slot guard every minute.",
+        show_default=False)] = None,
+    cdc_max_retained: Annotated[int, typer.Option(
+        "--cdc-max-retained", help="With --cdc: bytes of WAL a capture's slot may keep before the slot guard "
+        "warns.")] = DEFAULT_MAX_RETAINED,
+    cdc_drop: Annotated[bool, typer.Option(
+        "--cdc-drop", help="With --cdc: the slot guard drops a slot over the limit that no process captures, "
+        "rather than fill the disk.")] = False,
     member_id: Annotated[str | None, typer.Option(
         "--member-id", help="Name of this member. Default: host:pid:random.", show_default=False)] = None,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
@@ -135,6 +143,8 @@ def worker_command(
             f"--maintenance-interval must be a positive number of seconds, got {maintenance_interval}")
     for name in cdc or []:
         check_topic(name)
+    if cdc_max_retained < 0:
+        raise usage_error(f"--cdc-max-retained must be a number of bytes >= 0, got {cdc_max_retained}")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     fn = load_handler(handler)
@@ -144,7 +154,8 @@ def worker_command(
     logging.getLogger("pgserver").setLevel(logging.DEBUG if level <= logging.DEBUG else logging.WARNING)
     with open_client(dsn, schema, pooler=pooler, listen_dsn=listen_dsn) as client:
         worker = Worker(client, member_id=member_id,
-                        maintenance=None if no_maintenance else maintenance_interval, captures=cdc or ())
+                        maintenance=None if no_maintenance else maintenance_interval, captures=cdc or (),
+                        slot_max_retained=cdc_max_retained, slot_drop=cdc_drop)
         worker.add_subscription(topic, name, fn, SubscriptionOptions(
             batch=batch, min_events=min_events, max_events=max_events, max_wait=max_wait,
             mode=mode,  # type: ignore[arg-type]  # checked when the subscription is made

@@ -171,7 +171,7 @@ class Console:
         groups = _group_rows(snap.groups)
         rates = {t.topic: self.history.rates(t.topic) for t in snap.topics}
         return self.page(request, "overview.html", snap=snap, per_topic=per_topic, groups=groups, rates=rates,
-                         shares=_share_groups(snap.shares))
+                         shares=_share_groups(snap.shares), captures=self.client.cdc.list())
 
     def topic(self, request: Request) -> Response:
         name = self._topic(request.path_params["name"])

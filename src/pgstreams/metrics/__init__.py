@@ -4,6 +4,8 @@
   letters), read from the status views through :meth:`pgstreams.Client.status` at most once per
   ``min_interval`` however many scrapers ask; register it in an application's own registry
   (``registry.register(StatusCollector(client))``);
+- :class:`CaptureCollector`: the change data captures' slots (lag in bytes, retained WAL, ``wal_status``,
+  ``safe_wal_size``), what they stored and their incremental snapshots, through ``client.cdc.list()``;
 - :class:`WorkerCollector`: a :class:`pgstreams.Worker`'s own counters and duration histograms;
 - :class:`GatewayCollector`: a Kafka gateway's connections, requests, errors and request durations;
 - :func:`serve`: an HTTP endpoint (``/metrics``) for a registry, as ``pgstreams metrics serve`` and
@@ -27,13 +29,14 @@ from .defaults import (
 )
 
 if TYPE_CHECKING:
+    from .cdc import CaptureCollector
     from .collectors import GatewayCollector, StatusCollector, WorkerCollector
     from .exposition import render
     from .server import MetricsServer, serve
 
 # The collectors need prometheus_client: imported on first use, so that the defaults are importable
 # without it (the command line's help texts).
-_LAZY = {"StatusCollector": ".collectors", "WorkerCollector": ".collectors",
+_LAZY = {"CaptureCollector": ".cdc", "StatusCollector": ".collectors", "WorkerCollector": ".collectors",
          "GatewayCollector": ".collectors", "MetricsServer": ".server", "serve": ".server",
          "render": ".exposition"}
 
@@ -51,6 +54,7 @@ __all__ = [
     "DEFAULT_METRICS_HOST",
     "DEFAULT_METRICS_PORT",
     "DEFAULT_MIN_INTERVAL",
+    "CaptureCollector",
     "GatewayCollector",
     "MetricsServer",
     "StatusCollector",

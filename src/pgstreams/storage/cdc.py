@@ -1,6 +1,7 @@
 """Typed operations of change data capture (:mod:`pgstreams.cdc`): the captures' rows (``cdc_captures``,
-``cdc_tables`` of migration 0034), and what the server's logical decoding needs (its settings and the
-role's rights, publications, replication slots, decoded changes, the captured tables' catalog)."""
+``cdc_tables`` of migration 0034; ``cdc_snapshots``, the incremental snapshots, of migration 0036), and
+what the server's logical decoding needs (its settings and the role's rights, publications, replication
+slots, decoded changes, the captured tables' catalog)."""
 
 from __future__ import annotations
 
@@ -88,6 +89,31 @@ class SlotState(NamedTuple):
     confirmed_lsn: int
 
 
+class SnapshotJob(NamedTuple):
+    """The incremental snapshot a capture works on: its ``id``, table, ``chunk_size`` and ``last_key`` (the
+    key columns' text of the last row stored; ``None`` before the first chunk)."""
+
+    id: int
+    schema: str
+    table: str
+    chunk_size: int
+    last_key: tuple[str, ...] | None
+
+
+@dataclass(frozen=True)
+class SnapshotRecord:
+    """An incremental snapshot's stored row (see migration 0036)."""
+
+    capture: str
+    schema: str
+    table: str
+    chunk_size: int
+    rows: int
+    chunks: int
+    requested_at: datetime
+    finished_at: datetime | None
+
+
 class ExportedSlot(NamedTuple):
     """A slot just created with an exported snapshot: its replication connection (the snapshot lasts
     while it is open), consistent position and snapshot name."""
@@ -147,6 +173,68 @@ class CdcStore:
             cur.execute(query)
             while batch := cur.fetchmany(size):
                 yield batch
+
+    def read_chunk(self, conn: psycopg.Connection, schema: str, table: str, columns: Sequence[str],
+                   key: Sequence[str], after: Sequence[str] | None, limit: int
+                   ) -> list[tuple[str | None, ...]]:
+        """The next ``limit`` rows of ``schema.table`` by ``key`` (columns), those after the key values
+        ``after`` (their text; ``None``: from the first), ``columns`` each as text, in ``conn``'s
+        transaction."""
+        cols = sql.SQL(", ").join(sql.SQL("{}::text").format(sql.Identifier(c)) for c in columns)
+        keys = sql.SQL(", ").join(sql.Identifier(c) for c in key)
+        where: sql.Composable = sql.SQL("")
+        params: list[object] = []
+        if after is not None:
+            values = sql.SQL(", ").join(sql.Placeholder() * len(key))
+            where = sql.SQL("WHERE ({}) > ({})").format(keys, values)
+            params += list(after)
+        order = sql.SQL(", ").join(sql.Identifier("row", c) for c in key)
+        query = self._render("cdc_chunk_read", columns=cols, table=sql.Identifier(schema, table), order=order,
+                             after=where)
+        return list(conn.execute(query, [*params, limit]).fetchall())
+
+    # -- incremental snapshots ------------------------------------------------------------------------
+    def emit_message(self, conn: psycopg.Connection, prefix: str, content: str) -> None:
+        """Write a transactional logical decoding message (in the caller's transaction, or its own)."""
+        self.ex.one("cdc_emit_message", (prefix, content), conn=conn)
+
+    def begin_repeatable_read(self, conn: psycopg.Connection) -> None:
+        """Make ``conn``'s new transaction repeatable read and read only (its first statement)."""
+        self.ex.execute(conn, self._render("cdc_begin_snapshot"))
+
+    def current_snapshot(self, conn: psycopg.Connection) -> str:
+        """The snapshot of ``conn``'s transaction as ``pg_current_snapshot()`` writes it."""
+        return str(self.ex.one("cdc_current_snapshot", conn=conn)[0])
+
+    def request_snapshot(self, conn: psycopg.Connection, capture: str, schema: str, table: str,
+                         chunk_size: int) -> None:
+        """Record an incremental snapshot of ``schema.table`` for ``capture`` (one that was there starts
+        over), in the caller's transaction."""
+        self.ex.run("cdc_snapshot_forget", (capture, schema, table), conn=conn)
+        self.ex.run("cdc_snapshot_request", (capture, schema, table, chunk_size), conn=conn)
+
+    def next_snapshot(self, conn: psycopg.Connection, capture: str) -> SnapshotJob | None:
+        """The oldest unfinished incremental snapshot of ``capture``; ``None``: none."""
+        r = self.ex.one("cdc_snapshot_next", (capture,), conn=conn)
+        if r is None:
+            return None
+        return SnapshotJob(int(r[0]), str(r[1]), str(r[2]), int(r[3]), None if r[4] is None else tuple(r[4]))
+
+    def snapshot_progress(self, conn: psycopg.Connection, job: int, last_key: Sequence[str] | None,
+                          rows: int, finished: bool) -> bool:
+        """Move snapshot ``job``'s cursor past a chunk of ``rows`` rows ending at ``last_key`` (``None``:
+        an empty chunk), finished when ``finished``; false when the snapshot is no longer there."""
+        row = self.ex.one("cdc_snapshot_progress", {"id": job, "rows": rows, "finished": finished,
+                                                    "last_key": None if last_key is None else list(last_key)},
+                          conn=conn)
+        return row is not None
+
+    def snapshots(self, capture: str | None = None, conn: psycopg.Connection | None = None
+                  ) -> list[SnapshotRecord]:
+        """The incremental snapshots of ``capture`` (or of every capture), by capture and table."""
+        rows = self.ex.all("cdc_snapshots", {"capture": capture}, conn=conn)
+        return [SnapshotRecord(str(r[0]), str(r[1]), str(r[2]), int(r[3]), int(r[4]), int(r[5]), r[6], r[7])
+                for r in rows]
 
     # -- publications and slots -----------------------------------------------------------------------
     def create_publication(self, conn: psycopg.Connection, publication: str,
@@ -267,11 +355,13 @@ class CdcStore:
         """The server's WAL position flushed to disk."""
         return lsn_of(self.ex.one("cdc_flush_lsn", conn=conn)[0])
 
-    def peek(self, conn: psycopg.Connection, slot: str, publication: str, upto: int, limit: int
-             ) -> list[bytes]:
+    def peek(self, conn: psycopg.Connection, slot: str, publication: str, upto: int, limit: int,
+             messages: bool = False) -> list[bytes]:
         """The pgoutput messages of the source transactions committed before ``upto`` from ``slot``'s
-        position on, whole transactions until about ``limit`` messages (the slot does not move)."""
-        rows = self.ex.all("cdc_peek", (slot, lsn_text(upto), limit, publication), conn=conn)
+        position on, whole transactions until about ``limit`` messages (the slot does not move); with
+        ``messages`` (PostgreSQL 14+), the logical decoding messages too."""
+        rows = self.ex.all("cdc_peek_messages" if messages else "cdc_peek",
+                           (slot, lsn_text(upto), limit, publication), conn=conn)
         return [bytes(r[0]) for r in rows]
 
     def log_snapshot(self, conn: psycopg.Connection) -> bool:

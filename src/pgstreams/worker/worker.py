@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
-from ..cdc import CaptureService
+from ..cdc import DEFAULT_MAX_RETAINED, CaptureService, Cdc
 from ..consumer import Consumer, Start, StreamReader, create_checkpoints
 from ..errors import InvalidArgument
 from ..groups import BalancerService, GroupMember, HeartbeatService, new_member_id
@@ -59,7 +59,11 @@ class Worker:
 
     ``captures`` (default none): the change data captures (:mod:`pgstreams.cdc`, by name) this worker
     runs, each as a :class:`pgstreams.cdc.CaptureService`: of all the workers that name a capture, one
-    captures it at a time and another takes it over when that one dies.
+    captures it at a time and another takes it over when that one dies. A worker that names captures also
+    runs the slot guard (:meth:`pgstreams.cdc.Cdc.guard_service`: every minute, a warning for each
+    capture's slot that keeps more than ``slot_max_retained`` bytes of WAL, default
+    :data:`pgstreams.cdc.DEFAULT_MAX_RETAINED`, or lost WAL; with ``slot_drop``, such a slot that no
+    process captures is dropped).
 
     Use :meth:`run` (blocks until stopped), or :meth:`start` / :meth:`stop` (or ``with worker:``).
     ``client``: a :class:`pgstreams.Client` (the worker runs on its session and publishes dead letters
@@ -68,8 +72,8 @@ class Worker:
 
     def __init__(self, client: SessionPublisher, *, member_id: str | None = None, clock: Clock | None = None,
                  install_signal_handlers: bool = True, shutdown_timeout: float | None = None,
-                 maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL, captures: Sequence[str] = ()
-                 ) -> None:
+                 maintenance: float | None = DEFAULT_MAINTENANCE_INTERVAL, captures: Sequence[str] = (),
+                 slot_max_retained: int = DEFAULT_MAX_RETAINED, slot_drop: bool = False) -> None:
         if member_id is not None and (not isinstance(member_id, str) or not 0 < len(member_id) <= 200):
             raise InvalidArgument(f"member_id must be a string of 1 to 200 characters, got {member_id!r}")
         if clock is not None and not callable(clock):
@@ -86,6 +90,13 @@ class Worker:
             raise InvalidArgument("captures must be a sequence of capture names, not a string")
         #: the change data captures this worker runs
         self.captures = tuple(check_topic(c) for c in captures)
+        retained = slot_max_retained
+        if isinstance(retained, bool) or not isinstance(retained, int) or retained < 0:
+            raise InvalidArgument(f"slot_max_retained must be a number of bytes >= 0, got {retained!r}")
+        if not isinstance(slot_drop, bool):
+            raise InvalidArgument(f"slot_drop must be True or False, not {slot_drop!r}")
+        self.slot_max_retained = slot_max_retained
+        self.slot_drop = slot_drop
         self.member_id = member_id or new_member_id()
         self.clock: Clock = clock or time.monotonic
         self.install_signal_handlers = install_signal_handlers
@@ -216,6 +227,9 @@ class Worker:
         if self.maintenance is not None:
             members.append(MaintenanceService(self.session, self.maintenance))
         members += [CaptureService(cast("CaptureClient", self.client), name) for name in self.captures]
+        if self.captures:
+            cdc = Cdc(cast("CaptureClient", self.client))
+            members.append(cdc.guard_service(self.slot_max_retained, drop=self.slot_drop))
         self._services = members + list(self._runners)
         for svc in self._services:
             svc.start()

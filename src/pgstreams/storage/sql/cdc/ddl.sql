@@ -22,3 +22,9 @@ SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY;
 
 -- name: cdc_set_snapshot
 SET TRANSACTION SNAPSHOT {snapshot};
+
+-- name: cdc_chunk_read
+-- A chunk of an incremental snapshot: the next rows by key (the key columns; after the first chunk, those
+-- after the last key read, its values bound), each column as text, in the caller's snapshot. The order is
+-- by the columns of the table (row.key), not by the output columns of the same names (their text).
+SELECT {columns} FROM {table} AS row {after} ORDER BY {order} LIMIT %s;

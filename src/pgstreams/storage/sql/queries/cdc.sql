@@ -84,6 +84,12 @@ SELECT pg_current_wal_flush_lsn()::text;
 SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,
                                                      'proto_version', '1', 'publication_names', %s);
 
+-- name: cdc_peek_messages
+-- cdc_peek with the logical decoding messages too (PostgreSQL 14+): the watermarks of incremental snapshots.
+SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s,
+                                                     'proto_version', '1', 'publication_names', %s,
+                                                     'messages', 'true');
+
 -- name: cdc_log_snapshot
 -- Writes the running transactions to the WAL now (PostgreSQL 16+; superusers, or a role granted EXECUTE):
 -- the next advance past it moves the slot's restart position, so the next peek decodes less WAL again.
@@ -111,3 +117,45 @@ SELECT a.attname::text, a.atttypid::int
   FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = %s AND c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped
  ORDER BY a.attnum;
+
+-- name: cdc_emit_message
+-- A transactional logical decoding message (decoded by pgoutput with messages 'true', PostgreSQL 14+): the
+-- watermarks and requests of incremental snapshots, seen by the capture in its stream, in commit order.
+SELECT pg_logical_emit_message(true, %s, %s)::text;
+
+-- name: cdc_current_snapshot
+-- The transaction's snapshot (xmin:xmax:xip,...): which source transactions a chunk's read saw.
+SELECT pg_current_snapshot()::text;
+
+-- name: cdc_snapshot_forget
+DELETE FROM {schema}.cdc_snapshots WHERE capture = %s AND table_schema = %s AND table_name = %s;
+
+-- name: cdc_snapshot_request
+-- An incremental snapshot of a captured table, from its first key on (cdc_snapshot_forget first: a
+-- table snapshotted again starts over, under a new id).
+INSERT INTO {schema}.cdc_snapshots (capture, table_schema, table_name, chunk_size)
+VALUES (%s, %s, %s, %s);
+
+-- name: cdc_snapshot_next
+-- The incremental snapshot a capture works on next (the oldest unfinished).
+SELECT id, table_schema, table_name, chunk_size, last_key
+  FROM {schema}.cdc_snapshots
+ WHERE capture = %s AND finished_at IS NULL
+ ORDER BY id
+ LIMIT 1;
+
+-- name: cdc_snapshot_progress
+-- A chunk stored (in the transaction of its events): the snapshot's cursor moves past it; the last chunk
+-- (shorter than chunk_size) finishes it. No row: the snapshot was requested again meanwhile.
+UPDATE {schema}.cdc_snapshots
+   SET last_key = coalesce(%(last_key)s::text[], last_key), rows = rows + %(rows)s, chunks = chunks + 1,
+       finished_at = CASE WHEN %(finished)s THEN now() END
+ WHERE id = %(id)s
+RETURNING 1;
+
+-- name: cdc_snapshots
+-- The incremental snapshots of a capture (or of every capture), by table.
+SELECT capture, table_schema, table_name, chunk_size, rows, chunks, requested_at, finished_at
+  FROM {schema}.cdc_snapshots
+ WHERE %(capture)s::text IS NULL OR capture = %(capture)s
+ ORDER BY capture, table_schema, table_name;

@@ -15,7 +15,7 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
@@ -369,13 +369,15 @@ class Cdc:
             conn.close()
         return info
 
-    def guard(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False
-              ) -> builtins.list[SlotAlarm]:
+    def guard(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False,
+              spare: Iterable[str] = ()) -> builtins.list[SlotAlarm]:
         """The slot guard: every capture whose slot keeps more than ``max_retained`` bytes of WAL (default
         :data:`DEFAULT_MAX_RETAINED`), or lost WAL it needed, is logged as a warning; with ``drop``, such a
         slot that no process reads is dropped rather than let it fill the server's disk (logged at
         CRITICAL level: the capture's changes since its confirmed position are lost, remove it and add it
-        again). Returns the alarms."""
+        again). The slots of the captures named in ``spare`` (those the calling process runs, which read
+        them once they hold their lock) are never dropped. Returns the alarms."""
+        spared = set(spare)
         if isinstance(max_retained, bool) or not isinstance(max_retained, int) or max_retained < 0:
             raise InvalidArgument(f"max_retained must be a number of bytes >= 0, got {max_retained!r}")
         alarms: builtins.list[SlotAlarm] = []
@@ -387,7 +389,7 @@ class Cdc:
             log.warning("cdc: the slot %s of capture %s keeps %d bytes of WAL (limit %d, wal_status %s): it "
                         "does not advance; is pgstreams cdc run running?", r.slot, r.name,
                         slot.retained_bytes, max_retained, slot.wal_status)
-            if drop and not slot.active:
+            if drop and not slot.active and r.name not in spared:
                 dropped = self._drop_unread(r)
             if dropped:
                 log.critical("cdc: DROPPED the slot %s of capture %s to keep the server's disk: its changes "
@@ -413,16 +415,19 @@ class Cdc:
             conn.close()
 
     def guard_service(self, max_retained: int = DEFAULT_MAX_RETAINED, *, drop: bool = False,
-                      interval: float = DEFAULT_GUARD_INTERVAL) -> Service:
+                      interval: float = DEFAULT_GUARD_INTERVAL, spare: Iterable[str] = ()) -> Service:
         """A service that runs :meth:`guard` every ``interval`` seconds (default
         :data:`DEFAULT_GUARD_INTERVAL`; the first check at its start): run by ``pgstreams cdc run`` and by
-        workers that capture. A check that fails (the server away) is logged and done again next time."""
+        workers that capture, with ``spare`` the captures they run (their slots are never dropped: at the
+        start the guard may check before their capture services took their locks). A check that fails
+        (the server away) is logged and done again next time."""
+        spared = tuple(spare)
         if isinstance(max_retained, bool) or not isinstance(max_retained, int) or max_retained < 0:
             raise InvalidArgument(f"max_retained must be a number of bytes >= 0, got {max_retained!r}")
 
         def check() -> None:
             try:
-                self.guard(max_retained, drop=drop)
+                self.guard(max_retained, drop=drop, spare=spared)
             except (psycopg.Error, ConnectionLost) as exc:
                 log.warning("cdc: the slot guard failed (checked again in %gs): %s", interval, exc)
 

@@ -220,7 +220,7 @@ def cdc_run(
         for n in chosen:
             client.cdc.describe(n)  # CaptureNotFound before anything starts
         services: list[Service] = [client.cdc.service(n, interval=interval) for n in chosen]
-        services.append(client.cdc.guard_service(max_retained, drop=drop))
+        services.append(client.cdc.guard_service(max_retained, drop=drop, spare=chosen))
         failed: list[BaseException] = []
         supervisor = Supervisor(services, lambda f: failed.append(f))
         for s in services:

@@ -229,7 +229,8 @@ class Worker:
         members += [CaptureService(cast("CaptureClient", self.client), name) for name in self.captures]
         if self.captures:
             cdc = Cdc(cast("CaptureClient", self.client))
-            members.append(cdc.guard_service(self.slot_max_retained, drop=self.slot_drop))
+            members.append(cdc.guard_service(self.slot_max_retained, drop=self.slot_drop,
+                                             spare=self.captures))
         self._services = members + list(self._runners)
         for svc in self._services:
             svc.start()

@@ -12,6 +12,10 @@ KIND_BYTES = "b"
 KIND_TEXT = "s"
 KIND_JSON = "j"
 
+#: JSON as values are stored: compact, UTF-8 as is, no NaN (``json.dumps`` with these arguments builds an
+#: encoder at every call; this one is built once)
+encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
+
 
 def encode_value(value: Any) -> tuple[str, bytes]:
     """Return ``(kind, payload)`` for a value: bytes as is, str as UTF-8, anything else as JSON. (An event
@@ -22,7 +26,7 @@ def encode_value(value: Any) -> tuple[str, bytes]:
     if isinstance(value, str):
         return KIND_TEXT, value.encode("utf-8")
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = encode_json(value)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(f"value is not bytes, str or JSON-serialisable: {exc}") from exc
     return KIND_JSON, text.encode("utf-8")

@@ -18,8 +18,10 @@ pipeline's help and can be run after the fact (``python -m pgstreams_ml latency`
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -160,3 +162,87 @@ def measure_clean(
     clean = _clean_times(client, topo, group, None)
     raw = _raw_times(client, topo, group, set(clean))
     return stats([(clean[i] - t).total_seconds() for i, t in raw.items() if since is None or t >= since])
+
+
+#: Predictions slower than this (seconds, impression -> prediction) are attributed to a cause.
+TAIL_SECONDS = 0.7
+#: The causes a slow prediction is attributed to (:func:`tail_causes`), in the summary's order.
+CAUSES = (
+    "waiting for the previous micro-batch",
+    "micro-batch planning",
+    "micro-batch read and write",
+    "micro-batch commit",
+    "scoring",
+    "clean pipeline (micro-batch unknown)",
+)
+#: The phases of a micro-batch of :attr:`pgstreams_ml.serving.CleanStatus.batch_log` (after its start and
+#: total), with the cause each stands for.
+_PHASES = (("planning", 2, CAUSES[1]), ("read and write", 3, CAUSES[2]), ("commit", 4, CAUSES[3]))
+
+
+def tail_causes(samples: Sequence[ImpressionTimes], batches: Sequence[Sequence[float]],
+                threshold: float = TAIL_SECONDS) -> dict[str, Any]:
+    """Attribute every prediction slower than ``threshold`` seconds (default :data:`TAIL_SECONDS`) to a
+    cause. ``batches``: the clean query's micro-batches (:attr:`pgstreams_ml.serving.CleanStatus.batch_log`:
+    start in epoch seconds, then milliseconds of the whole batch, planning, read and write, commit).
+
+    A slow prediction's time splits in three: waiting for the micro-batch that cleaned it to start (its
+    impression arrived while the previous one ran), that micro-batch up to the clean event's storing, and
+    scoring (clean -> prediction). The largest part is the cause; inside the micro-batch, its largest phase.
+    Returns the threshold, how many predictions passed it (of how many), the count per cause, the mean
+    seconds of each part over them, and the slowest micro-batches (start, milliseconds per phase) with
+    how many slow predictions each cleaned or held back."""
+    starts = [b[0] for b in batches]
+    causes: Counter[str] = Counter()
+    parts = {"wait": 0.0, "batch": 0.0, "scoring": 0.0}
+    per_batch: Counter[int] = Counter()
+    slow = 0
+    for s in samples:
+        raw, clean, pred = s.raw.timestamp(), s.clean.timestamp(), s.prediction.timestamp()
+        if pred - raw <= threshold:
+            continue
+        slow += 1
+        scoring = pred - clean
+        i = bisect.bisect_right(starts, clean) - 1  # the latest micro-batch started before the clean event
+        if i < 0 or clean - starts[i] > batches[i][1] / 1000.0 + 0.05:
+            cause = "scoring" if scoring >= clean - raw else CAUSES[5]
+            parts["batch"] += clean - raw
+        else:
+            b = batches[i]
+            wait = max(0.0, b[0] - raw)
+            inside = clean - max(b[0], raw)
+            parts["wait"] += wait
+            parts["batch"] += inside
+            per_batch[i] += 1
+            if scoring >= max(wait, inside):
+                cause = "scoring"
+            elif wait >= inside:
+                cause = CAUSES[0]
+                if i > 0:
+                    per_batch[i - 1] += 1
+            else:
+                cause = max(_PHASES, key=lambda ph: b[ph[1]])[2]
+        parts["scoring"] += scoring
+        causes[cause] += 1
+    worst = sorted(per_batch, key=lambda i: (-batches[i][1], i))[:5]
+    return {
+        "threshold_s": threshold,
+        "slow": slow,
+        "of": len(samples),
+        "causes": {c: causes[c] for c in CAUSES if causes[c]},
+        "mean_s": {k: round(v / slow, 3) for k, v in parts.items()} if slow else {},
+        "slowest_batches": [
+            {"start": datetime.fromtimestamp(batches[i][0]).astimezone().isoformat(),
+             "ms": {"total": batches[i][1], **{name: batches[i][k] for name, k, _c in _PHASES}},
+             "slow_predictions": per_batch[i]}
+            for i in worst
+        ],
+    }
+
+
+def tail_text(tail: dict[str, Any]) -> str:
+    """One line of :func:`tail_causes`' result for the demo's summary."""
+    if not tail.get("slow"):
+        return f"no prediction over {tail['threshold_s']:g} s"
+    causes = ", ".join(f"{c} {n:,}" for c, n in tail["causes"].items())
+    return f"{tail['slow']:,} of {tail['of']:,} over {tail['threshold_s']:g} s: {causes}"

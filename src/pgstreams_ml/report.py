@@ -148,7 +148,8 @@ def print_summary(summary: dict[str, Any], console: Console) -> None:
         t.add_row(name, item["value"], _mark(item["ok"]))
     bar = summary.get("latency_bar")
     if bar is not None:  # beside the quality bars, with the conditions it was measured in
-        t.add_row(f"{bar['bar']} (latency)", f"{bar['value']}; {bar['conditions']}", _mark(bar["ok"]))
+        value = f"{bar['value']}; {bar['conditions']}" + (f"; {bar['tail']}" if bar.get("tail") else "")
+        t.add_row(f"{bar['bar']} (latency)", value, _mark(bar["ok"]))
     console.print(t)
     console.print(f"Wall time {summary['wall_seconds']:.0f} s. Plots: " + ", ".join(summary["plots"]))
 
@@ -260,10 +261,12 @@ def plot_reliability(models: list[dict[str, Any]], out: Path) -> Path:
     return out
 
 
-def plot_latency(samples: list[Any], out: Path, bucket: float = 5.0) -> Path:
+def plot_latency(samples: list[Any], out: Path, bucket: float = 5.0, tail: dict[str, Any] | None = None
+                 ) -> Path:
     """Plot the latency of every scored impression over the run (``samples``: :class:`ImpressionTimes` of
     :mod:`pgstreams_ml.latency`): end to end per impression as dots, and per ``bucket`` seconds (default
-    5) of wall time the p50 and p99 of each stage; return the path."""
+    5) of wall time the p50 and p99 of each stage, with the causes of the slow predictions (``tail``: of
+    :func:`pgstreams_ml.latency.tail_causes`) in a corner; return the path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -289,6 +292,13 @@ def plot_latency(samples: list[Any], out: Path, bucket: float = 5.0) -> Path:
                 ]
                 ax.plot(mids, ys, style, color=color, linewidth=1.2, label=f"{name} p{q}")
     ax.axhline(1.0, color="red", linestyle=":", linewidth=1, label="1 s")
+    if tail is not None:
+        lines = [f"over {tail['threshold_s']:g} s: {tail['slow']:,} of {tail['of']:,} predictions"]
+        lines += [f"  {cause}: {n:,}" for cause, n in tail["causes"].items()]
+        ax.axhline(tail["threshold_s"], color="orange", linestyle=":", linewidth=1,
+                   label=f"{tail['threshold_s']:g} s")
+        ax.text(0.01, 0.02, "\n".join(lines), transform=ax.transAxes, fontsize=7, va="bottom",
+                bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "lightgray"})
     ax.set_xlabel(f"wall seconds since the first scored impression (percentiles per {bucket:g} s)")
     ax.set_ylabel("seconds")
     ax.set_yscale("log")

@@ -30,8 +30,9 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pgstreams.errors import PgStreamsError
 
@@ -115,6 +116,20 @@ def thread_nice_values(pid: int) -> dict[int, int]:
 
 
 # -- the clean query's process --------------------------------------------------------------------------
+#: Micro-batches a clean process keeps in its status (:attr:`CleanStatus.batch_log`): a demo's run has a few
+#: hundred.
+BATCH_LOG = 5000
+
+
+def batch_entry(progress: Any) -> list[float]:
+    """A micro-batch's entry of :attr:`CleanStatus.batch_log`, from its Spark progress report."""
+    ms = {k: float(v) for k, v in progress.get("durationMs", {}).items()}
+    start = datetime.fromisoformat(str(progress.get("timestamp"))).timestamp()
+    return [start, ms.get("triggerExecution", 0.0),
+            ms.get("latestOffset", 0.0) + ms.get("getBatch", 0.0) + ms.get("queryPlanning", 0.0),
+            ms.get("addBatch", 0.0), ms.get("walCommit", 0.0) + ms.get("commitOffsets", 0.0)]
+
+
 @dataclass
 class CleanStatus:
     """What the clean process reports in its status file (rewritten after every micro-batch and at least
@@ -123,7 +138,8 @@ class CleanStatus:
     and ``data_available`` are the latest batch's input and whether the source has more; ``restarts``
     counts transient restarts; ``error`` is the failure's text; ``phases_ms`` adds up the milliseconds of each
     phase Spark times per micro-batch (``latestOffset``, ``addBatch``, ``walCommit``, ...) over the batches
-    that read rows."""
+    that read rows, and ``batch_log`` keeps them per batch (what the demo attributes slow predictions
+    to: :func:`pgstreams_ml.latency.tail_causes`)."""
 
     pid: int
     state: str = "starting"
@@ -135,6 +151,10 @@ class CleanStatus:
     restarts: int = 0
     error: str | None = None
     phases_ms: dict[str, float] = field(default_factory=dict)
+    #: per micro-batch that read rows (the latest :data:`BATCH_LOG` of them): its start (epoch seconds), and
+    #: milliseconds of the whole batch, of planning it (``latestOffset``, ``getBatch``, ``queryPlanning``),
+    #: of reading and writing (``addBatch``) and of committing (``walCommit``, ``commitOffsets``)
+    batch_log: list[list[float]] = field(default_factory=list)
     updated: float = 0.0
 
     def write(self, path: Path) -> None:
@@ -238,6 +258,8 @@ def run_clean_service(
                     status.rows += rows
                     for phase, ms in durations.items():
                         status.phases_ms[phase] = status.phases_ms.get(phase, 0.0) + float(ms)
+                    status.batch_log.append(batch_entry(p))
+                    del status.batch_log[:-BATCH_LOG]
             seen = window  # a report that left the list of recent ones does not come back
             last, now_status = query.lastProgress, query.status
             if last is not None:

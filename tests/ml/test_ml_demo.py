@@ -153,6 +153,12 @@ def test_short_demo_reconciles_and_meets_the_quality_bars(dsn: str, tmp_path: Pa
     assert bar["ok"] == (e2e["p99"] < 1.0) and f"p99 {e2e['p99']:.2f} s" in bar["value"]
     assert "cores" in bar["conditions"] and "load average" in bar["conditions"]
     assert "impression -> prediction p99 under 1 s (latency)" in proc.stdout
+    # the slow predictions, each attributed to a cause, in the summary and beside the latency bar
+    from pgstreams_ml import latency
+
+    tail = summary["latency_tail"]
+    assert tail["of"] == e2e["count"] and sum(tail["causes"].values()) == tail["slow"]
+    assert set(tail["causes"]) <= set(latency.CAUSES) and bar["tail"] == latency.tail_text(tail)
     from bench.ml_latency import from_topics
 
     again = from_topics(dsn)

@@ -71,3 +71,43 @@ def test_each_stage_is_measured_from_the_topics_created_at(client: pgstreams.Cli
     assert report.to_json()[latency.END_TO_END]["max"] == e2e[-1]
     # raw -> clean of every clean impression, scored or not
     assert latency.measure_clean(client, topo).count == 3
+
+
+def test_each_slow_prediction_is_attributed_to_the_largest_part_of_its_time() -> None:
+    from datetime import datetime, timedelta, timezone
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def at(seconds: float) -> datetime:
+        return t0 + timedelta(seconds=seconds)
+
+    # micro-batches: start (epoch s), then ms of the whole batch, planning, read and write, commit
+    batches = [
+        [at(0.0).timestamp(), 900.0, 50.0, 800.0, 50.0],  # a slow one: read and write
+        [at(0.9).timestamp(), 300.0, 200.0, 60.0, 40.0],  # planning dominates
+        [at(1.2).timestamp(), 100.0, 20.0, 60.0, 20.0],
+    ]
+    samples = [
+        # waits 0.85 s for the batch at 0.9 (arrived while the slow one ran), then 0.1 s in it: waiting
+        latency.ImpressionTimes("wait", at(0.05), at(1.0), at(1.05)),
+        # arrives just before the slow batch starts, cleaned at its end: read and write
+        latency.ImpressionTimes("read", at(-0.01), at(0.85), at(0.9)),
+        # cleaned quickly by the batch at 1.2, scored 0.8 s later: scoring
+        latency.ImpressionTimes("score", at(1.15), at(1.25), at(2.05)),
+        # waits 0.25 s, then 0.29 s in the batch at 0.9, which spent its time planning; scoring 0.2 s
+        latency.ImpressionTimes("plan", at(0.65), at(1.19), at(1.39)),
+        # fast: not in the tail
+        latency.ImpressionTimes("fast", at(1.19), at(1.25), at(1.3)),
+        # no micro-batch logged around its clean time (the clean query's log missed it)
+        latency.ImpressionTimes("unknown", at(5.0), at(5.9), at(5.95)),
+    ]
+    tail = latency.tail_causes(samples, batches)
+    assert (tail["slow"], tail["of"]) == (5, 6)
+    assert tail["causes"] == {"waiting for the previous micro-batch": 1, "micro-batch read and write": 1,
+                              "scoring": 1, "clean pipeline (micro-batch unknown)": 1,
+                              "micro-batch planning": 1}
+    assert sum(tail["causes"].values()) == tail["slow"]
+    assert tail["slowest_batches"][0]["ms"]["read and write"] == 800.0
+    assert set(tail["mean_s"]) == {"wait", "batch", "scoring"}
+    assert latency.tail_text(tail).startswith("5 of 6 over 0.7 s: waiting for the previous micro-batch 1")
+    assert latency.tail_causes(samples[4:5], batches)["causes"] == {}

@@ -127,6 +127,7 @@ def test_clean_process_cleans_as_events_arrive_reports_its_status_and_stops_on_s
 ) -> None:
     topo = Topology(partitions=2)
     status_path = tmp_path / "status.json"
+    started = time.time()
     with pgstreams.connect(dsn) as client:
         setup(client, topo)
         _simulate(client, topo, 1)
@@ -152,6 +153,9 @@ def test_clean_process_cleans_as_events_arrive_reports_its_status_and_stops_on_s
             assert st is not None and st.state == "running" and st.pid == proc.pid
             assert st.rows == raw and st.batches >= 1 and st.busy_seconds > 0
             assert st.phases_ms.get("addBatch", 0) > 0
+            # each micro-batch that read rows is logged: its start (during this test) and its phases
+            assert len(st.batch_log) == st.batches
+            assert all(started - 60 < b[0] <= time.time() and b[1] > 0 and b[3] > 0 for b in st.batch_log)
             # it keeps running: events published later are cleaned too, without a restart
             _simulate(client, topo, 2)
             more = client.describe_topic(topo.raw_topic).events

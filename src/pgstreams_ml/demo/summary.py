@@ -128,6 +128,11 @@ def summarise(demo: Demo) -> dict[str, Any]:
     lat = latency.measure(client, topo)
     summary["latency"] = lat.to_json()
     summary["latency_bar"] = _latency_bar(summary)
+    # the slow predictions, each attributed to its cause (the clean query's micro-batches as its process
+    # logged them; a run whose clean query ran in the demo's own session has no log)
+    tail = latency.tail_causes(lat.samples, st.batch_log if st is not None else [])
+    summary["latency_tail"] = tail
+    summary["latency_bar"]["tail"] = latency.tail_text(tail)
     oracle = audit.oracle_by_window(client, topo)
     plots = [
         report.plot_online(
@@ -139,7 +144,7 @@ def summarise(demo: Demo) -> dict[str, Any]:
             opts.reports / "online_metrics.png",
         ),
         report.plot_reliability(demo.state.models, opts.reports / "calibration.png"),
-        report.plot_latency(lat.samples, opts.reports / "latency.png"),
+        report.plot_latency(lat.samples, opts.reports / "latency.png", tail=tail),
     ]
     summary["plots"] = [str(p) for p in plots]
     summary["windows"] = [

@@ -5,7 +5,9 @@ a table, and a capturer process that stops dead at a chosen point of a round (ru
 from __future__ import annotations
 
 import json
+import random
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,49 @@ from typing import Any
 import psycopg
 
 import pgstreams
+
+
+def sql(dsn: str, *statements: str) -> None:
+    """Run ``statements`` on ``dsn``, each in its own transaction."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for s in statements:
+            conn.execute(s)  # type: ignore[arg-type]
+
+
+class WriterThreads:
+    """Threads that call :meth:`write` (a change or a transaction on ``conn``, with a random generator of
+    the thread's own) over and over until :meth:`finish`, which fails when one of them raised. Subclasses
+    set their own attributes before calling ``__init__`` (the threads start there)."""
+
+    #: whether the threads' connections are in autocommit mode
+    autocommit = False
+
+    def __init__(self, dsn: str, count: int = 3) -> None:
+        self.dsn = dsn
+        self.stop = threading.Event()
+        self.failures: list[BaseException] = []
+        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)]
+        for t in self.threads:
+            t.start()
+
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> None:
+        raise NotImplementedError
+
+    def _run(self, seed: int) -> None:
+        rnd = random.Random(seed)
+        try:
+            with psycopg.connect(self.dsn, autocommit=self.autocommit) as conn:
+                while not self.stop.is_set():
+                    self.write(conn, rnd)
+        except BaseException as exc:  # noqa: BLE001 - reported by finish()
+            self.failures.append(exc)
+
+    def finish(self) -> None:
+        """Stop the threads and wait for them; fail if one raised."""
+        self.stop.set()
+        for t in self.threads:
+            t.join(30)
+        assert not self.failures
 
 
 def all_events(client: pgstreams.Client, topic: str) -> list[pgstreams.Event]:

@@ -246,6 +246,14 @@ def cdc_dsn(logical_server: TemporaryServer) -> Iterator[str]:
         conn.execute(psycopg.sql.SQL("DROP DATABASE {} WITH (FORCE)").format(psycopg.sql.Identifier(name)))
 
 
+@pytest.fixture
+def cdc_client(cdc_dsn: str) -> Iterator[pgstreams.Client]:
+    """A client of :func:`cdc_dsn`'s database, closed after the test."""
+    c = pgstreams.connect(cdc_dsn)
+    yield c
+    c.close()
+
+
 #: The lanes of a parallel run (``--dist loadgroup``): each lane's tests run on one xdist worker of its
 #: own, one at a time, first thing (worker ``gw<i>`` for the lane at index ``i``, modulo the number of
 #: workers); every other test module goes to whichever worker is free, the longest first.

@@ -10,61 +10,31 @@ import random
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import pgstreams
-from _cdc_helpers import all_events
+from _cdc_helpers import WriterThreads, all_events
 from _core_helpers import wait_until
 
 HELPER = Path(__file__).resolve().parents[1] / "_cdc_helpers.py"
 KEYS = 40
 
 
-@pytest.fixture
-def cdc_client(cdc_dsn: str) -> Iterator[pgstreams.Client]:
-    c = pgstreams.connect(cdc_dsn)
-    yield c
-    c.close()
-
-
-class Writers:
+class Writers(WriterThreads):
     """Threads that commit counter increments of :data:`KEYS` rows (``n`` counts a row's commits, from 1)
     in one- and two-row transactions, and roll back inserts of negative ids."""
 
-    def __init__(self, dsn: str, count: int = 3) -> None:
-        self.dsn = dsn
-        self.stop = threading.Event()
-        self.failures: list[BaseException] = []
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)]
-        for t in self.threads:
-            t.start()
-
-    def _run(self, seed: int) -> None:
-        rnd = random.Random(seed)
-        try:
-            with psycopg.connect(self.dsn) as conn:
-                while not self.stop.is_set():
-                    keys = sorted(rnd.sample(range(1, KEYS + 1), rnd.choice((1, 2))))
-                    for k in keys:
-                        conn.execute("INSERT INTO c VALUES (%s, 1) "
-                                     "ON CONFLICT (id) DO UPDATE SET n = c.n + 1", (k,))
-                    conn.commit()
-                    if rnd.random() < 0.1:
-                        conn.execute("INSERT INTO c VALUES (%s, 1)", (-rnd.randint(1, 10**6),))
-                        conn.rollback()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.failures.append(exc)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.failures
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> None:
+        keys = sorted(rnd.sample(range(1, KEYS + 1), rnd.choice((1, 2))))
+        for k in keys:
+            conn.execute("INSERT INTO c VALUES (%s, 1) ON CONFLICT (id) DO UPDATE SET n = c.n + 1", (k,))
+        conn.commit()
+        if rnd.random() < 0.1:
+            conn.execute("INSERT INTO c VALUES (%s, 1)", (-rnd.randint(1, 10**6),))
+            conn.rollback()
 
 
 def committed(dsn: str) -> dict[str, int]:

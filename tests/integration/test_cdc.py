@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -15,23 +14,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 import pgstreams
-from _cdc_helpers import all_events, apply, table_rows
+from _cdc_helpers import all_events, apply, sql, table_rows
 from _docs import DocRunner, blocks
 from pgstreams.cdc import UNCHANGED_TOAST, CaptureNotFound
 from pgstreams.embedded import TemporaryServer
-
-
-@pytest.fixture
-def cdc_client(cdc_dsn: str) -> Iterator[pgstreams.Client]:
-    c = pgstreams.connect(cdc_dsn)
-    yield c
-    c.close()
-
-
-def sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)  # type: ignore[arg-type]
 
 
 def ops(events: list[pgstreams.Event]) -> list[tuple[str, str | None]]:

@@ -10,33 +10,18 @@ import random
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import pgstreams
-from _cdc_helpers import all_events, apply, table_rows
+from _cdc_helpers import WriterThreads, all_events, apply, sql, table_rows
 from _core_helpers import wait_until
 from pgstreams.cdc import CaptureNotFound
 
 HELPER = Path(__file__).resolve().parents[1] / "_cdc_helpers.py"
-
-
-@pytest.fixture
-def cdc_client(cdc_dsn: str) -> Iterator[pgstreams.Client]:
-    c = pgstreams.connect(cdc_dsn)
-    yield c
-    c.close()
-
-
-def sql(dsn: str, *statements: str) -> None:
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        for s in statements:
-            conn.execute(s)  # type: ignore[arg-type]
 
 
 def replayed(client: pgstreams.Client, topic: str) -> dict[str, dict[str, object]]:
@@ -45,42 +30,28 @@ def replayed(client: pgstreams.Client, topic: str) -> dict[str, dict[str, object
     return apply(sorted(all_events(client, topic), key=lambda e: (e.partition, e.position)), {})
 
 
-class Writers:
+class Writers(WriterThreads):
     """Threads that insert, update and delete rows of table ``s`` (ids 1 to ``keys``) until stopped, each
     change its own transaction."""
 
+    autocommit = True
+
     def __init__(self, dsn: str, keys: int, count: int = 3) -> None:
-        self.dsn, self.keys = dsn, keys
-        self.stop = threading.Event()
-        self.failures: list[BaseException] = []
+        self.keys = keys
         self.changes = 0
-        self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(count)]
-        for t in self.threads:
-            t.start()
+        super().__init__(dsn, count)
 
-    def _run(self, seed: int) -> None:
-        rnd = random.Random(seed)
-        try:
-            with psycopg.connect(self.dsn, autocommit=True) as conn:
-                while not self.stop.is_set():
-                    k = rnd.randint(1, self.keys)
-                    what = rnd.random()
-                    if what < 0.5:
-                        conn.execute("UPDATE s SET n = n + 1, note = md5(random()::text) WHERE id = %s", (k,))
-                    elif what < 0.75:
-                        conn.execute("DELETE FROM s WHERE id = %s", (k,))
-                    else:
-                        conn.execute("INSERT INTO s VALUES (%s, 100, 'new') ON CONFLICT (id) DO UPDATE "
-                                     "SET n = s.n + 100", (k,))
-                    self.changes += 1
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            self.failures.append(exc)
-
-    def finish(self) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(30)
-        assert not self.failures
+    def write(self, conn: psycopg.Connection, rnd: random.Random) -> None:
+        k = rnd.randint(1, self.keys)
+        what = rnd.random()
+        if what < 0.5:
+            conn.execute("UPDATE s SET n = n + 1, note = md5(random()::text) WHERE id = %s", (k,))
+        elif what < 0.75:
+            conn.execute("DELETE FROM s WHERE id = %s", (k,))
+        else:
+            conn.execute("INSERT INTO s VALUES (%s, 100, 'new') ON CONFLICT (id) DO UPDATE "
+                         "SET n = s.n + 100", (k,))
+        self.changes += 1
 
 
 def test_an_incremental_snapshot_under_concurrent_writers_rebuilds_the_table_exactly(

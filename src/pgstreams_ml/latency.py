@@ -166,15 +166,12 @@ def measure_clean(
 
 #: Predictions slower than this (seconds, impression -> prediction) are attributed to a cause.
 TAIL_SECONDS = 0.7
-#: The causes a slow prediction is attributed to (:func:`tail_causes`), in the summary's order.
-CAUSES = (
-    "waiting for the previous micro-batch",
-    "micro-batch planning",
-    "micro-batch read and write",
-    "micro-batch commit",
-    "scoring",
-    "clean pipeline (micro-batch unknown)",
-)
+#: The causes a slow prediction is attributed to (:func:`tail_causes`) that are not a micro-batch's phase.
+WAITING, SCORING, UNKNOWN = ("waiting for the previous micro-batch", "scoring",
+                             "clean pipeline (micro-batch unknown)")
+#: Every cause, in the summary's order.
+CAUSES = (WAITING, "micro-batch planning", "micro-batch read and write", "micro-batch commit", SCORING,
+          UNKNOWN)
 #: The phases of a micro-batch of :attr:`pgstreams_ml.serving.CleanStatus.batch_log` (after its start and
 #: total), with the cause each stands for.
 _PHASES = (("planning", 2, CAUSES[1]), ("read and write", 3, CAUSES[2]), ("commit", 4, CAUSES[3]))
@@ -205,7 +202,7 @@ def tail_causes(samples: Sequence[ImpressionTimes], batches: Sequence[Sequence[f
         scoring = pred - clean
         i = bisect.bisect_right(starts, clean) - 1  # the latest micro-batch started before the clean event
         if i < 0 or clean - starts[i] > batches[i][1] / 1000.0 + 0.05:
-            cause = "scoring" if scoring >= clean - raw else CAUSES[5]
+            cause = SCORING if scoring >= clean - raw else UNKNOWN
             parts["batch"] += clean - raw
         else:
             b = batches[i]
@@ -215,9 +212,9 @@ def tail_causes(samples: Sequence[ImpressionTimes], batches: Sequence[Sequence[f
             parts["batch"] += inside
             per_batch[i] += 1
             if scoring >= max(wait, inside):
-                cause = "scoring"
+                cause = SCORING
             elif wait >= inside:
-                cause = CAUSES[0]
+                cause = WAITING
                 if i > 0:
                     per_batch[i - 1] += 1
             else:
